@@ -1,0 +1,126 @@
+"""Settings, read from ``CTX_*`` environment variables (and an optional ``.env`` file).
+
+Nothing is read at import time: call :func:`get_settings` and pass the result down.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from context_core.errors import ConfigError
+
+__all__ = ["Settings", "get_settings"]
+
+
+class Settings(BaseSettings):
+    """Every knob of the platform. Each field maps to ``CTX_<FIELD NAME>``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="CTX_", env_file=None, extra="ignore", frozen=True
+    )
+
+    # --- storage locations -------------------------------------------------------------
+    data_dir: Path = Field(Path("./.ctx"), description="Embedded stores, traces, caches.")
+    reports_dir: Path = Field(Path("./reports"), description="Where jobs write reports.")
+
+    # --- L2 working memory (Redis / Valkey) -------------------------------------------
+    redis_url: str | None = Field(
+        None, description="redis://host:port/db of a Redis 7+/Valkey server; unset = embedded."
+    )
+    wm_default_ttl_s: int = Field(900, gt=0, description="Default L2 TTL (15 min).")
+    wm_series_window: int = Field(1000, gt=0, description="Points kept per sensor series.")
+
+    # --- L3 knowledge memory (Qdrant) ---------------------------------------------------
+    qdrant_url: str | None = Field(
+        None, description="URL of a Qdrant server/cluster; unset = embedded Qdrant Edge."
+    )
+    qdrant_api_key: SecretStr | None = None
+    collection_main: str = "knowledge_main"
+    collection_hot: str = "hot_knowledge"
+    hot_ttl_hours: float = Field(72.0, gt=0)
+    l3_top_k: int = Field(3, gt=0, le=100)
+    l3_timeout_ms: float = Field(100.0, gt=0)
+
+    # --- embeddings ---------------------------------------------------------------------
+    embed_model: str = Field("minilm", description="Registry name (minilm, bge-m3) or a path.")
+    embed_batch_size: int = Field(64, gt=0)
+    embed_cache_ttl_s: int = Field(86_400, gt=0)
+    embed_device: str = "cpu"
+
+    # --- ingestion ----------------------------------------------------------------------
+    chunk_max_tokens: int = Field(256, gt=8)
+    chunk_overlap_tokens: int = Field(32, ge=0)
+    max_page_bytes: int = Field(5 * 1024 * 1024, gt=0)
+
+    # --- confidence thresholds ---------------------------------------------------------
+    accept_threshold: float = Field(0.72, ge=-1.0, le=1.0)
+    skip_threshold: float = Field(0.65, ge=-1.0, le=1.0)
+    thresholds_path: Path | None = Field(
+        None, description="thresholds.json from calibration; default <reports_dir>/thresholds.json"
+    )
+
+    # --- gateway ------------------------------------------------------------------------
+    max_response_bytes: int = Field(10 * 1024, gt=0)
+
+    # --- service ------------------------------------------------------------------------
+    service_host: str = "127.0.0.1"
+    service_port: int = Field(8080, gt=0, lt=65536)
+    api_keys_file: Path | None = Field(
+        None, description="JSON {agent_id: {key_sha256, namespaces, purposes}}"
+    )
+    max_body_bytes: int = Field(256 * 1024, gt=0)
+
+    log_level: str = "INFO"
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, v: str) -> str:
+        v = v.upper()
+        if v not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+            raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
+        return v
+
+    @model_validator(mode="after")
+    def _thresholds_ordered(self) -> Settings:
+        if self.skip_threshold > self.accept_threshold:
+            raise ValueError(
+                f"CTX_SKIP_THRESHOLD ({self.skip_threshold}) must not exceed "
+                f"CTX_ACCEPT_THRESHOLD ({self.accept_threshold})"
+            )
+        if self.chunk_overlap_tokens >= self.chunk_max_tokens:
+            raise ValueError("CTX_CHUNK_OVERLAP_TOKENS must be smaller than CTX_CHUNK_MAX_TOKENS")
+        return self
+
+    # Derived locations: computed, never stored twice.
+    @property
+    def traces_dir(self) -> Path:
+        return self.data_dir / "traces"
+
+    @property
+    def qdrant_dir(self) -> Path:
+        return self.data_dir / "qdrant"
+
+    @property
+    def resolved_thresholds_path(self) -> Path:
+        return self.thresholds_path or (self.reports_dir / "thresholds.json")
+
+
+def get_settings(**overrides: Any) -> Settings:
+    """Build settings from the environment, with explicit overrides on top.
+
+    A validation error is re-raised as :class:`ConfigError` naming the ``CTX_`` variable.
+    """
+    from pydantic import ValidationError
+
+    try:
+        return Settings(**overrides)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "settings"
+            lines.append(f"CTX_{field.upper()}: {err['msg']}")
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from e

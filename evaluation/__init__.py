@@ -1,0 +1,1 @@
+"""Evaluation: calibration, CER, health reports."""

@@ -1,0 +1,1 @@
+"""Locust load tests."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "AccessDeniedError",
     "BackendUnavailableError",
+    "CalibrationError",
     "ConfigError",
     "ContextError",
     "ContextMissError",
@@ -105,3 +106,10 @@ class IngestError(ContextError):
 
 class UnknownEventError(ContextError, ValueError):
     """A lifecycle event name that the platform does not define."""
+
+
+class CalibrationError(ContextError, ValueError):
+    """Thresholds could not be derived from the labelled data with the chosen criterion.
+
+    The message names the criterion and the target that was not reachable.
+    """

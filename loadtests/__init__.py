@@ -1,1 +1,1 @@
-"""Locust load tests."""
+"""Locust campaigns against the context service."""

@@ -10,12 +10,14 @@ __all__ = [
     "AccessDeniedError",
     "BackendUnavailableError",
     "CalibrationError",
+    "CollectionNotFoundError",
     "ConfigError",
     "ContextError",
     "ContextMissError",
     "ContractLockedError",
     "DataValidationError",
     "IngestError",
+    "InvalidStoreRequestError",
     "ModelLoadError",
     "ModelMismatchError",
     "PersistenceRefusedError",
@@ -113,3 +115,11 @@ class CalibrationError(ContextError, ValueError):
 
     The message names the criterion and the target that was not reachable.
     """
+
+
+class CollectionNotFoundError(ContextError, LookupError):
+    """A vector-store collection was used before it was created (run the ingestion first)."""
+
+
+class InvalidStoreRequestError(ContextError, ValueError):
+    """A filter, point id or vector handed to the vector store is malformed."""

@@ -1,0 +1,245 @@
+"""The intent registry: which context each kind of agent step needs, as data.
+
+The router never branches on intent names; it reads an :class:`IntentSpec` and loads what the
+spec lists. Adding a step type is adding a row (in code or from a JSON file via
+:meth:`IntentRegistry.from_dict`), not editing the router.
+
+Templates (``"{prev_step}"``, ``"{device}:vibration"``, ``"{user_query} report template"``) are
+filled from the session state and the request parameters:
+
+==================  ==========================================================
+``session_id``      L1 session id
+``step``            L1 ``current_step``; ``prev_step`` is ``step - 1``
+``device``          ``params["device"]`` else L1 ``last_device_id``
+``device_prefix``   ``params["section"]`` else L1 ``device_prefix`` (e.g. ``PUMP``)
+``user_query``      L1 ``user_query``
+any other name      ``params[name]`` (``endpoint`` for ``api`` keys, for example)
+==================  ==========================================================
+
+L2 keys: ``("step", "{prev_step}")`` is a step result, ``("api", "{endpoint}")`` a cached tool
+response whose parameters are ``params["api_params"]`` (hashed with the endpoint, as L2 does),
+``("series", "{device}:vibration")`` a sensor time series, ``("contract", "current")`` the
+versioned task contract.
+
+Required vs optional, the rule used by the built-ins: a key is **required** when the step can
+not produce a correct output without it (comparing vibration needs the series; a report needs
+the previous step's findings). A required miss raises ``ContextMissError`` after the trace is
+written. Everything merely helpful (a cached API response that can be re-fetched, the task
+contract, shared baselines) is **optional**: a miss is traced and the route goes on.
+
+Unknown intents use the ``default`` spec (user query + L1 + a general L3 search), so a new step
+type degrades to "generic context" instead of failing the agent; the trace still records the
+intent name the agent asked for, so unknown intents show up in the health report.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from context_core.errors import ConfigError
+
+__all__ = [
+    "BUILTIN_INTENTS",
+    "DEFAULT_INTENT",
+    "IntentRegistry",
+    "IntentSpec",
+    "L2KeySpec",
+    "NsKeySpec",
+    "TemplateParamError",
+    "fill",
+    "template_fields",
+]
+
+DEFAULT_INTENT = "default"
+L1_FIELDS = frozenset(
+    {"user_query", "current_step", "last_device_id", "last_api_result", "trace", "user_id"}
+)
+L2_KINDS = frozenset({"step", "api", "series", "contract"})
+
+
+class TemplateParamError(KeyError):
+    """A template names a value that neither the session state nor the params provide."""
+
+    def __init__(self, template: str, name: str) -> None:
+        self.template = template
+        self.name = name
+        super().__init__(name)
+
+    def __str__(self) -> str:
+        return (
+            f"template {self.template!r} needs {self.name!r}: pass params={{{self.name!r}: ...}} "
+            "or set it in the session state"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class L2KeySpec:
+    """One working-memory key an intent loads. ``ident`` is a template."""
+
+    kind: str
+    ident: str
+    required: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in L2_KINDS:
+            raise ConfigError(f"L2 key kind {self.kind!r} unknown; use one of {sorted(L2_KINDS)}")
+
+
+@dataclass(frozen=True, slots=True)
+class NsKeySpec:
+    """One shared-namespace key an intent reads, with the purpose it declares to the ACL."""
+
+    namespace: str
+    key: str
+    purpose: str
+    required: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class IntentSpec:
+    """What one kind of step needs from each layer."""
+
+    name: str
+    l1_fields: tuple[str, ...] = ("user_query", "current_step", "last_device_id")
+    l2_keys: tuple[L2KeySpec, ...] = ()
+    l3: bool = False
+    l3_query: str = "{user_query}"
+    namespaces: tuple[NsKeySpec, ...] = ()
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        unknown = [f for f in self.l1_fields if f not in L1_FIELDS]
+        if unknown:
+            raise ConfigError(
+                f"intent {self.name!r}: unknown L1 field(s) {unknown}; use {sorted(L1_FIELDS)}"
+            )
+        # Accept the compact tuple form ("step", "{prev_step}", True) in data files.
+        keys = tuple(k if isinstance(k, L2KeySpec) else L2KeySpec(*k) for k in self.l2_keys)
+        object.__setattr__(self, "l2_keys", keys)
+        ns = tuple(n if isinstance(n, NsKeySpec) else NsKeySpec(*n) for n in self.namespaces)
+        object.__setattr__(self, "namespaces", ns)
+
+    @property
+    def required_keys(self) -> tuple[L2KeySpec, ...]:
+        return tuple(k for k in self.l2_keys if k.required)
+
+
+BUILTIN_INTENTS: tuple[IntentSpec, ...] = (
+    IntentSpec(
+        name="fetch_sensor_data",
+        description="Read a device's sensors; whatever is already in L2 saves a call.",
+        l1_fields=("user_query", "current_step", "last_device_id"),
+        l2_keys=(L2KeySpec("series", "{device}:vibration"), L2KeySpec("contract", "current")),
+        l3=False,
+    ),
+    IntentSpec(
+        name="call_api",
+        description="Call a tool API; a fresh cached response for the same parameters wins.",
+        l1_fields=("user_query", "current_step", "last_api_result", "trace"),
+        l2_keys=(L2KeySpec("api", "{endpoint}"), L2KeySpec("contract", "current")),
+        l3=False,
+    ),
+    IntentSpec(
+        name="compare_vibration",
+        description="Compare live vibration with limits from the manuals and fleet baselines.",
+        l1_fields=("user_query", "current_step", "last_device_id"),
+        l2_keys=(
+            L2KeySpec("series", "{device}:vibration", required=True),
+            L2KeySpec("step", "{prev_step}"),
+        ),
+        l3=True,
+        l3_query="{device_prefix} vibration limits alarm threshold: {user_query}",
+        namespaces=(NsKeySpec("fleet", "baseline:{device_prefix}", "diagnostics"),),
+    ),
+    IntentSpec(
+        name="generate_report",
+        description="Write the report: previous findings, the contract, the report template.",
+        l1_fields=("user_query", "current_step", "last_device_id", "last_api_result"),
+        l2_keys=(
+            L2KeySpec("step", "{prev_step}", required=True),
+            L2KeySpec("contract", "current"),
+        ),
+        l3=True,
+        l3_query="{device_prefix} maintenance report: {user_query}",
+        namespaces=(NsKeySpec("fleet", "baseline:{device_prefix}", "reporting"),),
+    ),
+    IntentSpec(
+        name=DEFAULT_INTENT,
+        description="Fallback for intents nobody registered: L1 and a general L3 search.",
+        l1_fields=("user_query", "current_step", "last_device_id"),
+        l3=True,
+        l3_query="{user_query}",
+    ),
+)
+
+
+@dataclass
+class IntentRegistry:
+    """Name -> :class:`IntentSpec`. ``get`` falls back to ``default`` for unknown names."""
+
+    specs: dict[str, IntentSpec] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if DEFAULT_INTENT not in self.specs:
+            self.specs[DEFAULT_INTENT] = next(
+                s for s in BUILTIN_INTENTS if s.name == DEFAULT_INTENT
+            )
+
+    @classmethod
+    def builtin(cls) -> IntentRegistry:
+        return cls({s.name: s for s in BUILTIN_INTENTS})
+
+    @classmethod
+    def from_dict(
+        cls, data: Mapping[str, Mapping[str, Any]], *, with_builtins: bool = True
+    ) -> IntentRegistry:
+        """Build from plain data, e.g. ``json.load`` of ``{"name": {"l3": true, ...}}``."""
+        reg = cls.builtin() if with_builtins else cls()
+        for name, raw in data.items():
+            try:
+                spec = IntentSpec(
+                    name=name,
+                    l1_fields=tuple(raw.get("l1_fields", IntentSpec.l1_fields)),
+                    l2_keys=tuple(tuple(k) for k in raw.get("l2_keys", ())),  # type: ignore[misc]
+                    l3=bool(raw.get("l3", False)),
+                    l3_query=str(raw.get("l3_query", "{user_query}")),
+                    namespaces=tuple(tuple(n) for n in raw.get("namespaces", ())),  # type: ignore[misc]
+                    description=str(raw.get("description", "")),
+                )
+            except TypeError as e:
+                raise ConfigError(f"intent {name!r} is malformed: {e}") from e
+            reg.register(spec)
+        return reg
+
+    def register(self, spec: IntentSpec) -> None:
+        self.specs[spec.name] = spec
+
+    def get(self, name: str) -> IntentSpec:
+        return self.specs.get(name) or self.specs[DEFAULT_INTENT]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.specs
+
+    def __iter__(self) -> Iterator[IntentSpec]:
+        return iter(self.specs.values())
+
+    def names(self) -> list[str]:
+        return sorted(self.specs)
+
+
+_FORMATTER = string.Formatter()
+
+
+def template_fields(template: str) -> list[str]:
+    return [f for _, f, _, _ in _FORMATTER.parse(template) if f]
+
+
+def fill(template: str, values: Mapping[str, Any]) -> str:
+    """``str.format`` with a :class:`TemplateParamError` naming the missing value."""
+    for name in template_fields(template):
+        if values.get(name) in (None, ""):
+            raise TemplateParamError(template, name)
+    return template.format_map(values)

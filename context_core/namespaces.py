@@ -1,0 +1,295 @@
+"""Shared namespaces: context several agents may read, guarded by an ACL of agents + purposes.
+
+Private working memory (``wm:{<sid>}:...``) is never read across sessions. Some context is
+legitimately shared, e.g. a fleet's vibration baselines that every diagnostics agent needs. It
+lives in a named namespace with its own TTL, and each read must name the agent *and* the
+purpose it reads for; both must be granted by the namespace's ACL.
+
+Redis layout (the ``{<name>}`` hash tag keeps a namespace in one cluster slot):
+
+* ``ns:{<name>}:meta`` - hash: ``ttl_s``, ``created_at``. No expiry (configuration).
+* ``ns:{<name>}:acl``  - hash: agent id -> JSON ``{"purposes": [...], "write": bool}``.
+  A purpose of ``"*"`` grants every purpose. No expiry.
+* ``ns:{<name>}:kv:<key>`` - JSON ``{"v": value, "stored_at": epoch}``, expiring after the
+  namespace's TTL (or a per-write TTL).
+
+Every write passes the sanitize gateway. Every denial raises :class:`AccessDeniedError` *and*
+appends an audit line to ``<data_dir>/audit/access.jsonl`` (agent, purpose, namespace, key,
+reason; never the value), so a misbehaving agent leaves evidence even if it swallows errors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from context_core.errors import (
+    AccessDeniedError,
+    BackendUnavailableError,
+    ConfigError,
+    ContextMissError,
+)
+
+if TYPE_CHECKING:
+    from context_core.config import Settings
+    from context_core.gateway import Gateway
+    from context_core.redis_conn import RedisProvider
+
+__all__ = ["AccessRecord", "Grant", "NamespaceRegistry", "NsEntry"]
+
+log = logging.getLogger(__name__)
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+ANY_PURPOSE = "*"
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What one agent may do in one namespace."""
+
+    purposes: frozenset[str]
+    write: bool = False
+
+    def allows(self, purpose: str) -> bool:
+        return ANY_PURPOSE in self.purposes or purpose in self.purposes
+
+    def to_json(self) -> str:
+        return json.dumps({"purposes": sorted(self.purposes), "write": self.write})
+
+    @classmethod
+    def from_json(cls, raw: str) -> Grant:
+        d = json.loads(raw)
+        return cls(purposes=frozenset(d.get("purposes", ())), write=bool(d.get("write", False)))
+
+
+@dataclass(frozen=True, slots=True)
+class NsEntry:
+    """A value read from a namespace, with what the router needs for provenance."""
+
+    namespace: str
+    key: str
+    redis_key: str
+    value: Any
+    stored_at: float
+    ttl_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class AccessRecord:
+    """One audited denial: who asked, for what, why it was refused. Never the value."""
+
+    ts: float
+    op: str
+    namespace: str
+    key: str
+    agent_id: str | None
+    purpose: str
+    reason: str
+
+
+class NamespaceRegistry:
+    """Create namespaces, manage their ACLs, and read/write their keys on Redis."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        gateway: Gateway,
+        *,
+        audit_path: Path | None = None,
+        default_ttl_s: int = 3600,
+    ) -> None:
+        self._r = client
+        self._gateway = gateway
+        self._audit_path = audit_path
+        self._default_ttl_s = default_ttl_s
+        self._audit_lock = threading.Lock()
+        self._recent: deque[AccessRecord] = deque(maxlen=256)
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, provider: RedisProvider, gateway: Gateway
+    ) -> NamespaceRegistry:
+        return cls(
+            provider.client(decode_responses=True),
+            gateway,
+            audit_path=settings.data_dir / "audit" / "access.jsonl",
+        )
+
+    # --- keys -------------------------------------------------------------------------
+    @staticmethod
+    def _check_name(name: str) -> str:
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            raise ConfigError(
+                f"namespace name {name!r} is invalid: use 1-64 characters from "
+                "letters, digits, '_', '.', '-' (no braces or colons)"
+            )
+        return name
+
+    @staticmethod
+    def _check_key(key: str) -> str:
+        if not isinstance(key, str) or not key or any(c in key for c in "{}*?[] \n"):
+            raise ConfigError(
+                f"namespace key {key!r} is invalid: non-empty, no spaces, braces or glob chars"
+            )
+        return key
+
+    def kv_key(self, name: str, key: str) -> str:
+        return f"ns:{{{self._check_name(name)}}}:kv:{self._check_key(key)}"
+
+    def _meta_key(self, name: str) -> str:
+        return f"ns:{{{self._check_name(name)}}}:meta"
+
+    def _acl_key(self, name: str) -> str:
+        return f"ns:{{{self._check_name(name)}}}:acl"
+
+    # --- administration ---------------------------------------------------------------
+    def create(
+        self, name: str, *, ttl_s: int | None = None, acl: Mapping[str, Grant] | None = None
+    ) -> None:
+        """Create (or reconfigure) a namespace; ``acl`` entries are added, never removed."""
+        ttl = int(ttl_s or self._default_ttl_s)
+        if ttl <= 0:
+            raise ConfigError(f"namespace {name!r}: ttl_s must be positive, got {ttl}")
+        try:
+            pipe = self._r.pipeline(transaction=True)
+            pipe.hset(self._meta_key(name), mapping={"ttl_s": ttl, "created_at": time.time()})
+            for agent, grant in (acl or {}).items():
+                pipe.hset(self._acl_key(name), agent, grant.to_json())
+            pipe.execute()
+        except redis.RedisError as e:
+            raise BackendUnavailableError(f"could not create namespace {name!r}: {e}") from e
+
+    def grant(
+        self, name: str, agent_id: str, purposes: Iterable[str], *, write: bool = False
+    ) -> None:
+        self._require_exists(name)
+        grant = Grant(purposes=frozenset(purposes), write=write)
+        self._r.hset(self._acl_key(name), agent_id, grant.to_json())
+
+    def revoke(self, name: str, agent_id: str) -> None:
+        self._r.hdel(self._acl_key(name), agent_id)
+
+    def acl(self, name: str) -> dict[str, Grant]:
+        raw = self._r.hgetall(self._acl_key(name))
+        return {agent: Grant.from_json(v) for agent, v in raw.items()}
+
+    def ttl_s(self, name: str) -> int:
+        raw = self._r.hget(self._meta_key(name), "ttl_s")
+        if raw is None:
+            raise ConfigError(f"namespace {name!r} does not exist; create it first")
+        return int(raw)
+
+    def exists(self, name: str) -> bool:
+        return bool(self._r.exists(self._meta_key(name)))
+
+    def drop(self, name: str) -> int:
+        """Delete the namespace, its ACL and every key in it (SCAN on its hash tag)."""
+        pattern = f"ns:{{{self._check_name(name)}}}:*"
+        keys = list(self._r.scan_iter(match=pattern, count=500))
+        return int(self._r.delete(*keys)) if keys else 0
+
+    def _require_exists(self, name: str) -> None:
+        if not self.exists(name):
+            raise ConfigError(f"namespace {name!r} does not exist; create it first")
+
+    # --- access -----------------------------------------------------------------------
+    def _authorize(self, op: str, name: str, key: str, agent_id: str | None, purpose: str) -> None:
+        reason = ""
+        if not agent_id:
+            reason = "no agent id given"
+        elif not purpose:
+            reason = "no purpose declared"
+        else:
+            raw = self._r.hget(self._acl_key(name), agent_id)
+            if raw is None:
+                reason = f"agent {agent_id!r} is not in the ACL"
+            else:
+                grant = Grant.from_json(raw)
+                if not grant.allows(purpose):
+                    reason = f"purpose {purpose!r} not granted (granted: {sorted(grant.purposes)})"
+                elif op == "write" and not grant.write:
+                    reason = "agent has no write grant"
+        if reason:
+            rec = AccessRecord(time.time(), op, name, key, agent_id, purpose, reason)
+            self._audit(rec)
+            raise AccessDeniedError(
+                f"{op} of namespace {name!r} key {key!r} denied for agent {agent_id!r} "
+                f"(purpose {purpose!r}): {reason}; ask the namespace owner for a grant"
+            )
+
+    def write(
+        self,
+        name: str,
+        key: str,
+        value: Any,
+        *,
+        agent_id: str,
+        purpose: str,
+        ttl_s: int | None = None,
+    ) -> str:
+        """Store a gateway-cleaned value; returns the Redis key."""
+        rkey = self.kv_key(name, key)
+        ttl = int(ttl_s or self.ttl_s(name))
+        self._authorize("write", name, key, agent_id, purpose)
+        clean = self._gateway.clean(value, where=rkey)
+        doc = json.dumps({"v": clean, "stored_at": time.time()}, ensure_ascii=False)
+        try:
+            self._r.set(rkey, doc, ex=ttl)
+        except redis.RedisError as e:
+            raise BackendUnavailableError(f"could not write {rkey}: {e}") from e
+        return rkey
+
+    def read_entry(self, name: str, key: str, *, agent_id: str | None, purpose: str) -> NsEntry:
+        """Read one key after the ACL check; a miss raises ``ContextMissError``."""
+        rkey = self.kv_key(name, key)
+        self._authorize("read", name, key, agent_id, purpose)
+        try:
+            pipe = self._r.pipeline(transaction=False)
+            pipe.get(rkey)
+            pipe.pttl(rkey)
+            raw, pttl = pipe.execute()
+        except redis.RedisError as e:
+            raise BackendUnavailableError(f"could not read {rkey}: {e}") from e
+        if raw is None:
+            raise ContextMissError(rkey, f"shared namespace {name!r} has no (live) key {key!r}")
+        doc = json.loads(raw)
+        ttl = None if pttl is None or pttl < 0 else pttl / 1000.0
+        return NsEntry(name, key, rkey, doc["v"], float(doc["stored_at"]), ttl)
+
+    def read(self, name: str, key: str, agent_id: str | None, purpose: str) -> Any:
+        """The value only; see :meth:`read_entry` for provenance."""
+        return self.read_entry(name, key, agent_id=agent_id, purpose=purpose).value
+
+    # --- audit ------------------------------------------------------------------------
+    def _audit(self, rec: AccessRecord) -> None:
+        self._recent.append(rec)
+        log.warning(
+            "namespace access denied: op=%s ns=%s key=%s agent=%s purpose=%s (%s)",
+            rec.op,
+            rec.namespace,
+            rec.key,
+            rec.agent_id,
+            rec.purpose,
+            rec.reason,
+        )
+        if self._audit_path is None:
+            return
+        line = json.dumps({"event": "ns_access_denied", **asdict(rec)}) + "\n"
+        with self._audit_lock:
+            self._audit_path.parent.mkdir(parents=True, exist_ok=True)
+            with self._audit_path.open("a", encoding="utf-8") as fh:
+                fh.write(line)
+
+    @property
+    def recent_denials(self) -> tuple[AccessRecord, ...]:
+        return tuple(self._recent)

@@ -1,0 +1,648 @@
+"""Reader for Confluence "Export space -> HTML" output (a folder or the .zip Confluence gives).
+
+Layout it understands (see the DLX export under ``shared/data/confluence``)::
+
+    index.html                      space details table (Key, Name) + "Available Pages" tree
+    <Title>_<id>.html | <id>.html   one page each: #breadcrumbs, #title-text ("Space : Title"),
+                                    div.page-metadata, #main-content, "Attachments:" section
+    attachments/<page id>/...       files (listed by name on the page, never embedded)
+
+Every page file becomes a :class:`Page` or, when it cannot be used, a :class:`Quarantined`
+with the reason; a bad page never stops the others. The body renderer (:func:`render_sections`)
+is shared with the storage-format reader, which maps ``ac:`` macros onto the same HTML shapes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import unquote
+
+from lxml import etree, html
+
+from context_core.errors import IngestError
+from context_core.ingest.dates import find_date
+from context_core.ingest.model import Page, Quarantined, Section, compute_content_hash
+
+__all__ = [
+    "DEFAULT_MAX_PAGE_BYTES",
+    "ExportInfo",
+    "normalise_line",
+    "parse_export_page",
+    "read_export_info",
+    "read_html_export",
+    "render_sections",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_PAGE_BYTES = 5 * 1024 * 1024
+
+_PAGE_FILE = re.compile(r"(?:^|_)(\d+)\.html?$", re.IGNORECASE)
+_HEADINGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
+_BLOCKS = frozenset(
+    [
+        "address",
+        "article",
+        "aside",
+        "blockquote",
+        "caption",
+        "dd",
+        "details",
+        "div",
+        "dl",
+        "dt",
+        "fieldset",
+        "figcaption",
+        "figure",
+        "footer",
+        "form",
+        "header",
+        "hr",
+        "li",
+        "main",
+        "nav",
+        "ol",
+        "p",
+        "section",
+        "summary",
+        "tbody",
+        "td",
+        "tfoot",
+        "th",
+        "thead",
+        "tr",
+        "ul",
+    ]
+)
+_SKIP_TAGS = frozenset(
+    [
+        "script",
+        "style",
+        "img",
+        "input",
+        "colgroup",
+        "col",
+        "iframe",
+        "button",
+        "select",
+        "textarea",
+        "noscript",
+        "svg",
+        "template",
+        "head",
+        "title",
+        "meta",
+        "link",
+        "object",
+        "embed",
+        "video",
+        "audio",
+        "source",
+    ]
+)
+_SKIP_CLASSES = frozenset(
+    {
+        "toc-macro",  # a table of contents repeats the headings
+        "confluence-information-macro-icon",
+        "expand-control-icon",
+        "aui-icon",
+        "page-metadata",
+        "confluence-embedded-file",  # attachment thumbnail; the name is in the attachments list
+        "numberingColumn",
+        "hidden",
+    }
+)
+_SKIP_IDS = frozenset(
+    {"breadcrumb-section", "footer", "likes-and-labels-container", "comments-section", "labels"}
+)
+_PANEL_LABELS = {
+    "information": "Info",
+    "info": "Info",
+    "note": "Note",
+    "warning": "Warning",
+    "tip": "Tip",
+}
+# Confluence writes this placeholder for whiteboards/databases it cannot export.
+_UNSUPPORTED_PLACEHOLDER = "we currently only support exported pages"
+_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"), None)
+
+
+def normalise_line(text: str) -> str:
+    """Whitespace normalisation used everywhere: drop zero-width characters, collapse every
+    run of Unicode whitespace (incl. NBSP) to one space, strip the ends."""
+    return " ".join(text.translate(_INVISIBLE).split())
+
+
+def _classes(el: etree._Element) -> set[str]:
+    c = el.get("class")
+    return set(c.split()) if c else set()
+
+
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1].lower()
+
+
+class _Renderer:
+    """Walks a body element and builds heading-path sections of normalised lines."""
+
+    def __init__(self, *, headings_as_text: bool = False) -> None:
+        self.headings_as_text = headings_as_text
+        self.stack: list[tuple[int, str]] = []
+        self.sections: list[tuple[tuple[str, ...], list[str]]] = [((), [])]
+        self.parts: list[str] = []
+        self.marker = ""  # list-item marker waiting for the item's first non-empty line
+
+    # --- output ------------------------------------------------------------------------
+    def flush(self) -> None:
+        if self.parts:
+            line = normalise_line("".join(self.parts))
+            self.parts.clear()
+            self._emit(line)
+
+    def _emit(self, line: str) -> None:
+        if line:
+            self.sections[-1][1].append(self.marker + line)
+            self.marker = ""
+
+    def add_line(self, line: str) -> None:
+        self.flush()
+        self._emit(normalise_line(line))
+
+    def start_section(self, level: int, title: str) -> None:
+        self.flush()
+        self.marker = ""
+        while self.stack and self.stack[-1][0] >= level:
+            self.stack.pop()
+        self.stack.append((level, title))
+        self.sections.append((tuple(t for _, t in self.stack), []))
+
+    def lines(self) -> list[str]:
+        self.flush()
+        return [line for _, lines in self.sections for line in lines]
+
+    def result(self) -> list[Section]:
+        """Sections with text; a heading with no body keeps itself as text unless a later
+        section extends its path (then the heading survives in that section's path)."""
+        self.flush()
+        out: list[Section] = []
+        for i, (path, lines) in enumerate(self.sections):
+            if lines:
+                out.append(Section(path, "\n".join(lines)))
+            elif path and not any(p[: len(path)] == path for p, _ in self.sections[i + 1 :]):
+                out.append(Section(path, path[-1]))
+        return out
+
+    # --- walking -----------------------------------------------------------------------
+    def walk_children(self, el: etree._Element) -> None:
+        if el.text:
+            self.parts.append(el.text)
+        for child in el:
+            if isinstance(child.tag, str):
+                self.walk(child)
+            if child.tail:
+                self.parts.append(child.tail)
+
+    def walk(self, el: etree._Element) -> None:
+        tag = _local(el.tag)
+        if tag in _SKIP_TAGS:
+            return
+        cls = _classes(el)
+        if cls & _SKIP_CLASSES or el.get("id") in _SKIP_IDS:
+            return
+        if tag in _HEADINGS and not self.headings_as_text:
+            title = normalise_line(el.text_content())
+            if title:
+                self.start_section(_HEADINGS[tag], title)
+            return
+        if tag == "table":
+            self.flush()
+            for row in table_rows(el):
+                self.add_line(row)
+            return
+        if tag == "br":
+            self.flush()
+            return
+        if ("code" in cls and tag == "div") or tag == "pre":
+            self._code(el)
+            return
+        if "confluence-information-macro" in cls:
+            self._panel(el, cls)
+            return
+        if "expand-control" in cls:  # the expand title: keep it as its own line
+            self.add_line(el.text_content())
+            return
+        if tag == "li":
+            self.flush()
+            self.marker = "- "
+            self.walk_children(el)
+            self.flush()
+            self.marker = ""
+            return
+        if tag in _BLOCKS or tag in _HEADINGS:
+            self.flush()
+            self.walk_children(el)
+            self.flush()
+            return
+        self.walk_children(el)
+
+    def _code(self, el: etree._Element) -> None:
+        self.flush()
+        header = ""
+        for h in el.iter():
+            if isinstance(h.tag, str) and "codeHeader" in _classes(h):
+                header = normalise_line(h.text_content())
+                break
+        pre = el if _local(el.tag) == "pre" else next(el.iter("pre"), el)
+        label = f"Code ({header}):" if header else "Code:"
+        body = [normalise_line(line) for line in pre.text_content().splitlines()]
+        body = [b for b in body if b]
+        if body:
+            self.add_line(label)
+            for b in body:
+                self.add_line(b)
+
+    def _panel(self, el: etree._Element, cls: set[str]) -> None:
+        kind = next(
+            (c.rsplit("-", 1)[-1] for c in cls if c.startswith("confluence-information-macro-")),
+            "information",
+        )
+        label = _PANEL_LABELS.get(kind, kind.capitalize())
+        lines = inline_lines(el)
+        if lines:
+            self.add_line(f"{label}: {lines[0]}")
+            for line in lines[1:]:
+                self.add_line(line)
+
+
+def inline_lines(el: etree._Element) -> list[str]:
+    """Render an element's content to lines, treating headings as plain text."""
+    r = _Renderer(headings_as_text=True)
+    r.walk_children(el)
+    return r.lines()
+
+
+def _cells(tr: etree._Element) -> list[tuple[bool, str]]:
+    out = []
+    for cell in tr:
+        if not isinstance(cell.tag, str) or _local(cell.tag) not in ("td", "th"):
+            continue
+        if "numberingColumn" in _classes(cell):
+            continue
+        out.append((_local(cell.tag) == "th", " ".join(inline_lines(cell))))
+    return out
+
+
+def table_rows(table: etree._Element) -> list[str]:
+    """A table as readable lines.
+
+    Header row = the first row whose cells are all ``th``: later rows become
+    "Header: value; Header2: value2". A row starting with a ``th`` in a header-less table is a
+    key/value row ("Key: v1; v2"). Otherwise cells are joined with "; ". Empty cells vanish.
+    Nested tables are rendered inside their cell, flattened.
+    """
+    rows: list[etree._Element] = []
+    for tr in table.iter():
+        if not isinstance(tr.tag, str) or _local(tr.tag) != "tr":
+            continue
+        # skip rows of nested tables: their closest table ancestor is not ``table``
+        anc = tr.getparent()
+        while anc is not None and _local(str(anc.tag)) != "table":
+            anc = anc.getparent()
+        if anc is table:
+            rows.append(tr)
+    header: list[str] | None = None
+    lines: list[str] = []
+    for tr in rows:
+        cells = _cells(tr)
+        if not cells:
+            continue
+        if header is None and not lines and all(is_th for is_th, _ in cells):
+            if any(text for _, text in cells):
+                header = [text for _, text in cells]
+            continue
+        if header is not None:
+            pairs = []
+            for i, (_, text) in enumerate(cells):
+                if not text:
+                    continue
+                name = header[i] if i < len(header) else ""
+                pairs.append(f"{name}: {text}" if name else text)
+            line = "; ".join(pairs)
+        elif cells[0][0] and len(cells) > 1:
+            rest = "; ".join(t for _, t in cells[1:] if t)
+            line = f"{cells[0][1]}: {rest}" if rest else cells[0][1]
+        else:
+            line = "; ".join(t for _, t in cells if t)
+        if line:
+            lines.append(line)
+    if header is not None and not lines:
+        lines.append("; ".join(h for h in header if h))  # a header-only table keeps its words
+    return lines
+
+
+def render_sections(body: etree._Element) -> list[Section]:
+    """Split a body element into heading-path sections of readable, normalised text."""
+    r = _Renderer()
+    r.walk_children(body)
+    return r.result()
+
+
+# --------------------------------------------------------------------------------------
+# export files
+
+
+@dataclass(frozen=True, slots=True)
+class ExportInfo:
+    """What index.html says about the space."""
+
+    space_key: str | None
+    space_name: str | None
+    home_id: str | None
+    tree: dict[str, str | None]  # page id -> parent page id, from "Available Pages"
+    titles: dict[str, str]  # page id -> title as listed in the tree
+
+
+@dataclass(frozen=True, slots=True)
+class _File:
+    name: str
+    display: str
+    data: bytes
+    mtime: float
+
+
+def _page_id(name: str) -> str | None:
+    m = _PAGE_FILE.search(unquote(name))
+    return m.group(1) if m else None
+
+
+def read_export_info(index_html: bytes) -> ExportInfo:
+    """Parse index.html: space key/name from the details table and the page tree."""
+    root = html.document_fromstring(index_html, parser=html.HTMLParser(encoding="utf-8"))
+    details: dict[str, str] = {}
+    for tr in root.iter("tr"):
+        ths, tds = tr.findall("th"), tr.findall("td")
+        if ths and tds:
+            details[normalise_line(ths[0].text_content()).lower()] = normalise_line(
+                tds[0].text_content()
+            )
+    tree: dict[str, str | None] = {}
+    titles: dict[str, str] = {}
+    home_id: str | None = None
+
+    def visit(ul: etree._Element, parent: str | None) -> None:
+        nonlocal home_id
+        for li in ul:
+            if not isinstance(li.tag, str) or li.tag != "li":
+                continue
+            a = li.find("a")
+            pid = _page_id(a.get("href", "")) if a is not None else None
+            if pid:
+                tree[pid] = parent
+                titles[pid] = normalise_line(a.text_content())
+                if home_id is None and any(
+                    "home_page" in (img.get("src") or "") for img in li.findall("img")
+                ):
+                    home_id = pid
+            for sub in li.findall("ul"):
+                visit(sub, pid or parent)
+
+    for section in root.find_class("pageSection"):
+        h2 = section.find(".//h2")
+        if h2 is not None and "available pages" in h2.text_content().lower():
+            for ul in section.findall("ul"):
+                visit(ul, None)
+    if home_id is None:
+        roots = [p for p, parent in tree.items() if parent is None]
+        home_id = roots[0] if len(roots) == 1 else None
+    return ExportInfo(
+        space_key=details.get("key") or None,
+        space_name=details.get("name") or None,
+        home_id=home_id,
+        tree=tree,
+        titles=titles,
+    )
+
+
+def _files(path: Path) -> tuple[bytes | None, list[_File]]:
+    """(index.html bytes or None, page files) of a folder or zip export."""
+    if not path.exists():
+        raise IngestError(f"export path {path} does not exist; pass a folder or .zip export")
+    if path.is_file():
+        if not zipfile.is_zipfile(path):
+            raise IngestError(f"{path} is neither a folder nor a .zip Confluence export")
+        return _zip_files(path)
+    base = path
+    if not (base / "index.html").is_file():
+        found = sorted(path.glob("*/index.html"))
+        if len(found) == 1:
+            base = found[0].parent
+    index = (base / "index.html").read_bytes() if (base / "index.html").is_file() else None
+    files = []
+    for p in sorted(base.iterdir()):
+        if p.is_file() and p.suffix.lower() in (".html", ".htm") and p.name != "index.html":
+            files.append(_File(p.name, str(p), b"", p.stat().st_mtime))
+    if not files and index is None:
+        raise IngestError(f"no .html pages in {path}; is this a Confluence HTML export?")
+    return index, files
+
+
+def _zip_files(path: Path) -> tuple[bytes | None, list[_File]]:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            infos = [i for i in zf.infolist() if not i.is_dir()]
+            indexes = sorted(
+                (i for i in infos if i.filename.rsplit("/", 1)[-1] == "index.html"),
+                key=lambda i: i.filename.count("/"),
+            )
+            prefix = indexes[0].filename[: -len("index.html")] if indexes else ""
+            index = zf.read(indexes[0]) if indexes else None
+            files = []
+            for i in sorted(infos, key=lambda i: i.filename):
+                rest = i.filename[len(prefix) :]
+                if not i.filename.startswith(prefix) or "/" in rest or rest == "index.html":
+                    continue
+                if not rest.lower().endswith((".html", ".htm")):
+                    continue
+                mtime = datetime(*i.date_time, tzinfo=UTC).timestamp()
+                files.append(_File(rest, f"{path}!/{i.filename}", zf.read(i), mtime))
+    except (zipfile.BadZipFile, OSError) as e:
+        raise IngestError(f"cannot read zip export {path}: {e}") from e
+    return index, files
+
+
+def read_html_export(
+    path: Path | str, *, max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES, space: str | None = None
+) -> Iterator[Page | Quarantined]:
+    """Yield one Page or Quarantined per page file of an HTML space export, in file-name order.
+
+    ``space`` overrides the space key (default: "Key" from index.html, else the folder name).
+    Raises :class:`IngestError` only when the export as a whole is unreadable.
+    """
+    path = Path(path)
+    index, files = _files(path)
+    info = read_export_info(index) if index else ExportInfo(None, None, None, {}, {})
+    space_key = space or info.space_key or path.stem
+    for f in files:
+        data = f.data
+        if not data:
+            try:
+                size = os.path.getsize(f.display)
+                if size > max_page_bytes:
+                    yield Quarantined(
+                        f.display,
+                        f"page is {size} bytes, over max_page_bytes={max_page_bytes} "
+                        "(raise CTX_MAX_PAGE_BYTES to ingest it)",
+                    )
+                    continue
+                data = Path(f.display).read_bytes()
+            except OSError as e:
+                yield Quarantined(f.display, f"unreadable file: {e}")
+                continue
+        yield parse_export_page(
+            data,
+            file_name=f.name,
+            source_path=f.display,
+            mtime=f.mtime,
+            space=space_key,
+            info=info,
+            max_page_bytes=max_page_bytes,
+        )
+
+
+def parse_export_page(
+    data: bytes,
+    *,
+    file_name: str,
+    source_path: str,
+    mtime: float,
+    space: str,
+    info: ExportInfo | None = None,
+    max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
+) -> Page | Quarantined:
+    """Parse one exported page file; never raises for bad content."""
+    info = info or ExportInfo(None, None, None, {}, {})
+    if len(data) > max_page_bytes:
+        return Quarantined(
+            source_path,
+            f"page is {len(data)} bytes, over max_page_bytes={max_page_bytes} "
+            "(raise CTX_MAX_PAGE_BYTES to ingest it)",
+        )
+    page_id = _page_id(file_name)
+    if page_id is None:
+        return Quarantined(source_path, f"cannot derive a page id from file name {file_name!r}")
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return Quarantined(source_path, f"not valid UTF-8 at byte {e.start}")
+    try:
+        root = html.document_fromstring(data, parser=html.HTMLParser(encoding="utf-8"))
+    except (etree.ParserError, ValueError) as e:
+        return Quarantined(source_path, f"unparseable HTML: {e}")
+    title_el = root.get_element_by_id("title-text", None)
+    raw_title = normalise_line(title_el.text_content()) if title_el is not None else ""
+    title = _strip_space(raw_title, info.space_name)
+    if not title:
+        return Quarantined(source_path, "malformed page: no #title-text (no page title)")
+    body = root.get_element_by_id("main-content", None)
+    if body is None:
+        return Quarantined(source_path, "empty body: no #main-content (a folder-only page?)")
+    body_text = normalise_line(body.text_content()).lower()
+    if body_text == _UNSUPPORTED_PLACEHOLDER or (
+        body_text.startswith(_UNSUPPORTED_PLACEHOLDER)
+        and root.get_element_by_id("main-content-2", None) is not None
+    ):
+        return Quarantined(
+            source_path, "unsupported content: whiteboard/database placeholder, not a page"
+        )
+    sections = render_sections(body)
+    if not sections:
+        return Quarantined(source_path, "empty body: #main-content has no text")
+    ancestors, ancestor_ids = _breadcrumbs(root, info)
+    author, updated_at, date_source = _metadata(root, mtime, source_path)
+    return Page(
+        page_id=page_id,
+        title=title,
+        space=space,
+        ancestors=ancestors,
+        author=author,
+        updated_at=updated_at,
+        sections=tuple(sections),
+        attachments=_attachments(root),
+        source_path=source_path,
+        content_hash=compute_content_hash(title, sections),
+        ancestor_ids=ancestor_ids,
+        date_source=date_source,
+    )
+
+
+def _strip_space(raw_title: str, space_name: str | None) -> str:
+    if space_name and raw_title.startswith(f"{space_name} : "):
+        return raw_title[len(space_name) + 3 :].strip()
+    if " : " in raw_title:
+        return raw_title.split(" : ", 1)[1].strip()
+    return raw_title
+
+
+def _breadcrumbs(root: etree._Element, info: ExportInfo) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Ancestor titles and ids, dropping the space link (index.html) and the space home.
+
+    The home is recognised from index.html (its tree icon) or, without an index, as the first
+    page crumb, which is where Confluence always puts it.
+    """
+    crumbs = root.get_element_by_id("breadcrumbs", None)
+    if crumbs is None:
+        return (), ()
+    items: list[tuple[str, str]] = []
+    for a in crumbs.iter("a"):
+        href = a.get("href", "")
+        if href.endswith("index.html"):
+            continue
+        items.append((_page_id(href) or "", normalise_line(a.text_content())))
+    if items and (items[0][0] == info.home_id or info.home_id is None):
+        items = items[1:]
+    items = [(pid, t) for pid, t in items if t]
+    return tuple(t for _, t in items), tuple(pid for pid, _ in items)
+
+
+_BY = re.compile(r"\(unlicensed\)", re.IGNORECASE)
+
+
+def _metadata(root: etree._Element, mtime: float, source: str) -> tuple[str | None, datetime, str]:
+    meta = next(iter(root.find_class("page-metadata")), None)
+    author: str | None = None
+    text = ""
+    if meta is not None:
+        text = normalise_line(meta.text_content())
+        names = [normalise_line(_BY.sub("", s.text_content())) for s in meta.find_class("author")]
+        names = [n for n in names if n]
+        author = names[-1] if names else None  # "last modified by" comes second
+    dt = find_date(text) if text else None
+    if dt is not None:
+        return author, dt, "metadata"
+    log.warning(
+        "no parseable last-modified date in %s (metadata %r); using the file mtime",
+        source,
+        text[:120],
+    )
+    return author, datetime.fromtimestamp(mtime, tz=UTC), "mtime"
+
+
+def _attachments(root: etree._Element) -> tuple[str, ...]:
+    names: list[str] = []
+    for section in root.find_class("pageSection"):
+        h = section.find(".//h2")
+        if h is None or "attachments" not in (h.get("id") or h.text_content().lower()):
+            continue
+        for a in section.iter("a"):
+            if "attachments/" in (a.get("href") or ""):
+                n = normalise_line(a.text_content())
+                if n and n not in names:
+                    names.append(n)
+    return tuple(names)

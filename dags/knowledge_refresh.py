@@ -1,0 +1,120 @@
+"""
+### knowledge_refresh
+
+Weekly refresh of L3 knowledge memory (`knowledge_main`) from a Confluence HTML space export.
+
+1. **plan**: parse the export, chunk changed pages (<= 256 model tokens, heading-aware), run
+   the Great Expectations chunk suite and diff against the collection. A failed suite fails
+   this task, so nothing is written. The plan (chunk texts, never vectors) is staged on disk
+   under `$CTX_DATA_DIR/staging/`; only its path and counts travel through XCom.
+2. **embed_upsert**: embed the staged chunks in batches, upsert them with deterministic ids,
+   delete chunks of removed or shrunk pages. Emits the `qdrant://knowledge_main` asset.
+3. **report**: checks and logs the run summary (`$CTX_REPORTS_DIR/ingest_summary.json`,
+   quarantined pages in `quarantine.jsonl`).
+
+Params: `export_path` (folder or .zip; default: the packaged sample export), `collection`
+(default `CTX_COLLECTION_MAIN`), `model` (default `CTX_EMBED_MODEL`). Settings come from
+`CTX_*` environment variables; an `AIRFLOW_CONN_QDRANT_DEFAULT` connection (e.g.
+`http://qdrant:6333`) points the job at a Qdrant server instead of the embedded store.
+Re-running is safe: pages whose content hash is unchanged are skipped.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import Asset, Param, dag, task
+
+KNOWLEDGE_MAIN = Asset("qdrant://knowledge_main")
+
+
+def _sample_export() -> str:
+    """Where the packaged sample export lives (a path lookup, no file is read)."""
+    spec = importlib.util.find_spec("context_core")
+    if spec is None or spec.origin is None:
+        return ""
+    return str(Path(spec.origin).parent / "sample_data" / "confluence" / "EQM")
+
+
+@dag(
+    dag_id="knowledge_refresh",
+    schedule="0 2 * * 0",
+    start_date=datetime.fromisoformat("2026-01-04T00:00:00+00:00"),
+    catchup=False,
+    max_active_runs=1,
+    tags=["context", "knowledge", "L3", "ingest"],
+    doc_md=__doc__,
+    default_args={
+        "retries": 2,
+        "retry_delay": timedelta(minutes=2),
+        "retry_exponential_backoff": 2.0,
+        "max_retry_delay": timedelta(minutes=30),
+    },
+    params={
+        "export_path": Param(
+            _sample_export(),
+            type="string",
+            description="Confluence HTML space export: a folder or a .zip.",
+        ),
+        "collection": Param(
+            None, type=["null", "string"], description="Target collection (default from CTX_)."
+        ),
+        "model": Param(
+            None, type=["null", "string"], description="Embedding model name (minilm, bge-m3)."
+        ),
+    },
+)
+def knowledge_refresh() -> None:
+    @task
+    def plan(params: dict[str, Any] | None = None, run_id: str | None = None) -> dict[str, Any]:
+        """Parse, chunk, validate and diff; stage the plan on disk, return its path."""
+        from context_core.ingest.pipeline import job_settings, stage_plan
+
+        p = dict(params or {})
+        settings = job_settings(
+            collection=p.get("collection"), model=p.get("model"), qdrant_url=_qdrant_url()
+        )
+        return stage_plan(p["export_path"], settings=settings, run_id=run_id or "manual")
+
+    @task(outlets=[KNOWLEDGE_MAIN])
+    def embed_upsert(planned: dict[str, Any], params: dict[str, Any] | None = None) -> dict:
+        """Embed and upsert the staged chunks; delete removed ones. Returns the summary."""
+        from context_core.ingest.pipeline import apply_staged, job_settings
+
+        p = dict(params or {})
+        settings = job_settings(
+            collection=p.get("collection"), model=p.get("model"), qdrant_url=_qdrant_url()
+        )
+        return apply_staged(planned["plan_path"], settings=settings).to_dict()
+
+    @task
+    def report(summary: dict[str, Any]) -> dict[str, Any]:
+        """Log the summary; fail loudly if the run wrote nothing it should have."""
+        import logging
+
+        log = logging.getLogger("airflow.task")
+        log.info("knowledge_refresh summary: %s", summary)
+        if summary["pages_seen"] == 0:
+            raise ValueError("the export contained no pages: check the export_path param")
+        return {k: summary[k] for k in ("pages_seen", "chunks_written", "chunks_deleted")}
+
+    report(embed_upsert(plan()))
+
+
+def _qdrant_url() -> str | None:
+    """Server URL from the optional ``qdrant_default`` connection (AIRFLOW_CONN_QDRANT_DEFAULT)."""
+    from airflow.sdk import Connection
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        conn = Connection.get("qdrant_default")
+    except AirflowNotFoundException:
+        return None
+    scheme = conn.conn_type if conn.conn_type in ("http", "https") else "http"
+    return f"{scheme}://{conn.host}:{conn.port or 6333}"
+
+
+knowledge_refresh()

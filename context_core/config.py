@@ -73,6 +73,9 @@ class Settings(BaseSettings):
         None, description="JSON {agent_id: {key_sha256, namespaces, purposes}}"
     )
     max_body_bytes: int = Field(256 * 1024, gt=0)
+    fault_slow_l3_ms: float = Field(
+        0.0, ge=0, description="Fault drill: every L3 store call sleeps this long (0 = off)."
+    )
 
     log_level: str = "INFO"
 

@@ -1,0 +1,454 @@
+"""Hand cases for the sanitize gateway: every key rule, every value pattern, PII, cap, audit.
+
+Fake secrets are assembled at run time so no credential-looking literal sits in the repo.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from context_core.config import get_settings
+from context_core.gateway import (
+    REDACTED,
+    AuditRecord,
+    Finding,
+    Gateway,
+    install_log_redaction,
+    is_secret_key,
+    mask_mobile,
+)
+
+# ---- fake secrets, built at run time ------------------------------------------------------
+STRIPE = "sk_" + "live_" + "Ab3" * 8
+STRIPE_TEST = "sk_" + "test_" + "Zz9" * 8
+RESTRICTED = "rk_" + "live_" + "Qw1" * 8
+AKIA = "AK" + "IA" + "ABCDEFGH23456789"
+ASIA = "AS" + "IA" + "ZYXWVUTS98765432"
+AWS_SECRET = "wJalr" + "XUtnFEMI/K7MDENG/bPxRfiCY" + "0123456789"
+JWT = "ey" + "JhbGciOiJIUzI1NiJ9" + ".ey" + "JzdWIiOiIxMjM0In0" + ".dBjftJeZ4CVPmB92K27uhb_wW1gF"
+GHP = "gh" + "p_" + "x1Y2" * 6
+GHO = "gh" + "o_" + "q9W8" * 6
+GH_PAT = "github" + "_pat_" + "11AB" * 6 + "_cd"
+SLACK = "xo" + "xb-" + "1234567890-abcdefghij"
+BEARER_TOK = "tok" + "A1b2C3d4E5f6"
+BASIC_B64 = "ZGFuOnMzY3JldC1wdw=="  # base64("dan:s3cret-pw")
+PEM = (
+    "-----BEGIN " + "RSA PRIVATE KEY-----\n"
+    "MIIEowIBAAKCAQEAx1x2\nq8ZbWn3M0aVd\n"
+    "-----END " + "RSA PRIVATE KEY-----"
+)
+VALID_ID = "11010519491231002X"  # checksum-valid test number (X check digit)
+
+
+def id_with_check(body17: str) -> str:
+    """Append the ISO 7064 MOD 11-2 check character (test-side reimplementation)."""
+    total = sum(int(d) * (2 ** (17 - i) % 11) for i, d in enumerate(body17))
+    return body17 + "10X98765432"[total % 11]
+
+
+VALID_ID_DIGIT = id_with_check("11010119900307457")
+INVALID_ID = "110105194912310021"
+VISA = "4111111111111111"  # classic Luhn-valid test PAN
+UNIONPAY = "6222021234567890128"
+
+
+def gw(**kw: Any) -> Gateway:
+    return Gateway(**kw)
+
+
+def blob(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+# ---- key-based redaction -------------------------------------------------------------------
+SECRET_KEYS = [
+    "api_key",
+    "apikey",
+    "api-key",
+    "API.KEY",
+    "x-api-key",
+    "X-Api-Key",
+    "token",
+    "access_token",
+    "refresh_token",
+    "id_token",
+    "session_token",
+    "refreshToken",
+    "ACCESSTOKEN",
+    "csrftoken",
+    "password",
+    "passwd",
+    "pwd",
+    "dbPassword",
+    "DB_PASSWORD_PROD",
+    "secret",
+    "client_secret",
+    "clientSecret",
+    "AWS_SECRET_ACCESS_KEY",
+    "Authorization",
+    "proxy-authorization",
+    "Proxy-Authorization",
+    "cookie",
+    "Set-Cookie",
+    "private_key",
+    "privateKey",
+    "credential",
+    "credentials",
+    "basic_auth",
+    "jwt",
+    "密码",
+]
+HARMLESS_KEYS = [
+    "tokens_used",
+    "max_tokens",
+    "prompt_tokens",
+    "total_tokens",
+    "token_count",
+    "token_type",
+    "password_length",
+    "tokenizer",
+    "session_id",
+    "user_id",
+    "key",
+    "public_key",
+    "device_id",
+    "auth_method",
+    "bypass",
+    "passed",
+    "",
+]
+
+
+@pytest.mark.parametrize("key", SECRET_KEYS)
+def test_secret_key_redacted_at_depth(key: str) -> None:
+    value = "plain-value-" + key[:3]
+    data = {"a": [{"b": ({key: value},)}]}
+    out = gw().clean(data, where="t")
+    assert out == {"a": [{"b": ({key: REDACTED},)}]}
+    assert is_secret_key(key)
+
+
+@pytest.mark.parametrize("key", HARMLESS_KEYS)
+def test_harmless_key_kept(key: str) -> None:
+    assert not is_secret_key(key)
+    assert gw().clean({key: "plain value"}, where="t") == {key: "plain value"}
+
+
+def test_secret_key_subtree_keeps_structure_and_falsy_values() -> None:
+    data = {
+        "credentials": {"user": "bob", "pw": "x1", "n": 7, "list": ["a", None]},
+        "password": None,
+        "token": "",
+        "secret": True,
+    }
+    out = gw().clean(data, where="t")
+    assert out == {
+        "credentials": {"user": REDACTED, "pw": REDACTED, "n": REDACTED, "list": [REDACTED, None]},
+        "password": None,
+        "token": "",
+        "secret": True,
+    }
+
+
+# ---- value patterns ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (f"key {STRIPE} end", f"key {REDACTED} end"),
+        (f"key {STRIPE_TEST}", f"key {REDACTED}"),
+        (f"key {RESTRICTED}", f"key {REDACTED}"),
+        (f"id={AKIA} x", f"id={REDACTED} x"),
+        (f"{ASIA}", REDACTED),
+        (f"jwt {JWT} end", f"jwt {REDACTED} end"),
+        (f"Authorization: Bearer {BEARER_TOK}", f"Authorization: Bearer {REDACTED}"),
+        (f"hdr bearer {BEARER_TOK}.x", f"hdr bearer {REDACTED}"),
+        (f"Authorization: Basic {BASIC_B64}", f"Authorization: Basic {REDACTED}"),
+        (f"{PEM}\ntrailer", f"{REDACTED}\ntrailer"),
+        (f"gh {GHP} {GHO} {GH_PAT}", f"gh {REDACTED} {REDACTED} {REDACTED}"),
+        (f"slack {SLACK}", f"slack {REDACTED}"),
+        (f"aws_secret_access_key={AWS_SECRET}", f"aws_secret_access_key={REDACTED}"),
+        (f"AWS_SECRET_ACCESS_KEY: '{AWS_SECRET}'", f"AWS_SECRET_ACCESS_KEY: '{REDACTED}'"),
+        ("login password=hunter2x ok", f"login password={REDACTED} ok"),
+        ("token: abc.def rest", f"token: {REDACTED} rest"),
+        ('cfg {"api_key": "zzz111"}', f'cfg {{"api_key": "{REDACTED}"}}'),
+        ('{"dbPassword":"p@ss w0rd"}', f'{{"dbPassword":"{REDACTED}"}}'),
+        ('esc {\\"password\\": \\"s3cr3t\\"}', f'esc {{\\"password\\": \\"{REDACTED}\\"}}'),
+        ("密码：abc123456", f"密码：{REDACTED}"),
+        ("redis://user:pa55w0rd@h:6379/0", f"redis://user:{REDACTED}@h:6379/0"),
+        ("https://:pw0rd@example.com/x", f"https://:{REDACTED}@example.com/x"),
+    ],
+)
+def test_value_patterns(text: str, expected: str) -> None:
+    assert gw().clean_text(text, where="t") == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "use a bearer token for this endpoint",  # prose, not a credential
+        "Basic Troubleshooting steps",  # capitalised word, not base64 user:pass
+        "tokens: 512 used, max_tokens=1024",  # counts are not secrets
+        "token_count=3",
+        "see https://example.com/path?q=1",
+        "high throughput, ghost mode",  # 'gh' marker without a token shape
+        "order 1700000000000 at epoch ms",  # 13 digits, starts with 1 -> not a card
+        "pump PUMP-0042 pressure 3.5 bar",
+    ],
+)
+def test_lookalikes_not_redacted(text: str) -> None:
+    assert gw().clean_text(text, where="t") == text
+
+
+# ---- PII -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("13812341234", "138****1234"),
+        ("call 13812341234.", "call 138****1234."),
+        ("+86 138-1234-5678", "+86 138****5678"),
+        ("8615912345678", "86159****5678"),
+        ("tel:+86 19912345678", "tel:+86 199****5678"),
+        ("138 1234 5678", "138****5678"),
+    ],
+)
+def test_mobile_masked(text: str, expected: str) -> None:
+    assert gw().clean_text(text, where="t") == expected
+    assert mask_mobile(text) == expected
+
+
+@pytest.mark.parametrize("text", ["12812341234", "1381234123", "138123412345", "10086"])
+def test_not_mobile(text: str) -> None:
+    assert mask_mobile(text) == text
+
+
+def test_id_number_checksum() -> None:
+    g = gw()
+    assert g.clean_text(f"ID {VALID_ID}", where="t") == "ID 110105********002X"
+    assert g.clean_text(VALID_ID.lower(), where="t") == "110105********002x"
+    assert VALID_ID_DIGIT[-1].isdigit()
+    assert g.clean_text(VALID_ID_DIGIT, where="t") == "110101********457" + VALID_ID_DIGIT[-1]
+    assert id_with_check(VALID_ID[:17]) == VALID_ID
+    # Same shape, wrong check digit: left alone (it is some other 18-digit number).
+    assert g.clean_text(INVALID_ID, where="t") == INVALID_ID
+
+
+def test_bank_card_luhn() -> None:
+    g = gw()
+    assert g.clean_text(f"card {VISA}", where="t") == "card ************1111"
+    assert g.clean_text("4111 1111 1111 1111", where="t") == "**** **** **** 1111"
+    assert g.clean_text("4111-1111-1111-1111", where="t") == "****-****-****-1111"
+    assert g.clean_text(UNIONPAY, where="t") == "***************0128"
+    bad = VISA[:-1] + "2"
+    assert g.clean_text(bad, where="t") == bad
+
+
+def test_email_masked() -> None:
+    g = gw()
+    assert g.clean_text("mail john.doe@example.com.", where="t") == "mail j***@example.com."
+    assert g.clean_text("a@b.cn", where="t") == "a***@b.cn"
+    assert g.clean_text("user@localhost", where="t") == "user@localhost"
+
+
+def test_large_int_pii_masked_small_ints_kept() -> None:
+    out = gw().clean({"phone": 13812341234, "n": 42, "ts": 1700000000000}, where="t")
+    assert out == {"phone": "138****1234", "n": 42, "ts": 1700000000000}
+
+
+def test_dict_keys_are_cleaned_too() -> None:
+    out = gw().clean({"13812341234": {"x": 1}}, where="t")
+    assert out == {"138****1234": {"x": 1}}
+
+
+# ---- size cap --------------------------------------------------------------------------------
+def _payload_of_size(n: int) -> dict[str, str]:
+    base = len(json.dumps({"d": ""}, separators=(",", ":")).encode())
+    return {"d": "x" * (n - base)}
+
+
+def test_cap_exactly_limit_passes_limit_plus_one_fails() -> None:
+    alerts: list[tuple[str, dict[str, Any]]] = []
+    g = gw(max_response_bytes=1000, on_alert=lambda w, d: alerts.append((w, d)))
+    at = _payload_of_size(1000)
+    assert g.clean_response(at, where="api:x") == at
+    assert alerts == []
+    over = _payload_of_size(1001)
+    assert g.clean_response(over, where="api:x") == {"error": "response too large"}
+    assert alerts == [("api:x", {"bytes": 1001, "limit": 1000})]
+    rec = g.recent_audit[-1]
+    assert rec.where == "api:x"
+    assert [f.kind for f in rec.findings] == ["oversize"]
+
+
+def test_cap_counts_utf8_bytes_not_chars() -> None:
+    g = gw(max_response_bytes=20)
+    # 6 CJK chars = 18 bytes + 2 quotes = 20 bytes: fits; one more char does not.
+    assert g.clean_response("设备压力异常", where="t") == "设备压力异常"
+    assert g.clean_response("设备压力异常了", where="t") == {"error": "response too large"}
+
+
+def test_default_cap_is_10_kib_from_settings(tmp_path: Path) -> None:
+    g = Gateway.from_settings(get_settings(data_dir=tmp_path))
+    assert g.max_response_bytes == 10 * 1024
+    assert g.audit_path == tmp_path / "audit" / "audit.jsonl"
+
+
+def test_alert_failure_does_not_break_cleaning() -> None:
+    def boom(where: str, details: dict[str, Any]) -> None:
+        raise RuntimeError("pager down")
+
+    g = gw(max_response_bytes=10, on_alert=boom)
+    assert g.clean_response("x" * 50, where="t") == {"error": "response too large"}
+
+
+# ---- audit -----------------------------------------------------------------------------------
+def test_audit_has_paths_and_hashes_never_values(tmp_path: Path) -> None:
+    audit = tmp_path / "deep" / "dir" / "audit.jsonl"
+    g = gw(audit_path=audit)
+    data = {
+        "headers": {"Authorization": f"Bearer {BEARER_TOK}"},
+        "items": [{}, {}, {"note": f"key {STRIPE} phone 13812341234"}],
+    }
+    g.clean(data, where="l2:api")
+    rec = g.recent_audit[-1]
+    assert isinstance(rec, AuditRecord)
+    assert rec.findings == (
+        Finding("$.headers.Authorization", "secret_key", rec.findings[0].value_sha256),
+        Finding("$.items[2].note", "secret_value", rec.findings[1].value_sha256),
+        Finding("$.items[2].note", "pii_phone", rec.findings[2].value_sha256),
+    )
+    import hashlib
+
+    assert rec.findings[1].value_sha256 == hashlib.sha256(STRIPE.encode()).hexdigest()[:16]
+    text = audit.read_text(encoding="utf-8")
+    assert json.loads(text)["findings"][0]["path"] == "$.headers.Authorization"
+    for s in (BEARER_TOK, STRIPE, "13812341234", "12341234"):
+        assert s not in repr(rec)
+        assert s not in rec.to_json()
+        assert s not in text
+
+
+def test_audit_key_switches_to_hmac() -> None:
+    import hashlib
+    import hmac
+
+    g = gw(audit_key=b"k" * 32)
+    g.clean_text("13812341234", where="t")
+    expected = hmac.new(b"k" * 32, b"13812341234", hashlib.sha256).hexdigest()[:16]
+    assert g.recent_audit[-1].findings[0].value_sha256 == expected
+
+
+def test_clean_input_writes_no_audit(tmp_path: Path) -> None:
+    audit = tmp_path / "a.jsonl"
+    g = gw(audit_path=audit)
+    assert g.clean({"status": "ok", "n": 3}, where="t") == {"status": "ok", "n": 3}
+    assert g.recent_audit == ()
+    assert not audit.exists()
+
+
+def test_audit_tail_is_bounded() -> None:
+    g = gw(audit_tail=5)
+    for _ in range(12):
+        g.clean_text("13812341234", where="t")
+    assert len(g.recent_audit) == 5
+
+
+def test_input_not_mutated() -> None:
+    data = {
+        "password": "x1",
+        "list": [{"note": "13812341234"}, ("t", {"token": "y"})],
+        "s": {"a"},
+    }
+    before = copy.deepcopy(data)
+    out = gw().clean(data, where="t")
+    assert data == before
+    assert out is not data
+    assert out["list"] is not data["list"]
+    assert out["list"][1] == ("t", {"token": REDACTED})
+
+
+def test_thread_safety_audit_counts(tmp_path: Path) -> None:
+    audit = tmp_path / "a.jsonl"
+    g = gw(audit_path=audit, audit_tail=10_000)
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            for j in range(50):
+                out = g.clean({"password": f"p{i}-{j}", "t": "13812341234"}, where=f"w{i}")
+                assert out == {"password": REDACTED, "t": "138****1234"}
+        except BaseException as e:  # pragma: no cover - surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(g.recent_audit) == 400
+    lines = audit.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 400
+    assert all(len(json.loads(line)["findings"]) == 2 for line in lines)
+
+
+# ---- logging -------------------------------------------------------------------------------
+def _capture_logger(name: str) -> tuple[logging.Logger, Any]:
+    import io
+
+    stream = io.StringIO()
+    logger = logging.getLogger(name)
+    logger.handlers.clear()
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG)
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    return logger, stream
+
+
+def test_log_redaction_args_exceptions_and_idempotence() -> None:
+    g = gw()
+    logger, stream = _capture_logger("test.gateway.logs")
+    install_log_redaction(g, logger)
+    install_log_redaction(g, logger)  # idempotent
+    assert sum(type(f).__name__ == "_RedactionFilter" for f in logger.filters) == 1
+    assert sum(type(f).__name__ == "_RedactionFilter" for f in logger.handlers[0].filters) == 1
+    logger.info("calling with key %s for %s", STRIPE, "13812341234")
+    child = logging.getLogger("test.gateway.logs.child")
+    child.warning("child says password=%s", "hunter2x")
+    try:
+        raise ValueError(f"bad token {JWT}")
+    except ValueError:
+        logger.exception("failed for %s", "a@example.com")
+    out = stream.getvalue()
+    for s in (STRIPE, "13812341234", "hunter2x", JWT, "a@example.com"):
+        assert s not in out
+    assert f"calling with key {REDACTED} for 138****1234" in out
+    assert f"child says password={REDACTED}" in out
+    assert f"ValueError: bad token {REDACTED}" in out
+    assert "failed for a***@example.com" in out
+    assert out.count(REDACTED) == 3
+
+
+def test_log_redaction_root_default() -> None:
+    root = logging.getLogger()
+    g = gw()
+    before = list(root.filters)
+    try:
+        install_log_redaction(g)
+        assert any(type(f).__name__ == "_RedactionFilter" for f in root.filters)
+    finally:
+        for f in list(root.filters):
+            if f not in before:
+                root.removeFilter(f)
+        for h in root.handlers:
+            for f in list(h.filters):
+                if type(f).__name__ == "_RedactionFilter":
+                    h.removeFilter(f)

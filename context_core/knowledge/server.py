@@ -1,0 +1,333 @@
+"""L3 backend for a Qdrant server or cluster, through ``qdrant-client``.
+
+Same collection parameters as the Edge backend (HNSW m=32/ef_construct=128, int8 scalar
+quantisation kept in RAM, payload indexes), same filter language, same answers: the contract
+suite runs unchanged against both. Tests use ``QdrantClient(":memory:")``, whose search is
+pure Python: fine for correctness, never for benchmarks.
+
+The collection's embedding model and dimension are recorded in the collection's own
+``metadata`` (``ctx_model``, ``ctx_dim``; Qdrant >= 1.16 and the local mode keep it), so the
+record travels with the collection in snapshots and needs no reserved point.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from context_core.errors import (
+    BackendUnavailableError,
+    CollectionNotFoundError,
+    ContextError,
+    InvalidStoreRequestError,
+)
+from context_core.knowledge.store import (
+    FULL_SCAN_THRESHOLD,
+    HNSW_EF_CONSTRUCT,
+    HNSW_M,
+    INDEXING_THRESHOLD_KB,
+    PAYLOAD_INDEXES,
+    AnyOf,
+    CollectionInfo,
+    Condition,
+    Equals,
+    Filter,
+    Hit,
+    IndexStatus,
+    PointRecord,
+    Range,
+    check_model,
+    check_point_id,
+    parse_filter,
+    vector_list,
+)
+
+__all__ = ["QdrantServerStore"]
+
+T = TypeVar("T")
+_UPSERT_BATCH = 512
+
+
+def _to_filter(conditions: list[Condition]) -> Any:
+    from qdrant_client import models
+
+    if not conditions:
+        return None
+    must: list[Any] = []
+    for c in conditions:
+        if isinstance(c, Equals):
+            must.append(models.FieldCondition(key=c.key, match=models.MatchValue(value=c.value)))
+        elif isinstance(c, AnyOf):
+            must.append(models.FieldCondition(key=c.key, match=models.MatchAny(any=list(c.values))))
+        elif isinstance(c, Range):
+            must.append(
+                models.FieldCondition(
+                    key=c.key, range=models.Range(lt=c.lt, lte=c.lte, gt=c.gt, gte=c.gte)
+                )
+            )
+    return models.Filter(must=must)
+
+
+class QdrantServerStore:
+    """:class:`~context_core.knowledge.store.VectorStore` over a ``QdrantClient``."""
+
+    def __init__(self, client: Any, *, where: str | None = None) -> None:
+        self._client = client
+        self.where = where or "a Qdrant client"
+        self._meta: dict[str, tuple[str, int]] = {}
+
+    @classmethod
+    def connect(
+        cls, url: str, *, api_key: str | None = None, timeout: int = 10
+    ) -> QdrantServerStore:
+        from qdrant_client import QdrantClient
+
+        if url == ":memory:":
+            return cls(QdrantClient(":memory:"), where=":memory:")
+        return cls(QdrantClient(url=url, api_key=api_key, timeout=timeout), where=url)
+
+    def _call(self, name: str, what: str, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        try:
+            return fn(*args, **kw)
+        except ContextError:
+            raise
+        except Exception as e:  # http/grpc/transport errors and the local mode's ValueErrors
+            if "not found" in str(e).lower() and "collection" in str(e).lower():
+                raise CollectionNotFoundError(
+                    f"collection {name!r} does not exist on {self.where}; create it first "
+                    "(KnowledgeMemory.ensure_collections or the knowledge refresh job)"
+                ) from e
+            raise BackendUnavailableError(
+                f"Qdrant {what} on collection {name!r} at {self.where} failed: {e}; check that "
+                "the server is up and CTX_QDRANT_URL / CTX_QDRANT_API_KEY are right"
+            ) from e
+
+    def _recorded(self, name: str) -> tuple[str, int] | None:
+        """(model, dim) from the collection metadata, or None when the collection is absent."""
+        rec = self._meta.get(name)
+        if rec is not None:
+            return rec
+        if not self._call(name, "collection_exists", self._client.collection_exists, name):
+            return None
+        info = self._call(name, "get_collection", self._client.get_collection, name)
+        meta = info.config.metadata or {}
+        vectors = info.config.params.vectors
+        size = int(getattr(vectors, "size", 0) or meta.get("ctx_dim", 0))
+        model = meta.get("ctx_model")
+        if not isinstance(model, str):
+            raise InvalidStoreRequestError(
+                f"collection {name!r} at {self.where} has no ctx_model metadata: it was not "
+                "created by this platform; drop it or choose another collection name"
+            )
+        rec = (model, size)
+        self._meta[name] = rec
+        return rec
+
+    def _dim(self, name: str) -> int:
+        rec = self._recorded(name)
+        if rec is None:
+            raise CollectionNotFoundError(
+                f"collection {name!r} does not exist on {self.where}; create it first "
+                "(KnowledgeMemory.ensure_collections or the knowledge refresh job)"
+            )
+        return rec[1]
+
+    # --- VectorStore ---------------------------------------------------------------------
+    def create_collection(self, name: str, *, dim: int, model: str) -> None:
+        from qdrant_client import models
+
+        if dim <= 0:
+            raise InvalidStoreRequestError(f"collection {name!r}: dim must be > 0, got {dim}")
+        rec = self._recorded(name)
+        if rec is not None:
+            check_model(name, recorded_model=rec[0], recorded_dim=rec[1], model=model, dim=dim)
+            return
+        self._call(
+            name,
+            "create_collection",
+            self._client.create_collection,
+            name,
+            vectors_config=models.VectorParams(size=dim, distance=models.Distance.COSINE),
+            hnsw_config=models.HnswConfigDiff(
+                m=HNSW_M, ef_construct=HNSW_EF_CONSTRUCT, full_scan_threshold=FULL_SCAN_THRESHOLD
+            ),
+            optimizers_config=models.OptimizersConfigDiff(indexing_threshold=INDEXING_THRESHOLD_KB),
+            quantization_config=models.ScalarQuantization(
+                scalar=models.ScalarQuantizationConfig(type=models.ScalarType.INT8, always_ram=True)
+            ),
+            metadata={"ctx_model": model, "ctx_dim": dim, "distance": "cosine"},
+        )
+        schema = {
+            "keyword": models.PayloadSchemaType.KEYWORD,
+            "float": models.PayloadSchemaType.FLOAT,
+        }
+        with warnings.catch_warnings():
+            # The local (":memory:") mode warns that it ignores payload indexes; a server uses them.
+            warnings.filterwarnings("ignore", message="Payload indexes have no effect")
+            for field, kind in PAYLOAD_INDEXES.items():
+                self._call(
+                    name,
+                    "create_payload_index",
+                    self._client.create_payload_index,
+                    name,
+                    field,
+                    field_schema=schema[kind],
+                )
+        self._meta[name] = (model, dim)
+
+    def drop_collection(self, name: str) -> None:
+        self._meta.pop(name, None)
+        if self._call(name, "collection_exists", self._client.collection_exists, name):
+            self._call(name, "delete_collection", self._client.delete_collection, name)
+
+    def info(self, name: str) -> CollectionInfo | None:
+        rec = self._recorded(name)
+        if rec is None:
+            return None
+        return CollectionInfo(name=name, dim=rec[1], model=rec[0], count=self.count(name))
+
+    def upsert(self, name: str, points: Sequence[PointRecord]) -> None:
+        from qdrant_client import models
+
+        dim = self._dim(name)
+        batch: list[Any] = []
+        for p in points:
+            if p.vector is None:
+                raise InvalidStoreRequestError(f"point {p.id} has no vector; upsert needs one")
+            vec = vector_list(p.vector, collection=name, dim=dim)
+            batch.append(
+                models.PointStruct(id=check_point_id(p.id), vector=vec, payload=dict(p.payload))
+            )
+            if len(batch) >= _UPSERT_BATCH:
+                self._call(name, "upsert", self._client.upsert, name, points=batch, wait=True)
+                batch = []
+        if batch:
+            self._call(name, "upsert", self._client.upsert, name, points=batch, wait=True)
+
+    def delete(
+        self, name: str, *, ids: Sequence[str] | None = None, filter: Filter | None = None
+    ) -> None:
+        from qdrant_client import models
+
+        if ids is None and not filter:
+            raise InvalidStoreRequestError("delete needs ids or a filter (refusing to delete all)")
+        self._dim(name)
+        if ids:
+            selector: Any = models.PointIdsList(points=[check_point_id(i) for i in ids])
+            self._call(
+                name, "delete", self._client.delete, name, points_selector=selector, wait=True
+            )
+        if filter:
+            selector = models.FilterSelector(filter=_to_filter(parse_filter(filter)))
+            self._call(
+                name, "delete", self._client.delete, name, points_selector=selector, wait=True
+            )
+
+    def search(
+        self,
+        name: str,
+        vector: Sequence[float],
+        *,
+        limit: int = 3,
+        filter: Filter | None = None,
+        exact: bool = False,
+    ) -> list[Hit]:
+        from qdrant_client import models
+
+        vec = vector_list(vector, collection=name, dim=self._dim(name))
+        with warnings.catch_warnings():
+            # The local mode is always exact and warns that search_params do nothing there.
+            warnings.filterwarnings("ignore", message="Local mode performs exact")
+            resp = self._call(
+                name,
+                "search",
+                self._client.query_points,
+                name,
+                query=vec,
+                query_filter=_to_filter(parse_filter(filter)),
+                limit=limit,
+                with_payload=True,
+                search_params=models.SearchParams(exact=True) if exact else None,
+            )
+        return [
+            Hit(id=str(p.id), score=float(p.score), payload=dict(p.payload or {}))
+            for p in resp.points
+        ]
+
+    def scroll(
+        self,
+        name: str,
+        *,
+        filter: Filter | None = None,
+        with_vectors: bool = False,
+        batch: int = 256,
+    ) -> Iterator[PointRecord]:
+        self._dim(name)
+        qfilter = _to_filter(parse_filter(filter))
+        offset: Any = None
+        while True:
+            records, offset = self._call(
+                name,
+                "scroll",
+                self._client.scroll,
+                name,
+                scroll_filter=qfilter,
+                limit=batch,
+                offset=offset,
+                with_payload=True,
+                with_vectors=with_vectors,
+            )
+            for r in records:
+                yield _record(r, with_vectors)
+            if offset is None:
+                return
+
+    def retrieve(
+        self, name: str, ids: Sequence[str], *, with_vectors: bool = False
+    ) -> list[PointRecord]:
+        self._dim(name)
+        wanted = [check_point_id(i) for i in ids]
+        found = self._call(
+            name,
+            "retrieve",
+            self._client.retrieve,
+            name,
+            ids=wanted,
+            with_payload=True,
+            with_vectors=with_vectors,
+        )
+        by_id = {str(r.id): _record(r, with_vectors) for r in found}
+        return [by_id[i] for i in wanted if i in by_id]
+
+    def count(self, name: str, *, filter: Filter | None = None) -> int:
+        self._dim(name)
+        res = self._call(
+            name,
+            "count",
+            self._client.count,
+            name,
+            count_filter=_to_filter(parse_filter(filter)),
+            exact=True,
+        )
+        return int(res.count)
+
+    def optimize(self, name: str) -> IndexStatus:
+        """A server optimises in the background; this only reports how far it got."""
+        self._dim(name)
+        info = self._call(name, "get_collection", self._client.get_collection, name)
+        return IndexStatus(
+            points=int(info.points_count or 0),
+            indexed_vectors=int(info.indexed_vectors_count or 0),
+            segments=int(info.segments_count or 0),
+        )
+
+    def close(self) -> None:
+        self._call("-", "close", self._client.close)
+
+
+def _record(r: Any, with_vectors: bool) -> PointRecord:
+    vec = r.vector if with_vectors else None
+    if isinstance(vec, dict):
+        vec = vec.get("")
+    return PointRecord(id=str(r.id), vector=vec, payload=dict(r.payload or {}))

@@ -1,0 +1,294 @@
+"""The vector-store seam: records, a tiny filter language, and the protocol both backends meet.
+
+Two real backends exist (Qdrant Edge in-process, qdrant-client against a server), so the seam
+is worth having; everything above it (KnowledgeMemory, the router, ingestion) speaks only the
+types in this module. Filters are plain mappings so they can be logged, traced and compared;
+each backend translates the parsed conditions into its own driver's types.
+
+Filter mini-language (all conditions must hold)::
+
+    {"section": "PUMP"}                      equality (str, int or bool)
+    {"source": ["p1", "p2"]}                 any-of
+    {"expires_at": {"lt": 1.7e9}}            range: any of lt / lte / gt / gte (numbers)
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from context_core.errors import InvalidStoreRequestError, ModelMismatchError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from context_core.config import Settings
+
+__all__ = [
+    "PAYLOAD_INDEXES",
+    "AnyOf",
+    "CollectionInfo",
+    "Condition",
+    "Equals",
+    "Filter",
+    "Hit",
+    "IndexStatus",
+    "PointRecord",
+    "Range",
+    "VectorStore",
+    "check_model",
+    "open_store",
+    "parse_filter",
+    "point_id",
+]
+
+Filter = Mapping[str, Any]
+
+# Payload fields with an index in every collection, and their kind. Filters on these stay fast
+# at 100k points; filters on other fields still work but scan.
+PAYLOAD_INDEXES: dict[str, str] = {
+    "section": "keyword",
+    "source": "keyword",
+    "updated_at_ts": "float",
+    "expires_at": "float",
+}
+
+# HNSW and quantization settings shared by both backends (ARCHITECTURE.md).
+HNSW_M = 32
+HNSW_EF_CONSTRUCT = 128
+FULL_SCAN_THRESHOLD = 10_000
+INDEXING_THRESHOLD_KB = 10_000  # segments holding more vector data than this get HNSW
+
+# A fixed namespace: point ids must be identical across machines and runs, so that a re-run of
+# the ingestion overwrites points instead of duplicating them.
+_POINT_NAMESPACE = uuid.UUID("5b0f7c0e-3c1d-4a52-9f3e-1c2d7e6a9b40")
+
+
+def point_id(source: str, chunk_index: int) -> str:
+    """Deterministic UUIDv5 of ``f"{source}:{chunk_index}"``."""
+    return str(uuid.uuid5(_POINT_NAMESPACE, f"{source}:{chunk_index}"))
+
+
+@dataclass(frozen=True, slots=True)
+class PointRecord:
+    id: str
+    vector: Sequence[float] | None
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One search result; ``score`` is cosine similarity in [-1, 1], higher is closer."""
+
+    id: str
+    score: float
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class CollectionInfo:
+    name: str
+    dim: int
+    model: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class IndexStatus:
+    """Whether the HNSW graph covers the collection (what ``optimize`` is for)."""
+
+    points: int
+    indexed_vectors: int
+    segments: int
+
+
+# --- filter parsing -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Equals:
+    key: str
+    value: str | int | bool
+
+
+@dataclass(frozen=True, slots=True)
+class AnyOf:
+    key: str
+    values: tuple[str, ...] | tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    key: str
+    lt: float | None = None
+    lte: float | None = None
+    gt: float | None = None
+    gte: float | None = None
+
+
+Condition = Equals | AnyOf | Range
+_RANGE_OPS = ("lt", "lte", "gt", "gte")
+
+
+def parse_filter(filt: Filter | None) -> list[Condition]:
+    """Validate a filter mapping into backend-neutral conditions (empty list = no filter)."""
+    if not filt:
+        return []
+    if not isinstance(filt, Mapping):
+        raise InvalidStoreRequestError(f"a filter must be a mapping, got {type(filt).__name__}")
+    out: list[Condition] = []
+    for key, spec in filt.items():
+        if not isinstance(key, str) or not key:
+            raise InvalidStoreRequestError(f"filter keys must be field names, got {key!r}")
+        if isinstance(spec, Mapping):
+            unknown = set(spec) - set(_RANGE_OPS)
+            if unknown or not spec:
+                raise InvalidStoreRequestError(
+                    f"filter on {key!r}: range operators are lt/lte/gt/gte, got {sorted(spec)}"
+                )
+            bounds: dict[str, float] = {}
+            for op, bound in spec.items():
+                if isinstance(bound, bool) or not isinstance(bound, int | float):
+                    raise InvalidStoreRequestError(
+                        f"filter on {key!r}: {op} needs a number, got {bound!r}"
+                    )
+                bounds[op] = float(bound)
+            out.append(Range(key, **bounds))
+        elif isinstance(spec, list | tuple | set | frozenset):
+            values = list(spec)
+            if not values:
+                raise InvalidStoreRequestError(f"filter on {key!r}: any-of needs >= 1 value")
+            all_str = all(isinstance(v, str) for v in values)
+            all_int = all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+            if all_str or all_int:
+                out.append(AnyOf(key, tuple(values)))
+            else:
+                raise InvalidStoreRequestError(
+                    f"filter on {key!r}: any-of values must be all str or all int, got {values!r}"
+                )
+        elif isinstance(spec, str | int | bool):
+            out.append(Equals(key, spec))
+        else:
+            raise InvalidStoreRequestError(
+                f"filter on {key!r}: expected a value, a list or a range mapping, got {spec!r}"
+            )
+    return out
+
+
+def check_point_id(pid: str) -> str:
+    """Qdrant accepts UUIDs (or unsigned ints); we use UUID strings everywhere."""
+    try:
+        return str(uuid.UUID(str(pid)))
+    except ValueError as e:
+        raise InvalidStoreRequestError(
+            f"point id {pid!r} is not a UUID; build ids with point_id(source, chunk_index)"
+        ) from e
+
+
+def check_model(
+    collection: str, *, recorded_model: str, recorded_dim: int, model: str, dim: int
+) -> None:
+    """Refuse to mix embedding models in one collection: the scores would be meaningless."""
+    if recorded_model == model and recorded_dim == dim:
+        return
+    raise ModelMismatchError(
+        f"collection {collection!r} was built with embedding model {recorded_model!r} "
+        f"({recorded_dim}-d) but is being used with {model!r} ({dim}-d); either set "
+        f"CTX_EMBED_MODEL={recorded_model} to query it, or drop the collection and re-ingest "
+        f"with {model!r}"
+    )
+
+
+def vector_list(vector: Sequence[float], *, collection: str, dim: int) -> list[float]:
+    """A plain list of floats of the collection's dimension (numpy rows welcome)."""
+    tolist = getattr(vector, "tolist", None)
+    values: list[float] = tolist() if callable(tolist) else [float(x) for x in vector]
+    if len(values) != dim:
+        raise ModelMismatchError(
+            f"collection {collection!r} holds {dim}-d vectors, got a {len(values)}-d vector; "
+            "the vector was made by another embedding model"
+        )
+    return values
+
+
+@runtime_checkable
+class VectorStore(Protocol):
+    """What L3 needs from a vector database; scores are cosine similarity."""
+
+    def create_collection(self, name: str, *, dim: int, model: str) -> None:
+        """Idempotent; an existing collection with another model/dim -> ModelMismatchError."""
+        ...
+
+    def drop_collection(self, name: str) -> None:
+        """Delete a collection and its points (absent: no-op)."""
+        ...
+
+    def info(self, name: str) -> CollectionInfo | None: ...
+
+    def upsert(self, name: str, points: Sequence[PointRecord]) -> None: ...
+
+    def delete(
+        self, name: str, *, ids: Sequence[str] | None = None, filter: Filter | None = None
+    ) -> None: ...
+
+    def search(
+        self,
+        name: str,
+        vector: Sequence[float],
+        *,
+        limit: int = 3,
+        filter: Filter | None = None,
+        exact: bool = False,
+    ) -> list[Hit]:
+        """Top ``limit`` by cosine similarity; ``exact=True`` bypasses the HNSW graph."""
+        ...
+
+    def scroll(
+        self,
+        name: str,
+        *,
+        filter: Filter | None = None,
+        with_vectors: bool = False,
+        batch: int = 256,
+    ) -> Iterator[PointRecord]: ...
+
+    def retrieve(
+        self, name: str, ids: Sequence[str], *, with_vectors: bool = False
+    ) -> list[PointRecord]: ...
+
+    def count(self, name: str, *, filter: Filter | None = None) -> int: ...
+
+    def optimize(self, name: str) -> IndexStatus:
+        """Make sure the HNSW index covers the points (after a bulk load)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def read_sidecar(path: Path) -> dict[str, Any] | None:
+    """The JSON record of a collection's model and dimension (Edge backend)."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise InvalidStoreRequestError(
+            f"collection record {path} is unreadable ({e}); restore it or drop the collection"
+        ) from e
+    if not isinstance(data, dict) or not isinstance(data.get("model"), str):
+        raise InvalidStoreRequestError(f"collection record {path} lacks 'model'/'dim'")
+    return data
+
+
+def open_store(settings: Settings) -> VectorStore:
+    """``CTX_QDRANT_URL`` set -> a Qdrant server/cluster; otherwise embedded Qdrant Edge."""
+    if settings.qdrant_url:
+        from context_core.knowledge.server import QdrantServerStore
+
+        key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
+        return QdrantServerStore.connect(settings.qdrant_url, api_key=key)
+    from context_core.knowledge.edge import EdgeStore
+
+    return EdgeStore(settings.qdrant_dir)

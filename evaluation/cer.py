@@ -1,0 +1,414 @@
+"""Context Effectiveness Rate (CER) from router traces.
+
+CER = steps whose context was correctly **loaded** AND correctly **used** / all routed steps.
+
+Loaded (from the ``route`` record, schema in :mod:`context_core.traces`):
+
+* every requested L2 key was found: none is in ``l2.missing`` (a key also listed in
+  ``l2.expired`` is reported as expired: it existed earlier in the session and decayed before
+  the step needed it), and
+* when the intent asked for L3 (``l3.requested``): no L3 error and at least one hit scoring at
+  or above ``accept``.
+
+Used (from the ``step_output`` record with the same ``trace_id``): a rule-based matcher finds
+a value of the step's context in the agent's output. A :class:`UseRule` is a regex
+(case-sensitive unless it says ``(?i)``; comparing with the output ignores case and spacing); with
+``require_in_context`` (default) it first collects the pattern's matches in the step's context
+(L3 query, hit sources and sections, fragment sources, namespace refs, plus any
+``context_values`` the caller passes, e.g. a bundle's ``context_used``) and is satisfied when the
+output cites one of them. A rule whose pattern finds nothing in the context does not apply.
+With ``require_in_context=False`` the rule is satisfied by any match in the output (e.g. "cites
+some ISO standard"). The built-in rule ``cites_source`` is satisfied when the output names a
+source of a confident L3 hit or any passed context value. A step is used when at least one
+applicable rule is satisfied.
+
+Every verdict carries reasons, so a failing step says why (``l2_expired: wm:{s}:step:x``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from context_core.errors import DataValidationError
+
+__all__ = [
+    "DEFAULT_RULES",
+    "CerReport",
+    "Rate",
+    "StepVerdict",
+    "UseRule",
+    "cer_report",
+    "compute_cer",
+    "judge_steps",
+    "load_rules",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class UseRule:
+    """A way of recognising that the output cites the context (see module docstring)."""
+
+    name: str
+    pattern: str
+    intents: frozenset[str] | None = None  # None: applies to every intent
+    require_in_context: bool = True
+
+    def __post_init__(self) -> None:
+        try:
+            re.compile(self.pattern)
+        except re.error as e:
+            raise ValueError(f"use rule {self.name!r}: invalid regex {self.pattern!r}: {e}") from e
+
+    def applies_to(self, intent: str) -> bool:
+        return self.intents is None or intent in self.intents
+
+
+CITES_SOURCE = "cites_source"
+
+DEFAULT_RULES: tuple[UseRule, ...] = (
+    UseRule("standard", r"\b(?:ISO|IEC|API|ANSI|DIN|GB/T|GB)\s?\d{3,5}(?:[-.:]\d+)*"),
+    UseRule("device_id", r"\b[A-Z]{2,6}-\d{2,6}\b"),
+    UseRule(
+        "alert_window",
+        r"\b\d{1,2}:\d{2}\s*(?:-|–|to)\s*\d{1,2}:\d{2}\b|\b(?:last|past)\s+\d+\s*(?:min|minutes|h|hours)\b",
+    ),
+)
+
+
+def load_rules(path: Path | str) -> tuple[UseRule, ...]:
+    """Rules from JSON: ``[{"name", "pattern", "intents"?: [...], "require_in_context"?}]``."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise DataValidationError(f"rules file {path} cannot be read as JSON: {e}") from e
+    if not isinstance(raw, list):
+        raise DataValidationError(f"rules file {path} must hold a JSON list of rule objects")
+    rules = []
+    for i, item in enumerate(raw, start=1):
+        if not isinstance(item, dict) or not {"name", "pattern"} <= item.keys():
+            raise DataValidationError(f"rules file {path}: rule {i} needs 'name' and 'pattern'")
+        intents = item.get("intents")
+        try:
+            rules.append(
+                UseRule(
+                    name=str(item["name"]),
+                    pattern=str(item["pattern"]),
+                    intents=frozenset(intents) if intents else None,
+                    require_in_context=bool(item.get("require_in_context", True)),
+                )
+            )
+        except ValueError as e:
+            raise DataValidationError(f"rules file {path}: rule {i}: {e}") from e
+    return tuple(rules)
+
+
+# --- per-step verdicts -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StepVerdict:
+    """Whether one routed step's context was loaded and used, and why not."""
+
+    trace_id: str
+    loaded: bool
+    used: bool
+    reasons: tuple[str, ...]
+    session_id: str = ""
+    intent: str = ""
+    step: int = 0
+    ts: str = ""
+    rules_matched: tuple[str, ...] = ()
+
+    @property
+    def effective(self) -> bool:
+        return self.loaded and self.used
+
+    @property
+    def day(self) -> str:
+        return _parse_ts(self.ts).date().isoformat()
+
+    @property
+    def week(self) -> str:
+        y, w, _ = _parse_ts(self.ts).isocalendar()
+        return f"{y}-W{w:02d}"
+
+
+def _parse_ts(ts: str) -> dt.datetime:
+    t = dt.datetime.fromisoformat(ts)
+    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.casefold().split())
+
+
+def _loaded_reasons(route: Mapping[str, Any], accept: float) -> list[str]:
+    reasons: list[str] = []
+    l2 = route.get("l2") or {}
+    expired = set(l2.get("expired") or ())
+    missing = set(l2.get("missing") or ())
+    found = set(l2.get("found") or ())
+    for key in l2.get("requested") or ():
+        if key in expired:
+            reasons.append(f"l2_expired: {key} expired before the step loaded it")
+        elif key in missing or key not in found:
+            reasons.append(f"l2_missing: {key} was never found")
+    l3 = route.get("l3") or {}
+    if l3.get("requested"):
+        hits = l3.get("hits") or []
+        if l3.get("error"):
+            reasons.append(f"l3_error: {l3['error']}")
+        elif not hits:
+            reasons.append("l3_no_hits: L3 returned nothing")
+        else:
+            best = max(float(h["score"]) for h in hits)
+            if best < accept:
+                reasons.append(f"l3_below_accept: best hit {best:.3f} < accept {accept:.3f}")
+    return reasons
+
+
+def _context_texts(
+    route: Mapping[str, Any], accept: float, extra: Mapping[str, Any] | None
+) -> tuple[list[str], list[str]]:
+    """(all context strings to search rule patterns in, citable values for ``cites_source``)."""
+    l3 = route.get("l3") or {}
+    texts = [str(l3.get("query") or "")]
+    citable: list[str] = []
+    for h in l3.get("hits") or []:
+        texts += [str(h.get("source") or ""), str(h.get("section") or "")]
+        if float(h.get("score", -1.0)) >= accept and h.get("source"):
+            citable.append(str(h["source"]))
+    for frag in route.get("fragments") or []:
+        texts.append(str(frag.get("source") or ""))
+    texts += [str(r) for r in (route.get("ns") or {}).get("found") or []]
+    for value in _flatten(extra or {}):
+        texts.append(value)
+        citable.append(value)
+    return [t for t in texts if t], [c for c in citable if len(c.strip()) >= 3]
+
+
+def _flatten(value: Any) -> Iterable[str]:
+    if isinstance(value, Mapping):
+        for v in value.values():
+            yield from _flatten(v)
+    elif isinstance(value, list | tuple | set | frozenset):
+        for v in value:
+            yield from _flatten(v)
+    elif value is not None and not isinstance(value, bool):
+        yield str(value)
+
+
+def _used(
+    route: Mapping[str, Any],
+    output: str | None,
+    rules: Sequence[UseRule],
+    accept: float,
+    extra: Mapping[str, Any] | None,
+) -> tuple[bool, list[str], list[str]]:
+    if output is None:
+        return False, ["no_output: no step_output record for this trace_id"], []
+    intent = str(route.get("intent", ""))
+    texts, citable = _context_texts(route, accept, extra)
+    out = _norm(output)
+    matched: list[str] = []
+    applicable: list[str] = []
+    for rule in rules:
+        if not rule.applies_to(intent):
+            continue
+        rx = re.compile(rule.pattern)
+        if not rule.require_in_context:
+            applicable.append(rule.name)
+            if rx.search(output):
+                matched.append(rule.name)
+            continue
+        values = {_norm(m.group(0)) for t in texts for m in rx.finditer(t)}
+        if not values:
+            continue
+        applicable.append(rule.name)
+        if any(v in out for v in values):
+            matched.append(rule.name)
+    if citable:
+        applicable.append(CITES_SOURCE)
+        if any(_norm(c) in out for c in citable):
+            matched.append(CITES_SOURCE)
+    if matched:
+        return True, [], matched
+    if not applicable:
+        return False, ["not_checkable: no rule found a citable value in this step's context"], []
+    return False, [f"not_cited: output cites nothing checked by {', '.join(applicable)}"], []
+
+
+def judge_steps(
+    records: Iterable[Mapping[str, Any]],
+    *,
+    accept: float,
+    rules: Sequence[UseRule] = DEFAULT_RULES,
+    context_values: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[StepVerdict]:
+    """One verdict per ``route`` record; ``step_output`` records are matched by ``trace_id``.
+
+    ``accept`` is the L3 accept threshold in force (``ConfidencePolicy.accept``).
+    ``context_values`` optionally maps trace_id -> the bundle's ``context_used``.
+    """
+    routes: list[Mapping[str, Any]] = []
+    outputs: dict[str, list[str]] = defaultdict(list)
+    for rec in records:
+        kind = rec.get("kind", "route")
+        if kind == "route":
+            routes.append(rec)
+        elif kind == "step_output":
+            outputs[str(rec["trace_id"])].append(str(rec.get("output", "")))
+    verdicts = []
+    for route in routes:
+        tid = str(route["trace_id"])
+        load_reasons = _loaded_reasons(route, accept)
+        out = "\n".join(outputs[tid]) if tid in outputs else None
+        used, use_reasons, matched = _used(
+            route, out, rules, accept, (context_values or {}).get(tid)
+        )
+        verdicts.append(
+            StepVerdict(
+                trace_id=tid,
+                loaded=not load_reasons,
+                used=used,
+                reasons=tuple(load_reasons + use_reasons),
+                session_id=str(route.get("session_id", "")),
+                intent=str(route.get("intent", "")),
+                step=int(route.get("step", 0)),
+                ts=str(route.get("ts", "")),
+                rules_matched=tuple(matched),
+            )
+        )
+    return verdicts
+
+
+# --- aggregation ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    n_steps: int
+    n_loaded: int
+    n_used: int
+    n_effective: int
+
+    @property
+    def cer(self) -> float:
+        return self.n_effective / self.n_steps if self.n_steps else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        cer = None if not self.n_steps else round(self.cer, 6)
+        return {
+            "n_steps": self.n_steps,
+            "n_loaded": self.n_loaded,
+            "n_used": self.n_used,
+            "n_effective": self.n_effective,
+            "cer": cer,
+        }
+
+
+def _rate(verdicts: Sequence[StepVerdict]) -> Rate:
+    return Rate(
+        n_steps=len(verdicts),
+        n_loaded=sum(v.loaded for v in verdicts),
+        n_used=sum(v.used for v in verdicts),
+        n_effective=sum(v.effective for v in verdicts),
+    )
+
+
+def _group(verdicts: Sequence[StepVerdict], key: Any) -> dict[Any, Rate]:
+    groups: dict[Any, list[StepVerdict]] = defaultdict(list)
+    for v in verdicts:
+        groups[key(v)].append(v)
+    return {k: _rate(vs) for k, vs in sorted(groups.items())}
+
+
+@dataclass(frozen=True, slots=True)
+class WeekChange:
+    week: str
+    cer: float
+    change: float | None  # CER minus the previous week's, None for the first week
+
+
+@dataclass(frozen=True)
+class CerReport:
+    """CER overall and sliced; ``verdicts`` say which steps failed and why."""
+
+    overall: Rate
+    by_intent: Mapping[str, Rate]
+    by_session: Mapping[str, Rate]
+    by_day: Mapping[str, Rate]
+    by_week: Mapping[str, Rate]
+    by_intent_day: Mapping[tuple[str, str], Rate]
+    week_over_week: tuple[WeekChange, ...]
+    failure_reasons: Mapping[str, int]
+    verdicts: tuple[StepVerdict, ...] = field(repr=False)
+
+    @property
+    def failures(self) -> tuple[StepVerdict, ...]:
+        return tuple(v for v in self.verdicts if not v.effective)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "overall": self.overall.to_dict(),
+            "by_intent": {k: r.to_dict() for k, r in self.by_intent.items()},
+            "by_session": {k: r.to_dict() for k, r in self.by_session.items()},
+            "by_day": {k: r.to_dict() for k, r in self.by_day.items()},
+            "by_week": {k: r.to_dict() for k, r in self.by_week.items()},
+            "week_over_week": [
+                {"week": w.week, "cer": w.cer, "change": w.change} for w in self.week_over_week
+            ],
+            "failure_reasons": dict(self.failure_reasons),
+            "failures": [
+                {"trace_id": v.trace_id, "session_id": v.session_id, "intent": v.intent,
+                 "step": v.step, "ts": v.ts, "loaded": v.loaded, "used": v.used,
+                 "reasons": list(v.reasons)}
+                for v in self.failures
+            ],
+        }  # fmt: skip
+
+
+def cer_report(verdicts: Sequence[StepVerdict]) -> CerReport:
+    """Aggregate verdicts into CER overall / per intent / session / day / ISO week."""
+    vs = tuple(verdicts)
+    by_week = _group(vs, lambda v: v.week)
+    wow: list[WeekChange] = []
+    prev: float | None = None
+    for week, rate in by_week.items():
+        wow.append(WeekChange(week, rate.cer, None if prev is None else rate.cer - prev))
+        prev = rate.cer
+    reasons = Counter(r.split(":", 1)[0] for v in vs for r in v.reasons)
+    return CerReport(
+        overall=_rate(vs),
+        by_intent=_group(vs, lambda v: v.intent),
+        by_session=_group(vs, lambda v: v.session_id),
+        by_day=_group(vs, lambda v: v.day),
+        by_week=by_week,
+        by_intent_day=_group(vs, lambda v: (v.intent, v.day)),
+        week_over_week=tuple(wow),
+        failure_reasons=dict(reasons.most_common()),
+        verdicts=vs,
+    )
+
+
+def compute_cer(
+    traces_dir: Path,
+    *,
+    accept: float,
+    since: dt.date | dt.datetime | None = None,
+    until: dt.date | dt.datetime | None = None,
+    rules: Sequence[UseRule] = DEFAULT_RULES,
+) -> CerReport:
+    """Read the daily trace files in ``[since, until]`` and compute the CER report."""
+    from context_core.traces import read_traces
+
+    records = list(read_traces(traces_dir, since, until))
+    return cer_report(judge_steps(records, accept=accept, rules=rules))

@@ -4,7 +4,7 @@ The router never branches on intent names; it reads an :class:`IntentSpec` and l
 spec lists. Adding a step type is adding a row (in code or from a JSON file via
 :meth:`IntentRegistry.from_dict`), not editing the router.
 
-Templates (``"{prev_step}"``, ``"{device}:vibration"``, ``"{user_query} report template"``) are
+Templates (``"{prev_step}"``, ``"{device}.vibration"``, ``"{user_query} report template"``) are
 filled from the session state and the request parameters:
 
 ==================  ==========================================================
@@ -18,8 +18,9 @@ any other name      ``params[name]`` (``endpoint`` for ``api`` keys, for example
 
 L2 keys: ``("step", "{prev_step}")`` is a step result, ``("api", "{endpoint}")`` a cached tool
 response whose parameters are ``params["api_params"]`` (hashed with the endpoint, as L2 does),
-``("series", "{device}:vibration")`` a sensor time series, ``("contract", "current")`` the
-versioned task contract.
+``("series", "{device}.vibration")`` a sensor time series, ``("contract", "current")`` the
+versioned task contract. L2 idents may not contain ``:`` (working memory refuses them), hence
+the dot in series names.
 
 Required vs optional, the rule used by the built-ins: a key is **required** when the step can
 not produce a correct output without it (comparing vibration needs the series; a report needs
@@ -90,7 +91,12 @@ class L2KeySpec:
 
 @dataclass(frozen=True, slots=True)
 class NsKeySpec:
-    """One shared-namespace key an intent reads, with the purpose it declares to the ACL."""
+    """One shared-namespace key an intent reads, with the purpose it declares to the ACL.
+
+    A denied read is traced and left out; with ``required=True`` the route re-raises the
+    :class:`AccessDeniedError` after writing the trace. An absent key is traced as requested
+    but not found, never an error (shared context is a bonus, not a precondition).
+    """
 
     namespace: str
     key: str
@@ -132,7 +138,7 @@ BUILTIN_INTENTS: tuple[IntentSpec, ...] = (
         name="fetch_sensor_data",
         description="Read a device's sensors; whatever is already in L2 saves a call.",
         l1_fields=("user_query", "current_step", "last_device_id"),
-        l2_keys=(L2KeySpec("series", "{device}:vibration"), L2KeySpec("contract", "current")),
+        l2_keys=(L2KeySpec("series", "{device}.vibration"), L2KeySpec("contract", "current")),
         l3=False,
     ),
     IntentSpec(
@@ -147,7 +153,7 @@ BUILTIN_INTENTS: tuple[IntentSpec, ...] = (
         description="Compare live vibration with limits from the manuals and fleet baselines.",
         l1_fields=("user_query", "current_step", "last_device_id"),
         l2_keys=(
-            L2KeySpec("series", "{device}:vibration", required=True),
+            L2KeySpec("series", "{device}.vibration", required=True),
             L2KeySpec("step", "{prev_step}"),
         ),
         l3=True,

@@ -1,0 +1,565 @@
+"""ContextRouter: turns "the agent is about to do step X" into a bundle of provenanced context.
+
+Why a router and not "stuff everything in the prompt": each step needs different context
+(comparing vibration needs the live series and the manual's limits; calling an API needs the
+cached response), every piece must say where it came from and how much to trust it, and L3
+must never override real-time data. The :mod:`context_core.intents` registry says what a step
+needs; this module fetches it and labels it.
+
+Per route:
+
+1. L3 (if the intent wants it) starts first on a small thread pool, so embedding + vector
+   search overlap the Redis reads; the result is awaited for at most ``l3_timeout_ms`` from
+   submission. An error or a timeout leaves L3 out and sets ``degraded=True``: the agent
+   still gets L1 + L2, which are authoritative.
+2. L1 fields come from the in-process :class:`SessionState`.
+3. L2 keys are read from the session's working memory; a *required* miss raises
+   :class:`ContextMissError` after the trace record (with the miss) is written.
+4. Shared-namespace keys are read with the agent's id and the spec's declared purpose; a
+   denied read is traced and left out (a *required* denied read re-raises).
+5. L3 hits are labelled by the :class:`ConfidencePolicy`: confident hits are used,
+   low-confidence hits are passed with the note "for reference; real-time data wins", and
+   when every hit is below skip L3 is left out entirely.
+6. One trace record is appended (schema in :mod:`context_core.traces`).
+
+Fragment provenance: ``source`` is ``"L1:session.<field>"``, ``"L2:<redis key>"``,
+``"L3:<collection>:<point id>"`` or ``"NS:<redis key>"``. L1/L2/NS fragments are exact-key
+reads: relevance 1.0, confidence 1.0, label ``"exact"``. ``freshness_hours`` is the age of the
+value (L2 ``stored_at``, L3 ``updated_at_ts``/``updated_at``, series: newest point); ``-1.0``
+means the age is unknown. Namespace reads are counted in the ``l2`` timing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from context_core.confidence import ConfidencePolicy
+from context_core.errors import AccessDeniedError, ConfigError, ContextMissError
+from context_core.intents import (
+    IntentRegistry,
+    IntentSpec,
+    L2KeySpec,
+    TemplateParamError,
+    fill,
+    template_fields,
+)
+from context_core.traces import TraceWriter, new_trace_id
+
+if TYPE_CHECKING:
+    from context_core.knowledge.memory import KnowledgeMemory
+    from context_core.knowledge.store import Hit
+    from context_core.namespaces import NamespaceRegistry
+    from context_core.session import SessionState
+    from context_core.working_memory import SessionMemory, WorkingMemory
+
+__all__ = ["LOW_CONFIDENCE_NOTE", "ContextBundle", "ContextRouter", "Fragment"]
+
+log = logging.getLogger(__name__)
+
+LOW_CONFIDENCE_NOTE = "for reference; real-time data wins"
+Layer = Literal["L1", "L2", "L3", "NS"]
+_SEEN_SESSIONS = 4096  # sessions whose found keys we remember to tell "expired" from "never"
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """One piece of context with its provenance."""
+
+    layer: Layer
+    source: str
+    content: Any
+    relevance: float
+    freshness_hours: float
+    confidence: float
+    label: str
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "layer": self.layer,
+            "source": self.source,
+            "content": self.content,
+            "relevance": self.relevance,
+            "freshness_hours": self.freshness_hours,
+            "confidence": self.confidence,
+            "label": self.label,
+            "note": self.note,
+        }
+
+
+@dataclass(frozen=True)
+class ContextBundle:
+    """What the agent gets for one step. ``context_used`` is what its output should cite."""
+
+    session_id: str
+    step: int
+    intent: str
+    fragments: tuple[Fragment, ...]
+    degraded: bool
+    timings_ms: dict[str, float]
+    context_used: dict[str, Any]
+    trace_id: str
+    resolved_intent: str = ""
+
+    def by_layer(self, layer: Layer) -> tuple[Fragment, ...]:
+        return tuple(f for f in self.fragments if f.layer == layer)
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return tuple(f.source for f in self.fragments)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "step": self.step,
+            "intent": self.intent,
+            "resolved_intent": self.resolved_intent,
+            "fragments": [f.to_dict() for f in self.fragments],
+            "degraded": self.degraded,
+            "timings_ms": dict(self.timings_ms),
+            "context_used": self.context_used,
+            "trace_id": self.trace_id,
+        }
+
+
+@dataclass
+class _L3Outcome:
+    hits: list[Hit] = field(default_factory=list)
+    error: str | None = None
+    ms: float = 0.0
+
+
+def _hours_since(ts: float | None, now: float) -> float:
+    if not ts:
+        return -1.0
+    return round(max(0.0, now - ts) / 3600.0, 4)
+
+
+def _hit_timestamp(payload: Mapping[str, Any]) -> float | None:
+    ts = payload.get("updated_at_ts")
+    if isinstance(ts, int | float) and not isinstance(ts, bool):
+        return float(ts)
+    raw = payload.get("updated_at")
+    if isinstance(raw, str):
+        try:
+            parsed = dt.datetime.fromisoformat(raw)
+        except ValueError:
+            return None
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=dt.UTC)
+        return parsed.timestamp()
+    return None
+
+
+class ContextRouter:
+    """Routes a step intent to L1/L2/L3/namespaces and returns a :class:`ContextBundle`.
+
+    Thread-safe: one router serves many sessions concurrently. Call :meth:`close` (or use it
+    as a context manager) to stop the L3 thread pool.
+    """
+
+    def __init__(
+        self,
+        *,
+        wm: WorkingMemory,
+        knowledge: KnowledgeMemory | None,
+        policy: ConfidencePolicy,
+        tracer: TraceWriter,
+        namespaces: NamespaceRegistry | None = None,
+        registry: IntentRegistry | None = None,
+        l3_timeout_ms: float = 100.0,
+        l3_collection: str = "knowledge_main",
+        l3_limit: int | None = None,
+        l3_workers: int = 4,
+    ) -> None:
+        if l3_timeout_ms <= 0:
+            raise ConfigError(f"l3_timeout_ms must be positive, got {l3_timeout_ms}")
+        self.wm = wm
+        self.knowledge = knowledge
+        self.policy = policy
+        self.tracer = tracer
+        self.namespaces = namespaces
+        self.registry = registry or IntentRegistry.builtin()
+        self.l3_timeout_ms = float(l3_timeout_ms)
+        self.l3_collection = l3_collection
+        self.l3_limit = l3_limit
+        self._pool = ThreadPoolExecutor(max_workers=l3_workers, thread_name_prefix="ctx-l3")
+        self._seen: OrderedDict[str, set[str]] = OrderedDict()
+        self._seen_lock = threading.Lock()
+
+    def close(self) -> None:
+        # Don't wait: a hung L3 call must not hang shutdown (its thread is a daemon-like
+        # worker; the result is discarded).
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> ContextRouter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- template values --------------------------------------------------------------
+    @staticmethod
+    def _values(state: SessionState, params: Mapping[str, Any]) -> dict[str, Any]:
+        values: dict[str, Any] = {
+            k: v for k, v in params.items() if isinstance(v, str | int | float) and v != ""
+        }
+        device = params.get("device") or state.last_device_id
+        section = params.get("section", state.device_prefix)
+        values.update(
+            session_id=state.session_id,
+            step=state.current_step,
+            prev_step=state.current_step - 1 if state.current_step > 0 else None,
+            device=device,
+            device_prefix=section,
+            user_query=state.user_query,
+        )
+        return values
+
+    @staticmethod
+    def _l3_query(spec: IntentSpec, values: Mapping[str, Any], params: Mapping[str, Any]) -> str:
+        if isinstance(params.get("query"), str) and params["query"].strip():
+            return str(params["query"]).strip()
+        # Lenient: a missing template value (no device yet) drops out of the query text.
+        lenient = {n: values.get(n) or "" for n in template_fields(spec.l3_query)}
+        text = spec.l3_query.format_map(lenient)
+        return re.sub(r"\s+", " ", text).strip(" :") or str(values.get("user_query", ""))
+
+    # --- the route --------------------------------------------------------------------
+    def route(
+        self,
+        state: SessionState,
+        step_intent: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        agent_id: str | None = None,
+    ) -> ContextBundle:
+        t0 = time.perf_counter()
+        now = time.time()
+        params = dict(params or {})
+        spec = self.registry.get(step_intent)
+        values = self._values(state, params)
+        section = values["device_prefix"]
+        trace_id = new_trace_id()
+
+        # 1. L3 starts first so it overlaps the Redis round trips.
+        l3_wanted = spec.l3 and self.knowledge is not None
+        query = self._l3_query(spec, values, params) if spec.l3 else ""
+        future: Future[_L3Outcome] | None = None
+        if l3_wanted:
+            future = self._pool.submit(self._search, query, section)
+        l3_submitted = time.perf_counter()
+
+        # 2. L1
+        fragments: list[Fragment] = []
+        used: dict[str, Any] = {"l1": [], "l2": [], "l3": [], "l3_reference": [], "ns": []}
+        fragments += self._l1(state, spec, now, used)
+        t_l1 = time.perf_counter()
+
+        # 3. L2 (+ 4. shared namespaces)
+        sm = self.wm.session(state.session_id)
+        l2_trace: dict[str, list[str]] = {
+            "requested": [],
+            "found": [],
+            "missing": [],
+            "expired": [],
+        }
+        ns_trace: dict[str, list[str]] = {"requested": [], "found": [], "denied": []}
+        required_miss: ContextMissError | None = None
+        required_denied: AccessDeniedError | None = None
+        for key_spec in spec.l2_keys:
+            frag, err = self._l2_one(sm, key_spec, values, params, now, l2_trace)
+            if frag is not None:
+                fragments.append(frag)
+                used["l2"].append(frag.source.removeprefix("L2:"))
+            elif err is not None and key_spec.required and required_miss is None:
+                required_miss = err
+        if required_miss is None:
+            for ns_frag, denied in self._namespaces(spec, values, agent_id, now, ns_trace):
+                if ns_frag is not None:
+                    fragments.append(ns_frag)
+                    used["ns"].append(ns_frag.source.removeprefix("NS:"))
+                if denied is not None and required_denied is None:
+                    required_denied = denied
+        self._remember(state.session_id, l2_trace["found"])
+        t_l2 = time.perf_counter()
+
+        # 5. L3 result (not awaited when the route is failing anyway)
+        outcome = _L3Outcome()
+        # An intent that wants L3 on a router without knowledge memory is degraded too.
+        degraded = spec.l3 and not l3_wanted
+        if future is not None and required_miss is None and required_denied is None:
+            remaining = self.l3_timeout_ms / 1000.0 - (time.perf_counter() - l3_submitted)
+            try:
+                outcome = future.result(timeout=max(0.0, remaining))
+            except FutureTimeout:
+                future.cancel()
+                outcome = _L3Outcome(error=f"timeout after {self.l3_timeout_ms:g} ms")
+            if outcome.error:
+                degraded = True
+                log.warning(
+                    "L3 degraded for session %s intent %s: %s",
+                    state.session_id,
+                    step_intent,
+                    outcome.error,
+                )
+        elif future is not None:
+            future.cancel()
+        t_l3 = time.perf_counter()
+
+        hits_trace: list[dict[str, Any]] = []
+        l3_frags: list[Fragment] = []
+        for hit in outcome.hits:
+            label = self.policy.label(hit.score)
+            src = f"L3:{self.l3_collection}:{hit.id}"
+            hits_trace.append(
+                {
+                    "id": hit.id,
+                    "score": float(hit.score),
+                    "label": label,
+                    "source": str(hit.payload.get("source", "")),
+                    "section": hit.payload.get("section"),
+                }
+            )
+            if label == "below_skip":
+                continue
+            l3_frags.append(
+                Fragment(
+                    layer="L3",
+                    source=src,
+                    content={
+                        "text": hit.payload.get("text", ""),
+                        "title": hit.payload.get("title", ""),
+                        "heading_path": list(hit.payload.get("heading_path", []) or []),
+                        "page": hit.payload.get("source", ""),
+                    },
+                    relevance=round(float(hit.score), 4),
+                    freshness_hours=_hours_since(_hit_timestamp(hit.payload), now),
+                    confidence=round(float(hit.score), 4),
+                    label=label,
+                    note="" if label == "confident" else LOW_CONFIDENCE_NOTE,
+                )
+            )
+            used["l3" if label == "confident" else "l3_reference"].append(hit.id)
+        fragments += l3_frags
+
+        total_ms = (time.perf_counter() - t0) * 1000.0
+        timings = {
+            "l1": round((t_l1 - l3_submitted) * 1000.0, 3),
+            "l2": round((t_l2 - t_l1) * 1000.0, 3),
+            "l3": round(outcome.ms if not outcome.error else (t_l3 - l3_submitted) * 1000.0, 3),
+            "total": round(total_ms, 3),
+        }
+        bundle = ContextBundle(
+            session_id=state.session_id,
+            step=state.current_step,
+            intent=step_intent,
+            fragments=tuple(fragments),
+            degraded=degraded,
+            timings_ms=timings,
+            context_used=used,
+            trace_id=trace_id,
+            resolved_intent=spec.name,
+        )
+        self.tracer.write_route(
+            {
+                "trace_id": trace_id,
+                "session_id": state.session_id,
+                "step": state.current_step,
+                "intent": step_intent,
+                "agent_id": agent_id,
+                "l2": l2_trace,
+                "l3": {
+                    "requested": bool(spec.l3),
+                    "query": query,
+                    "hits": hits_trace,
+                    "used": bool(l3_frags),
+                    "error": outcome.error
+                    if l3_wanted
+                    else (None if not spec.l3 else "no knowledge memory configured"),
+                },
+                "ns": ns_trace,
+                "fragments": [
+                    {
+                        "layer": f.layer,
+                        "source": f.source,
+                        "confidence": f.confidence,
+                        "label": f.label,
+                    }
+                    for f in fragments
+                ],
+                "degraded": degraded,
+                "timings_ms": timings,
+            }
+        )
+        if required_miss is not None:
+            raise ContextMissError(
+                required_miss.key,
+                f"intent {spec.name!r} requires it (trace {trace_id}); "
+                "run the step that produces it first or re-fetch the data",
+            ) from required_miss
+        if required_denied is not None:
+            raise required_denied
+        return bundle
+
+    # --- layers -----------------------------------------------------------------------
+    def _search(self, query: str, section: str | None) -> _L3Outcome:
+        t = time.perf_counter()
+        assert self.knowledge is not None
+        try:
+            hits = self.knowledge.search(
+                query, section=section, limit=self.l3_limit, collection=self.l3_collection
+            )
+        except Exception as e:  # any L3 failure degrades; it never fails the route
+            log.warning("L3 search failed: %s: %s", type(e).__name__, e)
+            return _L3Outcome(error=f"{type(e).__name__}: {e}", ms=(time.perf_counter() - t) * 1e3)
+        return _L3Outcome(hits=list(hits), ms=(time.perf_counter() - t) * 1000.0)
+
+    @staticmethod
+    def _l1(
+        state: SessionState, spec: IntentSpec, now: float, used: dict[str, Any]
+    ) -> list[Fragment]:
+        out = []
+        for name in spec.l1_fields:
+            value: Any = getattr(state, name, None)
+            fresh = 0.0
+            if name == "user_query":
+                fresh = _hours_since(state.start_time, now)
+            elif name == "trace":
+                if not value:
+                    continue
+                value = [
+                    {"kind": i.kind, "name": i.name, "call_id": i.call_id, "payload": i.payload}
+                    for i in value
+                ]
+                fresh = _hours_since(state.trace[-1].ts, now)
+            elif name == "last_api_result" and value is not None:
+                value = {"status": value.status, "data_sha256": value.data_sha256}
+            if value is None:
+                continue
+            out.append(Fragment("L1", f"L1:session.{name}", value, 1.0, fresh, 1.0, "exact"))
+            used["l1"].append(name)
+        return out
+
+    def _l2_one(
+        self,
+        sm: SessionMemory,
+        key_spec: L2KeySpec,
+        values: Mapping[str, Any],
+        params: Mapping[str, Any],
+        now: float,
+        l2_trace: dict[str, list[str]],
+    ) -> tuple[Fragment | None, ContextMissError | None]:
+        try:
+            ident = fill(key_spec.ident, values)
+        except TemplateParamError as e:
+            key = f"wm:{{{sm.session_id}}}:{key_spec.kind}:<{key_spec.ident}>"
+            l2_trace["requested"].append(key)
+            l2_trace["missing"].append(key)
+            return None, ContextMissError(key, str(e))
+        if key_spec.kind == "api":
+            api_params = params.get("api_params") or {}
+            key = sm.api_key(ident, api_params)
+        else:
+            key = sm.key(key_spec.kind, ident)
+        l2_trace["requested"].append(key)
+        content: Any
+        stored_at: float | None
+        try:
+            if key_spec.kind == "api":
+                loaded = sm.get_api_response(ident, api_params)
+                content, stored_at = loaded.value, loaded.stored_at
+            elif key_spec.kind == "step":
+                loaded = sm.get_step_result(ident)
+                content, stored_at = loaded.value, loaded.stored_at
+            elif key_spec.kind == "series":
+                points = sm.series(ident)
+                if not points:
+                    raise ContextMissError(key)
+                content = {"points": len(points), "newest": points[-1], "series": points}
+                stored_at = points[-1][0]
+            else:  # contract
+                contract = sm.contract()
+                if contract.version == 0:
+                    raise ContextMissError(key)
+                content = {
+                    "version": contract.version,
+                    "fields": contract.fields,
+                    "corrected": contract.corrected,
+                    "locked": contract.locked,
+                }
+                stored_at = contract.updated_at
+        except ContextMissError as e:
+            l2_trace["missing"].append(key)
+            if self._was_seen(sm.session_id, key):
+                l2_trace["expired"].append(key)
+            return None, e
+        l2_trace["found"].append(key)
+        frag = Fragment("L2", f"L2:{key}", content, 1.0, _hours_since(stored_at, now), 1.0, "exact")
+        return frag, None
+
+    def _namespaces(
+        self,
+        spec: IntentSpec,
+        values: Mapping[str, Any],
+        agent_id: str | None,
+        now: float,
+        ns_trace: dict[str, list[str]],
+    ) -> list[tuple[Fragment | None, AccessDeniedError | None]]:
+        if self.namespaces is None:
+            return []
+        out: list[tuple[Fragment | None, AccessDeniedError | None]] = []
+        for ns in spec.namespaces:
+            try:
+                key = fill(ns.key, values)
+            except TemplateParamError:
+                continue  # nothing to look up yet (e.g. no device): not requested
+            ref = f"{ns.namespace}/{key}"
+            ns_trace["requested"].append(ref)
+            try:
+                entry = self.namespaces.read_entry(
+                    ns.namespace, key, agent_id=agent_id, purpose=ns.purpose
+                )
+            except AccessDeniedError as e:
+                ns_trace["denied"].append(ref)
+                out.append((None, e if ns.required else None))
+                continue
+            except ContextMissError:
+                continue
+            ns_trace["found"].append(ref)
+            frag = Fragment(
+                "NS",
+                f"NS:{entry.redis_key}",
+                entry.value,
+                1.0,
+                _hours_since(entry.stored_at, now),
+                1.0,
+                "exact",
+            )
+            out.append((frag, None))
+        return out
+
+    # --- expired vs never written -------------------------------------------------------
+    def _remember(self, session_id: str, keys: list[str]) -> None:
+        if not keys:
+            return
+        with self._seen_lock:
+            seen = self._seen.setdefault(session_id, set())
+            seen.update(keys)
+            self._seen.move_to_end(session_id)
+            while len(self._seen) > _SEEN_SESSIONS:
+                self._seen.popitem(last=False)
+
+    def _was_seen(self, session_id: str, key: str) -> bool:
+        with self._seen_lock:
+            return key in self._seen.get(session_id, ())

@@ -1,0 +1,709 @@
+"""L2 working memory: a session's tool results, step outputs and sensor series in Redis.
+
+Why Redis keys look like ``wm:{<sid>}:<kind>:<ident>``: the braces are a Redis Cluster hash
+tag, so one session's keys share a slot and the multi-key Lua script / transactions below
+stay legal on a cluster. Every key is built here from a validated session id, and
+:class:`SessionMemory` (bound to one session) is the only door to them: there is no method
+taking a raw key for reading, so a session cannot read another's data.
+
+Why everything decays: L2 is minutes-long memory. The default TTL is 15 minutes; a step's
+output lives until the latest step that depends on it is expected to start, times two
+(:func:`ttl_from_plan`), and :meth:`SessionMemory.apply_plan` re-EXPIREs keys when the plan
+changes. Pending async tasks are the one exception: they have no TTL, since a forgotten task
+id is a lost task.
+
+Every write passes the sanitize gateway first (API responses through ``clean_response``, so
+they are also capped), so secrets never reach Redis.
+
+Value layout:
+
+* ``api``      String, JSON ``{"stored_at": <epoch>, "data": <cleaned response>}``
+* ``step``     Hash, one JSON-encoded value per field plus ``_stored_at``
+* ``series``   Sorted Set, member ``"<ts>|<value>"``, score ``ts``; newest N kept
+* ``pending``  Set of task ids, no TTL (ident ``tasks``)
+* ``contract`` Hash ``current`` (``f:<name>`` JSON fields + ``_version``, ``_corrected``,
+  ``_locked``, ``_updated_at``) and List ``history`` (one JSON snapshot per version)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from context_core.config import Settings
+from context_core.errors import (
+    AccessDeniedError,
+    BackendUnavailableError,
+    ConfigError,
+    ContextError,
+    ContextMissError,
+    ContractLockedError,
+    VersionConflictError,
+)
+from context_core.gateway import Gateway
+from context_core.redis_conn import RedisProvider
+
+__all__ = [
+    "Loaded",
+    "PlannedStep",
+    "Preference",
+    "Preferences",
+    "SessionMemory",
+    "StepPlan",
+    "TaskContract",
+    "WorkingMemory",
+    "ttl_from_plan",
+]
+
+_SID = re.compile(r"^[A-Za-z0-9._\-]{1,128}$")
+_KIND = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_IDENT = re.compile(r"^[^\s{}:*?\[\]\\]{1,256}$")
+_RESERVED_PREFIX = "_"
+
+
+def _check(what: str, value: object, pattern: re.Pattern[str], allowed: str) -> str:
+    if not isinstance(value, str) or not pattern.match(value):
+        raise ContextError(
+            f"invalid {what} {value!r}: {allowed}. Braces, colons and whitespace are refused "
+            "because they would let one id address another session's keys"
+        )
+    return value
+
+
+def _check_sid(value: object, what: str = "session id") -> str:
+    return _check(what, value, _SID, "use 1-128 characters from A-Z a-z 0-9 . _ -")
+
+
+def _check_kind(value: object, what: str = "kind") -> str:
+    return _check(what, value, _KIND, "use a lower-case word such as 'step' or 'api'")
+
+
+def _check_ident(value: object, what: str = "ident") -> str:
+    return _check(
+        what, value, _IDENT, "use 1-256 characters without whitespace, braces, colons, * ? [ ] \\"
+    )
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def _ttl_from_pttl(pttl: int) -> float | None:
+    return None if pttl == -1 else pttl / 1000.0
+
+
+# --------------------------------------------------------------------------------------
+# value objects
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """A value read from L2 with its provenance; ``ttl_s`` None means it never expires."""
+
+    key: str
+    value: Any
+    stored_at: float
+    ttl_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedStep:
+    """A step of the agent's plan; ``est_start_s`` is seconds from now."""
+
+    step_id: str
+    depends_on: tuple[str, ...] = ()
+    est_start_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """The step dependency graph that decides how long each step's output must live."""
+
+    steps: Mapping[str, PlannedStep]
+
+    def __post_init__(self) -> None:
+        for sid, step in self.steps.items():
+            if sid != step.step_id:
+                raise ContextError(f"StepPlan: key {sid!r} holds step {step.step_id!r}")
+            if not math.isfinite(step.est_start_s):
+                raise ContextError(f"StepPlan: step {sid!r} has est_start_s {step.est_start_s}")
+            unknown = [d for d in step.depends_on if d not in self.steps]
+            if unknown:
+                raise ContextError(
+                    f"StepPlan: step {sid!r} depends on unknown step(s) {', '.join(unknown)}"
+                )
+
+    @classmethod
+    def of(cls, *steps: PlannedStep) -> StepPlan:
+        return cls({s.step_id: s for s in steps})
+
+    def dependents(self, step_id: str) -> list[PlannedStep]:
+        return [s for s in self.steps.values() if step_id in s.depends_on]
+
+
+def ttl_from_plan(step_id: str, plan: StepPlan, *, default_ttl_s: int, factor: float = 2.0) -> int:
+    """Seconds ``step_id``'s output must live: latest dependent's est. start x ``factor``.
+
+    With no dependent step the output has nobody waiting for it: ``default_ttl_s``. The
+    result is rounded up and at least 1 s (a dependent already due still needs the value).
+    """
+    deps = plan.dependents(step_id)
+    if not deps:
+        return int(default_ttl_s)
+    latest = max(s.est_start_s for s in deps)
+    return max(1, math.ceil(latest * factor))
+
+
+@dataclass(frozen=True, slots=True)
+class TaskContract:
+    """One version of a session's task contract (what the user asked for, as agreed)."""
+
+    version: int
+    fields: dict[str, Any]
+    corrected: bool = False
+    locked: bool = False
+    updated_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Preference:
+    """A structured user preference: a value and how sure we are of it."""
+
+    type: str
+    value: Any
+    confidence: float
+    last_updated: float
+
+
+# Atomic optimistic update of a task contract (one round trip, no WATCH retries inside).
+# KEYS: 1 contract hash, 2 history list.  ARGV: 1 expected version, 2 JSON object of
+# field -> JSON-encoded value, 3 corrected "1"/"0", 4 now, 5 ttl seconds.
+_CONTRACT_LUA = """
+local cur = tonumber(redis.call('HGET', KEYS[1], '_version') or '0')
+if redis.call('HGET', KEYS[1], '_locked') == '1' then return {'locked', cur} end
+if cur ~= tonumber(ARGV[1]) then return {'conflict', cur} end
+local new = cur + 1
+local fields = cjson.decode(ARGV[2])
+for k, v in pairs(fields) do redis.call('HSET', KEYS[1], 'f:' .. k, v) end
+redis.call('HSET', KEYS[1], '_version', new, '_corrected', ARGV[3], '_updated_at', ARGV[4],
+           '_locked', '0')
+local all = redis.call('HGETALL', KEYS[1])
+local snap = {}
+for i = 1, #all, 2 do snap[all[i]] = all[i + 1] end
+redis.call('RPUSH', KEYS[2], cjson.encode(snap))
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+return {'ok', new}
+"""
+
+
+def _contract_from_hash(h: Mapping[str, str]) -> TaskContract:
+    return TaskContract(
+        version=int(h.get("_version", 0)),
+        fields={k[2:]: json.loads(v) for k, v in h.items() if k.startswith("f:")},
+        corrected=h.get("_corrected") == "1",
+        locked=h.get("_locked") == "1",
+        updated_at=float(h.get("_updated_at", 0.0)),
+    )
+
+
+# --------------------------------------------------------------------------------------
+# stores
+# --------------------------------------------------------------------------------------
+
+
+class WorkingMemory:
+    """Factory for per-session and per-user views over one Redis client.
+
+    The client must decode responses (``RedisProvider.client()`` gives one). Session views
+    are cheap; keep one per session so an applied plan is remembered for later writes.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        gateway: Gateway,
+        *,
+        default_ttl_s: int = 900,
+        series_window: int = 1000,
+    ) -> None:
+        if not client.connection_pool.connection_kwargs.get("decode_responses"):
+            raise ConfigError(
+                "WorkingMemory needs a redis client with decode_responses=True "
+                "(RedisProvider.client() returns one)"
+            )
+        if default_ttl_s <= 0 or series_window <= 0:
+            raise ConfigError(
+                "CTX_WM_DEFAULT_TTL_S and CTX_WM_SERIES_WINDOW must be positive, got "
+                f"{default_ttl_s} and {series_window}"
+            )
+        # Any: redis-py's stubs type replies as bytes | str whatever decode_responses says.
+        self._client: Any = client
+        self._gateway = gateway
+        self.default_ttl_s = int(default_ttl_s)
+        self.series_window = int(series_window)
+        self._contract_script = client.register_script(_CONTRACT_LUA)
+        kw = client.connection_pool.connection_kwargs
+        where = kw.get("path") or f"{kw.get('host', '?')}:{kw.get('port', '?')}"
+        self.url = f"redis://{where}/{kw.get('db', 0)}"  # no password, safe to show
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, provider: RedisProvider, gateway: Gateway
+    ) -> WorkingMemory:
+        return cls(
+            provider.client(decode_responses=True),
+            gateway,
+            default_ttl_s=settings.wm_default_ttl_s,
+            series_window=settings.wm_series_window,
+        )
+
+    def session(self, session_id: str) -> SessionMemory:
+        """The only door to ``wm:{<session_id>}:...`` keys."""
+        return SessionMemory(self, _check_sid(session_id))
+
+    def preferences(self, user_id: str) -> Preferences:
+        return Preferences(self, _check_sid(user_id, "user id"))
+
+    @contextmanager
+    def _guard(self, op: str) -> Iterator[None]:
+        try:
+            yield
+        except redis.RedisError as e:
+            raise BackendUnavailableError(
+                f"Redis at {self.url} failed during {op}: {e}; check the server is up and "
+                "CTX_REDIS_URL points at it"
+            ) from e
+
+
+@dataclass
+class SessionMemory:
+    """One session's working memory. Builds every key itself from ``session_id``."""
+
+    wm: WorkingMemory
+    session_id: str
+    plan: StepPlan | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        _check_sid(self.session_id)
+        self._prefix = f"wm:{{{self.session_id}}}:"
+        self._r = self.wm._client
+        self._gw = self.wm._gateway
+
+    # ---- keys ---------------------------------------------------------------------------
+    def key(self, kind: str, ident: str) -> str:
+        """``wm:{<sid>}:<kind>:<ident>``, after validating ``kind`` and ``ident``."""
+        return f"{self._prefix}{_check_kind(kind)}:{_check_ident(ident)}"
+
+    def api_key(self, endpoint: str, params: Mapping[str, Any]) -> str:
+        """Key of an API response: sha256 of endpoint + canonical JSON of the params."""
+        if not isinstance(endpoint, str) or not endpoint:
+            raise ContextError("api_key: endpoint must be a non-empty string")
+        digest = hashlib.sha256((endpoint + _canonical(dict(params))).encode()).hexdigest()
+        return f"{self._prefix}api:{digest}"
+
+    def _own(self, key: str) -> str:
+        if not key.startswith(self._prefix):
+            raise AccessDeniedError(
+                f"key {key!r} does not belong to session {self.session_id!r}; a session "
+                "reads only its own wm:{<sid>}: keys"
+            )
+        return key
+
+    # ---- API responses (String) ---------------------------------------------------------
+    def put_api_response(
+        self,
+        endpoint: str,
+        params: Mapping[str, Any],
+        response: Any,
+        *,
+        ttl_s: int | None = None,
+    ) -> str:
+        """Store a cleaned, size-capped response; returns its key."""
+        key = self.api_key(endpoint, params)
+        data = self._gw.clean_response(response, where=f"L2.api {endpoint}")
+        body = _canonical({"stored_at": time.time(), "data": data})
+        with self.wm._guard(f"SET {key}"):
+            self._r.set(key, body, ex=self._ttl(ttl_s))
+        return key
+
+    def get_api_response(self, endpoint: str, params: Mapping[str, Any]) -> Loaded:
+        return self._load_string(self.api_key(endpoint, params))
+
+    def _load_string(self, key: str) -> Loaded:
+        with self.wm._guard(f"GET {key}"):
+            pipe = self._r.pipeline(transaction=False)
+            pipe.get(key).pttl(key)
+            raw, pttl = pipe.execute()
+        if raw is None:
+            raise ContextMissError(key)
+        return _string_loaded(key, raw, pttl)
+
+    # ---- step results (Hash) ------------------------------------------------------------
+    def put_step_result(
+        self, step_id: str, fields: Mapping[str, Any], *, ttl_s: int | None = None
+    ) -> str:
+        """Replace the step's result hash. TTL: ``ttl_s``, else from the applied plan, else
+        the default."""
+        key = self.key("step", step_id)
+        if not fields:
+            raise ContextError(f"put_step_result({step_id!r}): fields must not be empty")
+        bad = [k for k in fields if not isinstance(k, str) or k.startswith(_RESERVED_PREFIX)]
+        if bad:
+            raise ContextError(
+                f"put_step_result({step_id!r}): field names must be strings not starting "
+                f"with '_' (reserved), got {bad!r}"
+            )
+        cleaned = self._gw.clean(dict(fields), where=f"L2.step {step_id}")
+        mapping = {k: _canonical(v) for k, v in cleaned.items()}
+        mapping["_stored_at"] = repr(time.time())
+        if ttl_s is None and self.plan is not None and step_id in self.plan.steps:
+            ttl_s = ttl_from_plan(step_id, self.plan, default_ttl_s=self.wm.default_ttl_s)
+        with self.wm._guard(f"HSET {key}"):
+            pipe = self._r.pipeline(transaction=True)
+            pipe.delete(key).hset(key, mapping=mapping).expire(key, self._ttl(ttl_s))
+            pipe.execute()
+        return key
+
+    def get_step_result(self, step_id: str) -> Loaded:
+        return self._load_hash(self.key("step", step_id))
+
+    def _load_hash(self, key: str) -> Loaded:
+        with self.wm._guard(f"HGETALL {key}"):
+            pipe = self._r.pipeline(transaction=False)
+            pipe.hgetall(key).pttl(key)
+            h, pttl = pipe.execute()
+        if not h:
+            raise ContextMissError(key)
+        return _hash_loaded(key, h, pttl)
+
+    def fetch_bundle(
+        self,
+        step_ids: Sequence[str] = (),
+        api_requests: Sequence[tuple[str, Mapping[str, Any]]] = (),
+        *,
+        missing_ok: bool = False,
+    ) -> dict[str, Loaded]:
+        """Step results and API responses in ONE round trip, keyed by Redis key.
+
+        A miss raises :class:`ContextMissError` naming the first missing key, unless
+        ``missing_ok`` (then missing keys are simply absent from the result).
+        """
+        plan = [("h", self.key("step", s)) for s in step_ids]
+        plan += [("s", self.api_key(e, p)) for e, p in api_requests]
+        if not plan:
+            return {}
+        with self.wm._guard("bundle fetch"):
+            pipe = self._r.pipeline(transaction=False)
+            for t, k in plan:
+                (pipe.hgetall(k) if t == "h" else pipe.get(k)).pttl(k)
+            raw = pipe.execute()
+        out: dict[str, Loaded] = {}
+        for i, (t, k) in enumerate(plan):
+            val, pttl = raw[2 * i], raw[2 * i + 1]
+            if not val:
+                if missing_ok:
+                    continue
+                raise ContextMissError(k)
+            out[k] = _hash_loaded(k, val, pttl) if t == "h" else _string_loaded(k, val, pttl)
+        return out
+
+    def load(self, kind: str, ident: str) -> Loaded:
+        """Read any of this session's values by kind and ident; ContextMissError on a miss."""
+        key = self.key(kind, ident)
+        with self.wm._guard(f"TYPE {key}"):
+            typ = self._r.type(key)
+        if typ == "none":
+            raise ContextMissError(key)
+        if typ == "string":
+            return self._load_string(key)
+        if typ == "hash":
+            return self._load_hash(key)
+        with self.wm._guard(f"read {key}"):
+            pipe = self._r.pipeline(transaction=False)
+            if typ == "zset":
+                pipe.zrange(key, 0, -1, withscores=True)
+            elif typ == "set":
+                pipe.smembers(key)
+            elif typ == "list":
+                pipe.lrange(key, 0, -1)
+            else:
+                raise ContextError(f"load: {key} has unsupported type {typ}")
+            pipe.pttl(key)
+            val, pttl = pipe.execute()
+        if typ == "zset":
+            val = [_decode_point(m) for m, _ in val]
+        elif typ == "set":
+            val = set(val)
+        elif typ == "list":
+            val = [json.loads(v) for v in val]
+        if not val:
+            raise ContextMissError(key)
+        return Loaded(key, val, 0.0, _ttl_from_pttl(pttl))
+
+    # ---- series (Sorted Set) ------------------------------------------------------------
+    def add_series_point(self, series: str, ts: float, value: float) -> None:
+        """Add a point and trim to the newest ``series_window`` points, atomically."""
+        key = self.key("series", series)
+        try:
+            ts_f, val_f = float(ts), float(value)
+        except (TypeError, ValueError) as e:
+            raise ContextError(f"add_series_point({series!r}): ts and value must be numbers") from e
+        if not (math.isfinite(ts_f) and math.isfinite(val_f)):
+            raise ContextError(f"add_series_point({series!r}): ts/value must be finite")
+        # Numbers only, so nothing to redact, but the write path still passes the gateway.
+        ts_f, val_f = self._gw.clean((ts_f, val_f), where=f"L2.series {series}")
+        member = f"{ts_f!r}|{val_f!r}"
+        n = self.wm.series_window
+        with self.wm._guard(f"ZADD {key}"):
+            pipe = self._r.pipeline(transaction=True)
+            pipe.zadd(key, {member: ts_f})
+            pipe.zremrangebyrank(key, 0, -(n + 1))
+            pipe.expire(key, self.wm.default_ttl_s)
+            pipe.execute()
+
+    def series(self, series: str, since: float | None = None) -> list[tuple[float, float]]:
+        """Points ``(ts, value)`` oldest first, optionally from ``since`` (inclusive)."""
+        key = self.key("series", series)
+        lo = "-inf" if since is None else repr(float(since))
+        with self.wm._guard(f"ZRANGEBYSCORE {key}"):
+            members = self._r.zrangebyscore(key, lo, "+inf")
+        return [_decode_point(m) for m in members]
+
+    # ---- pending tasks (Set, no TTL) ----------------------------------------------------
+    def _pending_member(self, task_id: str) -> str:
+        member = self._gw.clean_text(str(task_id), where="L2.pending")
+        if not member.strip():
+            raise ContextError("pending task id must be a non-empty string")
+        return member
+
+    def add_pending(self, task_id: str) -> None:
+        key = self.key("pending", "tasks")
+        with self.wm._guard(f"SADD {key}"):
+            pipe = self._r.pipeline(transaction=True)
+            pipe.sadd(key, self._pending_member(task_id)).persist(key)
+            pipe.execute()
+
+    def remove_pending(self, task_id: str) -> bool:
+        key = self.key("pending", "tasks")
+        with self.wm._guard(f"SREM {key}"):
+            return bool(self._r.srem(key, self._pending_member(task_id)))
+
+    def pending(self) -> set[str]:
+        key = self.key("pending", "tasks")
+        with self.wm._guard(f"SMEMBERS {key}"):
+            return set(self._r.smembers(key))
+
+    # ---- plans and TTLs -----------------------------------------------------------------
+    def apply_plan(self, plan: StepPlan, *, factor: float = 2.0) -> dict[str, int]:
+        """Remember ``plan`` and re-EXPIRE the stored outputs of its steps.
+
+        Returns ``{step_id: ttl_s}`` for the step results that exist (others are skipped;
+        they get the plan's TTL when written).
+        """
+        self.plan = plan
+        ttls = {
+            s: ttl_from_plan(s, plan, default_ttl_s=self.wm.default_ttl_s, factor=factor)
+            for s in plan.steps
+        }
+        keys = {s: self.key("step", s) for s in plan.steps}
+        with self.wm._guard("EXPIRE (apply_plan)"):
+            pipe = self._r.pipeline(transaction=True)
+            for s, k in keys.items():
+                pipe.expire(k, ttls[s])
+            done = pipe.execute()
+        return {s: ttls[s] for s, ok in zip(keys, done, strict=True) if ok}
+
+    def ttl(self, key: str) -> float | None:
+        """Seconds left on one of this session's keys; None = no expiry; miss raises."""
+        self._own(key)
+        with self.wm._guard(f"PTTL {key}"):
+            pttl = self._r.pttl(key)
+        if pttl == -2:
+            raise ContextMissError(key)
+        return _ttl_from_pttl(pttl)
+
+    def _ttl(self, ttl_s: int | None) -> int:
+        t = self.wm.default_ttl_s if ttl_s is None else int(ttl_s)
+        if t <= 0:
+            raise ContextError(f"ttl_s must be positive, got {ttl_s}")
+        return t
+
+    # ---- task contract (Hash + history List, optimistic lock) --------------------------
+    def _contract_keys(self) -> tuple[str, str]:
+        return self.key("contract", "current"), self.key("contract", "history")
+
+    def contract(self) -> TaskContract:
+        """The current contract; version 0 with no fields when none was written yet."""
+        key, _ = self._contract_keys()
+        with self.wm._guard(f"HGETALL {key}"):
+            return _contract_from_hash(self._r.hgetall(key))
+
+    def update_contract(
+        self, fields: Mapping[str, Any], *, expected_version: int, corrected: bool = False
+    ) -> TaskContract:
+        """Merge ``fields`` into the contract if it is still at ``expected_version``.
+
+        A stale version raises :class:`VersionConflictError` (re-read and retry); a locked
+        contract raises :class:`ContractLockedError`. Each new version is appended to the
+        history. ``corrected`` marks a version written because the user corrected the agent.
+        """
+        if not fields:
+            raise ContextError("update_contract: fields must not be empty")
+        bad = [k for k in fields if not isinstance(k, str) or not k]
+        if bad:
+            raise ContextError(f"update_contract: field names must be non-empty strings: {bad!r}")
+        key, hist = self._contract_keys()
+        cleaned = self._gw.clean(dict(fields), where="L2.contract")
+        encoded = json.dumps({k: _canonical(v) for k, v in cleaned.items()})
+        with self.wm._guard(f"contract update {key}"):
+            status, version = self.wm._contract_script(
+                keys=[key, hist],
+                args=[
+                    int(expected_version),
+                    encoded,
+                    "1" if corrected else "0",
+                    repr(time.time()),
+                    self.wm.default_ttl_s,
+                ],
+            )
+        if status == "conflict":
+            raise VersionConflictError(
+                f"task contract of session {self.session_id!r} is at version {version}, "
+                f"expected {expected_version}: re-read it with contract() and retry"
+            )
+        if status == "locked":
+            raise ContractLockedError(
+                f"task contract of session {self.session_id!r} (version {version}) is locked; "
+                "unlock_contract() first (e.g. after error recovery)"
+            )
+        return self.contract()
+
+    def contract_history(self) -> list[TaskContract]:
+        """Every version ever written (within the TTL), oldest first."""
+        _, hist = self._contract_keys()
+        with self.wm._guard(f"LRANGE {hist}"):
+            raw = self._r.lrange(hist, 0, -1)
+        return [_contract_from_hash(json.loads(r)) for r in raw]
+
+    def lock_contract(self) -> None:
+        self._set_lock("1")
+
+    def unlock_contract(self) -> None:
+        self._set_lock("0")
+
+    def _set_lock(self, flag: str) -> None:
+        key, _ = self._contract_keys()
+        with self.wm._guard(f"HSET {key} _locked"):
+            pipe = self._r.pipeline(transaction=True)
+            pipe.hset(key, "_locked", flag).expire(key, self.wm.default_ttl_s)
+            pipe.execute()
+
+    # ---- housekeeping -------------------------------------------------------------------
+    def clear(self) -> int:
+        """Delete every key of this session (SCAN on the hash-tag pattern); returns count."""
+        pattern = f"wm:\\{{{self.session_id}\\}}:*"
+        n = 0
+        with self.wm._guard(f"SCAN {pattern}"):
+            batch: list[str] = []
+            for k in self._r.scan_iter(match=pattern, count=500):
+                batch.append(k)
+                if len(batch) >= 500:
+                    n += self._r.delete(*batch)
+                    batch.clear()
+            if batch:
+                n += self._r.delete(*batch)
+        return n
+
+
+class Preferences:
+    """A user's structured preferences: ``pref:{<uid>}:<type>`` hashes, no TTL."""
+
+    def __init__(self, wm: WorkingMemory, user_id: str) -> None:
+        self._wm = wm
+        self.user_id = _check_sid(user_id, "user id")
+        self._prefix = f"pref:{{{user_id}}}:"
+
+    def key(self, pref_type: str) -> str:
+        return self._prefix + _check_kind(pref_type, "preference type")
+
+    def set(self, pref_type: str, value: Any, *, confidence: float = 1.0) -> Preference:
+        if not (isinstance(confidence, int | float) and 0.0 <= confidence <= 1.0):
+            raise ContextError(f"preference {pref_type!r}: confidence must be in [0, 1]")
+        key = self.key(pref_type)
+        cleaned = self._wm._gateway.clean(value, where=f"pref {pref_type}")
+        now = time.time()
+        with self._wm._guard(f"HSET {key}"):
+            self._wm._client.hset(
+                key,
+                mapping={
+                    "value": _canonical(cleaned),
+                    "confidence": repr(float(confidence)),
+                    "last_updated": repr(now),
+                },
+            )
+        return Preference(pref_type, json.loads(_canonical(cleaned)), float(confidence), now)
+
+    def get(self, pref_type: str) -> Preference:
+        key = self.key(pref_type)
+        with self._wm._guard(f"HGETALL {key}"):
+            h = self._wm._client.hgetall(key)
+        if not h:
+            raise ContextMissError(key, f"no {pref_type!r} preference for this user")
+        return _pref(pref_type, h)
+
+    def all(self) -> dict[str, Preference]:
+        pattern = f"pref:\\{{{self.user_id}\\}}:*"
+        with self._wm._guard(f"SCAN {pattern}"):
+            keys = sorted(self._wm._client.scan_iter(match=pattern, count=500))
+            pipe = self._wm._client.pipeline(transaction=False)
+            for k in keys:
+                pipe.hgetall(k)
+            values = pipe.execute() if keys else []
+        return {
+            k[len(self._prefix) :]: _pref(k[len(self._prefix) :], h)
+            for k, h in zip(keys, values, strict=True)
+            if h
+        }
+
+    def delete(self, pref_type: str) -> bool:
+        key = self.key(pref_type)
+        with self._wm._guard(f"DEL {key}"):
+            return bool(self._wm._client.delete(key))
+
+
+# --------------------------------------------------------------------------------------
+# decoding helpers
+# --------------------------------------------------------------------------------------
+
+
+def _string_loaded(key: str, raw: str, pttl: int) -> Loaded:
+    env = json.loads(raw)
+    return Loaded(key, env["data"], float(env["stored_at"]), _ttl_from_pttl(pttl))
+
+
+def _hash_loaded(key: str, h: Mapping[str, str], pttl: int) -> Loaded:
+    stored_at = float(h.get("_stored_at", 0.0))
+    value = {k: json.loads(v) for k, v in h.items() if not k.startswith(_RESERVED_PREFIX)}
+    return Loaded(key, value, stored_at, _ttl_from_pttl(pttl))
+
+
+def _decode_point(member: str) -> tuple[float, float]:
+    ts, _, val = member.partition("|")
+    return float(ts), float(val)
+
+
+def _pref(pref_type: str, h: Mapping[str, str]) -> Preference:
+    return Preference(
+        pref_type, json.loads(h["value"]), float(h["confidence"]), float(h["last_updated"])
+    )

@@ -1,0 +1,483 @@
+"""L2 working memory on real servers: every test runs on Redis 7 (DB 13) and embedded Valkey."""
+
+from __future__ import annotations
+
+import random
+import socket
+import string
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from context_core.errors import (
+    AccessDeniedError,
+    BackendUnavailableError,
+    ConfigError,
+    ContextError,
+    ContextMissError,
+    ContractLockedError,
+    VersionConflictError,
+)
+from context_core.gateway import Gateway
+from context_core.working_memory import (
+    PlannedStep,
+    SessionMemory,
+    StepPlan,
+    WorkingMemory,
+    ttl_from_plan,
+)
+
+
+def _sid() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+class _Env:
+    """A WorkingMemory on one server plus bookkeeping so every test cleans up after itself."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.client = redis.Redis.from_url(url, decode_responses=True)
+        self.gateway = Gateway()
+        self.wm = WorkingMemory(self.client, self.gateway)
+        self.sessions: list[SessionMemory] = []
+        self.users: list[str] = []
+
+    def session(self, sid: str | None = None) -> SessionMemory:
+        s = self.wm.session(sid or _sid())
+        self.sessions.append(s)
+        return s
+
+    def user(self) -> str:
+        uid = f"u-{uuid.uuid4().hex[:12]}"
+        self.users.append(uid)
+        return uid
+
+    def close(self) -> None:
+        for s in self.sessions:
+            s.clear()
+        for uid in self.users:
+            for k in self.client.scan_iter(match=f"pref:\\{{{uid}\\}}:*"):
+                self.client.delete(k)
+        self.client.close()
+
+
+@pytest.fixture
+def env(any_redis: str) -> Iterator[_Env]:
+    e = _Env(any_redis)
+    try:
+        yield e
+    finally:
+        e.close()
+
+
+# ---- keys and validation -----------------------------------------------------------------
+
+
+def test_key_layout_and_hash_tag(env: _Env) -> None:
+    s = env.session("abc-1")
+    assert s.key("step", "s1") == "wm:{abc-1}:step:s1"
+    k = s.api_key("/v1/pumps", {"b": 2, "a": [1, {"y": 1, "x": 2}]})
+    assert k == s.api_key("/v1/pumps", {"a": [1, {"x": 2, "y": 1}], "b": 2})  # canonical
+    assert k != s.api_key("/v1/pumps", {"b": 3, "a": [1, {"y": 1, "x": 2}]})
+    assert k.startswith("wm:{abc-1}:api:") and len(k.rsplit(":", 1)[1]) == 64
+
+
+@pytest.mark.parametrize("bad", ["", "a}b", "a{b", "x}:step:s1", "a:b", "a b", "a\nb", "a*"])
+def test_bad_session_ids_rejected(env: _Env, bad: str) -> None:
+    with pytest.raises(ContextError, match="invalid session id"):
+        env.wm.session(bad)
+
+
+@pytest.mark.parametrize("bad", ["s1}:x", "a:b", "{s}", "x y", "*", ""])
+def test_bad_idents_and_kinds_rejected(env: _Env, bad: str) -> None:
+    s = env.session()
+    with pytest.raises(ContextError, match="invalid ident"):
+        s.put_step_result(bad, {"v": 1})
+    with pytest.raises(ContextError, match="invalid ident"):
+        s.load("step", bad)
+    with pytest.raises(ContextError, match="invalid kind"):
+        s.load(bad or "Step:", "s1")
+
+
+def test_client_must_decode(any_redis: str) -> None:
+    raw = redis.Redis.from_url(any_redis)
+    try:
+        with pytest.raises(ConfigError, match="decode_responses"):
+            WorkingMemory(raw, Gateway())
+    finally:
+        raw.close()
+
+
+def test_backend_errors_name_the_server() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dead = redis.Redis(
+        host="127.0.0.1", port=port, decode_responses=True, socket_connect_timeout=0.5
+    )
+    s = WorkingMemory(dead, Gateway()).session("s-dead")
+    with pytest.raises(BackendUnavailableError, match=f"127.0.0.1:{port}.*HSET") as ei:
+        s.put_step_result("s1", {"v": 1})
+    assert isinstance(ei.value.__cause__, redis.RedisError)
+
+
+# ---- round trips and misses --------------------------------------------------------------
+
+
+def test_step_and_api_round_trip(env: _Env) -> None:
+    s = env.session()
+    t0 = time.time()
+    key = s.put_step_result("diagnose", {"status": "ok", "readings": [1.5, 2.0], "n": 3})
+    got = s.get_step_result("diagnose")
+    assert got.key == key
+    assert got.value == {"status": "ok", "readings": [1.5, 2.0], "n": 3}
+    assert t0 - 1 <= got.stored_at <= time.time() + 1
+    assert got.ttl_s is not None and 895 <= got.ttl_s <= 900
+    assert env.client.type(key) == "hash"
+
+    akey = s.put_api_response("/pumps", {"id": "pump-0042"}, {"pressure": 4.2})
+    api = s.get_api_response("/pumps", {"id": "pump-0042"})
+    assert (api.key, api.value) == (akey, {"pressure": 4.2})
+    assert env.client.type(akey) == "string"
+    bundle = s.fetch_bundle(["diagnose"], [("/pumps", {"id": "pump-0042"})])
+    assert bundle[key].value == got.value and bundle[akey].value == {"pressure": 4.2}
+
+
+def test_miss_names_the_key(env: _Env) -> None:
+    s = env.session()
+    with pytest.raises(ContextMissError) as ei:
+        s.get_step_result("never")
+    assert ei.value.key == s.key("step", "never")
+    assert s.key("step", "never") in str(ei.value)
+    with pytest.raises(ContextMissError) as ei2:
+        s.get_api_response("/x", {"q": 1})
+    assert ei2.value.key == s.api_key("/x", {"q": 1})
+    with pytest.raises(ContextMissError, match="api:"):
+        s.fetch_bundle([], [("/x", {"q": 1})])
+    assert s.fetch_bundle(["never"], missing_ok=True) == {}
+    with pytest.raises(ContextMissError, match="step:gone"):
+        s.load("step", "gone")
+
+
+def test_oversize_response_is_capped(env: _Env) -> None:
+    s = env.session()
+    s.put_api_response("/big", {}, {"blob": "x" * 20_000})
+    assert s.get_api_response("/big", {}).value == {"error": "response too large"}
+
+
+# ---- TTL from the dependency graph -------------------------------------------------------
+
+
+def _plan(s3_start: float) -> StepPlan:
+    return StepPlan.of(
+        PlannedStep("s1"),
+        PlannedStep("s2", ("s1",), 30.0),
+        PlannedStep("s3", ("s1", "s2"), s3_start),
+        PlannedStep("s4", ("s3",), 12.2),
+        PlannedStep("s5", (), 5.0),
+    )
+
+
+def test_ttl_from_plan_arithmetic() -> None:
+    plan = _plan(120.0)
+    got = {s: ttl_from_plan(s, plan, default_ttl_s=900) for s in plan.steps}
+    assert got == {"s1": 240, "s2": 240, "s3": 25, "s4": 900, "s5": 900}
+    assert ttl_from_plan("s1", plan, default_ttl_s=900, factor=3.0) == 360
+    assert ttl_from_plan("s3", _plan(0.0), default_ttl_s=60) == 25  # s4 still waits on s3
+    due_now = StepPlan.of(PlannedStep("a"), PlannedStep("b", ("a",), 0.0))
+    assert ttl_from_plan("a", due_now, default_ttl_s=900) == 1
+    with pytest.raises(ContextError, match="unknown step"):
+        StepPlan.of(PlannedStep("b", ("nope",), 1.0))
+
+
+def test_apply_plan_sets_and_extends_ttls(env: _Env) -> None:
+    s = env.session()
+    for step in ("s1", "s2", "s3"):
+        s.put_step_result(step, {"out": step})
+    applied = s.apply_plan(_plan(120.0))
+    assert applied == {"s1": 240, "s2": 240, "s3": 25}  # s4/s5 have no stored output
+    assert 238 <= s.ttl(s.key("step", "s1")) <= 240
+    assert 23 <= s.ttl(s.key("step", "s3")) <= 25
+    # The plan slips: s3 now starts in 10 minutes -> s1 and s2 must live 20 minutes.
+    applied = s.apply_plan(_plan(600.0))
+    assert applied["s1"] == applied["s2"] == 1200
+    assert 1198 <= s.ttl(s.key("step", "s1")) <= 1200
+    assert 1198 <= s.ttl(s.key("step", "s2")) <= 1200
+    # Writes after the plan is known get the plan's TTL, not the default.
+    s.put_step_result("s4", {"out": "s4"})
+    assert 898 <= s.ttl(s.key("step", "s4")) <= 900
+    s.put_step_result("s1", {"out": "again"})
+    assert 1198 <= s.ttl(s.key("step", "s1")) <= 1200
+
+
+# ---- series window -----------------------------------------------------------------------
+
+
+def test_series_keeps_exactly_newest_1000(env: _Env) -> None:
+    s = env.session()
+    assert env.wm.series_window == 1000
+    stamps = list(range(1500))
+    random.Random(7).shuffle(stamps)
+    for ts in stamps:
+        s.add_series_point("pump-0042.pressure", 1_700_000_000 + ts, ts * 0.5)
+    key = s.key("series", "pump-0042.pressure")
+    assert env.client.zcard(key) == 1000
+    pts = s.series("pump-0042.pressure")
+    assert [p[0] for p in pts] == [1_700_000_000 + t for t in range(500, 1500)]
+    assert pts[0][1] == 250.0 and pts[-1][1] == 749.5
+    assert len(s.series("pump-0042.pressure", since=1_700_000_000 + 1400)) == 100
+    assert 0 < s.ttl(key) <= 900
+
+
+# ---- pending tasks -----------------------------------------------------------------------
+
+
+def test_pending_set_has_no_ttl(env: _Env) -> None:
+    s = env.session()
+    s.add_pending("task-1")
+    s.add_pending("task-2")
+    key = s.key("pending", "tasks")
+    assert env.client.pttl(key) == -1
+    assert s.ttl(key) is None
+    assert s.pending() == {"task-1", "task-2"}
+    assert s.remove_pending("task-1") is True
+    assert s.remove_pending("task-1") is False
+    assert s.load("pending", "tasks").value == {"task-2"}
+    assert s.load("pending", "tasks").ttl_s is None
+
+
+# ---- task contract -----------------------------------------------------------------------
+
+
+def test_contract_versions_lock_and_history(env: _Env) -> None:
+    s = env.session()
+    assert s.contract().version == 0
+    c1 = s.update_contract({"goal": "fix pump", "budget": 100}, expected_version=0)
+    assert (c1.version, c1.fields) == (1, {"goal": "fix pump", "budget": 100})
+    c2 = s.update_contract({"budget": 80}, expected_version=1, corrected=True)
+    assert c2.version == 2 and c2.corrected and c2.fields == {"goal": "fix pump", "budget": 80}
+    with pytest.raises(VersionConflictError, match=r"version 2, expected 1"):
+        s.update_contract({"budget": 1}, expected_version=1)
+    s.lock_contract()
+    assert s.contract().locked
+    with pytest.raises(ContractLockedError, match="locked"):
+        s.update_contract({"budget": 1}, expected_version=2)
+    s.unlock_contract()
+    c3 = s.update_contract({"deadline": "friday"}, expected_version=2)
+    hist = s.contract_history()
+    assert [h.version for h in hist] == [1, 2, 3]
+    assert [h.corrected for h in hist] == [False, True, False]
+    assert hist[0].fields == {"goal": "fix pump", "budget": 100}  # old versions kept
+    assert c3.fields == {"goal": "fix pump", "budget": 80, "deadline": "friday"}
+    hist_key = s.key("contract", "history")
+    assert 0 < s.ttl(hist_key) <= 900
+
+
+def test_fifty_concurrent_writers_lose_nothing(env: _Env) -> None:
+    s = env.session()
+    s.update_contract({"goal": "inspect line 3"}, expected_version=0)
+    initial = s.contract().version
+    conflicts = [0] * 50
+    start = threading.Barrier(50)
+
+    def writer(i: int) -> None:
+        client = redis.Redis.from_url(env.url, decode_responses=True)  # own connection
+        try:
+            mine = WorkingMemory(client, env.gateway).session(s.session_id)
+            start.wait(timeout=30)
+            while True:
+                seen = mine.contract().version
+                try:
+                    mine.update_contract({f"w{i}": i}, expected_version=seen)
+                    return
+                except VersionConflictError:
+                    conflicts[i] += 1
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    final = s.contract()
+    assert final.version == initial + 50
+    assert final.fields == {"goal": "inspect line 3", **{f"w{i}": i for i in range(50)}}
+    versions = [h.version for h in s.contract_history()]
+    assert versions == list(range(1, initial + 51))  # strictly increasing and complete
+    # every version adds exactly one writer's field to the previous one: nothing lost
+    sizes = [len(h.fields) for h in s.contract_history()]
+    assert sizes == list(range(1, 52))
+    assert sum(conflicts) > 0  # the writers really did race
+
+
+# ---- isolation ---------------------------------------------------------------------------
+
+
+def test_cross_session_read_impossible(env: _Env) -> None:
+    a, b = env.session(), env.session()
+    a.put_step_result("s1", {"owner": "A"})
+    b.put_step_result("s1", {"owner": "B"})
+    b.put_api_response("/pumps", {"id": 1}, {"owner": "B"})
+    assert a.get_step_result("s1").value == {"owner": "A"}
+    assert b.get_step_result("s1").value == {"owner": "B"}
+    with pytest.raises(ContextMissError):
+        a.get_api_response("/pumps", {"id": 1})  # same endpoint+params, other session
+    with pytest.raises(AccessDeniedError, match="does not belong"):
+        a.ttl(b.key("step", "s1"))
+    # Crafted ids cannot climb out of A's hash tag.
+    for crafted in (f"{a.session_id}}}:step:s1", f"x}}:step:{b.session_id}"):
+        with pytest.raises(ContextError):
+            env.wm.session(crafted)
+    with pytest.raises(ContextError):
+        a.load("step", f"{{{b.session_id}}}:step:s1")
+    assert not hasattr(a, "get") and not hasattr(env.wm, "get")  # no raw-key read door
+    assert a.clear() == 1
+    assert b.get_step_result("s1").value == {"owner": "B"}  # A's clear left B alone
+
+
+# ---- preferences -------------------------------------------------------------------------
+
+
+def test_preferences_round_trip(env: _Env) -> None:
+    uid = env.user()
+    prefs = env.wm.preferences(uid)
+    p = prefs.set("units", {"pressure": "bar"}, confidence=0.8)
+    got = prefs.get("units")
+    assert (got.value, got.confidence) == ({"pressure": "bar"}, 0.8)
+    assert got.last_updated == pytest.approx(p.last_updated)
+    prefs.set("language", "zh", confidence=1.0)
+    assert {k: v.value for k, v in prefs.all().items()} == {
+        "language": "zh",
+        "units": {"pressure": "bar"},
+    }
+    assert env.client.hgetall(prefs.key("units"))["confidence"] == "0.8"
+    assert env.client.pttl(prefs.key("units")) == -1
+    with pytest.raises(ContextMissError) as ei:
+        prefs.get("tone")
+    assert ei.value.key == f"pref:{{{uid}}}:tone"
+    with pytest.raises(ContextError, match="confidence"):
+        prefs.set("units", "psi", confidence=1.5)
+
+
+# ---- secrets never reach Redis -----------------------------------------------------------
+
+
+def _raw_dump(url: str, patterns: list[str]) -> str:
+    """Every byte stored under ``patterns``, read by a separate, non-decoding client."""
+    c = redis.Redis.from_url(url)
+    out: list[bytes] = []
+    try:
+        for pat in patterns:
+            for k in c.scan_iter(match=pat, count=500):
+                t = c.type(k)
+                out.append(k)
+                if t == b"string":
+                    out.append(c.get(k) or b"")
+                elif t == b"hash":
+                    for f, v in c.hgetall(k).items():
+                        out += [f, v]
+                elif t == b"list":
+                    out += c.lrange(k, 0, -1)
+                elif t == b"set":
+                    out += list(c.smembers(k))
+                elif t == b"zset":
+                    out += [m for m, _ in c.zrange(k, 0, -1, withscores=True)]
+    finally:
+        c.close()
+    return b"\n".join(out).decode("utf-8", "replace")
+
+
+def _write_everywhere(
+    s: SessionMemory, prefs_user: str, wm: WorkingMemory, payload: object
+) -> None:
+    s.put_api_response("/tool", {"q": 1}, payload)
+    s.put_step_result("step", {"result": payload})
+    version = s.contract().version
+    s.update_contract({"spec": payload}, expected_version=version)
+    wm.preferences(prefs_user).set("style", payload, confidence=0.5)
+    s.add_series_point("temp", 1.0, 2.0)
+
+
+def test_fixed_secrets_never_reach_redis(env: _Env) -> None:
+    s, uid = env.session(), env.user()
+    live = "sk_live_" + "k" * 24
+    pw = "hunter-" + "9" * 12
+    payload = {
+        "Authorization": "Bearer " + "t" * 30,
+        "config": {"API_KEY": live, "Password": pw, "note": f"use {live} now"},
+        "items": [{"token": pw}, f"call 13812341234 with {live}"],
+    }
+    _write_everywhere(s, uid, env.wm, payload)
+    s.add_pending(live)
+    raw = _raw_dump(env.url, [f"wm:\\{{{s.session_id}\\}}:*", f"pref:\\{{{uid}\\}}:*"])
+    assert "[REDACTED]" in raw
+    for secret in (live, pw, "t" * 30, "13812341234"):
+        assert secret not in raw
+    assert "138****1234" in raw
+
+
+_ALNUM = string.ascii_letters + string.digits
+_secret_value = st.text(_ALNUM, min_size=24, max_size=24).map(lambda s: "sk_live_" + s)
+_secret_key = st.sampled_from(["api_key", "token", "password", "secret", "authorization"]).flatmap(
+    lambda k: st.sampled_from([k, k.upper(), k.title(), f"x_{k}", f"{k.capitalize()}Value"])
+)
+_plain_key = st.text(string.ascii_lowercase, min_size=1, max_size=8).filter(
+    lambda k: not any(w in k for w in ("key", "token", "pass", "secret", "auth", "cookie"))
+)
+_marker = st.text(_ALNUM, min_size=16, max_size=16).map(lambda s: "pv-" + s)
+_leaf = st.one_of(
+    st.integers(),
+    st.text(string.ascii_letters + " ", max_size=20),
+    _secret_value,
+    st.tuples(st.text(string.ascii_letters, max_size=10), _secret_value).map(
+        lambda t: f"{t[0]} {t[1]} tail"
+    ),
+)
+_tree = st.recursive(
+    _leaf,
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.dictionaries(_plain_key, children, max_size=4),
+        st.tuples(_secret_key, _marker, st.dictionaries(_plain_key, children, max_size=3)).map(
+            lambda t: {**t[2], t[0]: t[1]}
+        ),
+    ),
+    max_leaves=12,
+)
+
+
+def _secrets_in(value: object) -> set[str]:
+    found: set[str] = set()
+    if isinstance(value, str):
+        found |= {w for w in value.split() if w.startswith(("sk_live_", "pv-"))}
+    elif isinstance(value, dict):
+        for v in value.values():
+            found |= _secrets_in(v)
+    elif isinstance(value, list):
+        for v in value:
+            found |= _secrets_in(v)
+    return found
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(tree=st.dictionaries(_plain_key, _tree, min_size=1, max_size=4))
+def test_property_no_generated_secret_reaches_redis(env: _Env, tree: dict) -> None:
+    s, uid = env.session(), env.user()
+    _write_everywhere(s, uid, env.wm, tree)
+    raw = _raw_dump(env.url, [f"wm:\\{{{s.session_id}\\}}:*", f"pref:\\{{{uid}\\}}:*"])
+    leaked = {secret for secret in _secrets_in(tree) if secret in raw}
+    assert not leaked
+    s.clear()

@@ -73,7 +73,10 @@ class Chunk:
     """A piece of one section, at most ``max_tokens`` model tokens long.
 
     ``chunk_index`` is deterministic per page (0, 1, 2, ... in reading order), so the point id
-    ``uuid5(page_id, chunk_index)`` is stable across runs.
+    ``uuid5(page_id, chunk_index)`` is stable across runs. ``text`` is what gets embedded:
+    the context line "Title > Heading > Subheading" (when the chunker adds it), a newline, then
+    the body; ``text[body_start:]`` is the body alone, which equals
+    ``section.text[char_span[0]:char_span[1]].strip()``. ``n_tokens`` counts the whole text.
     """
 
     page_id: str
@@ -82,6 +85,12 @@ class Chunk:
     section: str
     text: str
     n_tokens: int
+    char_span: tuple[int, int] = (0, 0)  # offsets of the body in its Section.text
+    body_start: int = 0  # offset of the body in ``text`` (0 = no context line)
+
+    @property
+    def body(self) -> str:
+        return self.text[self.body_start :]
 
 
 def compute_content_hash(title: str, sections: tuple[Section, ...] | list[Section]) -> str:

@@ -170,6 +170,11 @@ class Encoder:
         self._ttl = cache_ttl_s
         self.batch_size = batch_size
 
+    @property
+    def model(self) -> SentenceTransformer:
+        """The shared, loaded sentence-transformers model (one per process and model)."""
+        return self._model
+
     def __repr__(self) -> str:
         return f"Encoder(name={self.name!r}, dim={self.dim}, max_tokens={self.max_tokens})"
 
@@ -183,7 +188,24 @@ class Encoder:
         return len(self.tokenize(text))
 
     def decode(self, ids: list[int]) -> str:
+        """Text of ``ids``; lossy for WordPiece (lower case, spaces around "-"), so prefer
+        :meth:`token_offsets` to cut the original text at token boundaries."""
         return str(self._tokenizer.decode(ids, skip_special_tokens=True))
+
+    def token_offsets(self, text: str) -> list[tuple[int, int]]:
+        """``(start, end)`` character span of each token of :meth:`tokenize` in ``text``.
+
+        Lets a chunker slice the *original* text at token boundaries (exact, unlike decode).
+        """
+        if not getattr(self._tokenizer, "is_fast", False):
+            raise ModelLoadError(
+                f"model {self.name!r} has no fast tokenizer, so token offsets are unavailable; "
+                "use tokenize()/decode() instead"
+            )
+        enc = self._tokenizer(
+            text, add_special_tokens=False, return_offsets_mapping=True, verbose=False
+        )
+        return [(int(a), int(b)) for a, b in enc["offset_mapping"]]
 
     # --- embeddings ------------------------------------------------------------------
     def _encode_raw(self, texts: list[str], batch_size: int, show_progress: bool) -> np.ndarray:

@@ -1,0 +1,129 @@
+"""The encoder with the real packaged MiniLM model and a real Redis for the query cache."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from context_core.config import Settings, get_settings
+from context_core.embedding import MODEL_REGISTRY, Encoder, load_encoder
+from context_core.errors import ConfigError, ModelLoadError
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory: pytest.TempPathFactory) -> Encoder:
+    return load_encoder(get_settings(data_dir=tmp_path_factory.mktemp("ctx"), embed_model="minilm"))
+
+
+class CountingEncoder(Encoder):
+    """A real encoder that counts how often the model itself runs."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.model_calls = 0
+
+    def _encode_raw(self, texts: list[str], batch_size: int, show_progress: bool) -> np.ndarray:
+        self.model_calls += 1
+        return super()._encode_raw(texts, batch_size, show_progress)
+
+
+def test_minilm_shape_and_normalisation(encoder: Encoder) -> None:
+    assert (encoder.name, encoder.dim, encoder.max_tokens) == ("minilm", 384, 256)
+    vecs = encoder.encode(["pump bearing temperature", "fan vibration limits", "x"], batch_size=2)
+    assert vecs.shape == (3, 384)
+    assert vecs.dtype == np.float32
+    assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
+    assert encoder.encode([]).shape == (0, 384)
+
+
+def test_similar_sentences_score_higher(encoder: Encoder) -> None:
+    a, b, c = encoder.encode(
+        [
+            "How do I replace the seal on a centrifugal pump?",
+            "Steps to change a centrifugal pump's mechanical seal",
+            "The quarterly sales report is due on Friday.",
+        ]
+    )
+    similar, unrelated = float(a @ b), float(a @ c)
+    assert similar > 0.6
+    assert unrelated < 0.2
+    assert similar > unrelated + 0.4
+
+
+def test_tokenizer_counts_real_tokens(encoder: Encoder) -> None:
+    text = "Compressor COMP-0042 tripped on high discharge temperature."
+    ids = encoder.tokenize(text)
+    expected = encoder.model.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert ids == expected
+    assert encoder.count_tokens(text) == len(expected) > 8
+    # decode is lossy for WordPiece ("comp-0042" -> "comp - 0042") but stable under re-encoding
+    assert encoder.tokenize(encoder.decode(ids)) == ids
+    spans = encoder.token_offsets(text)
+    assert len(spans) == len(ids)
+    assert "".join(text[a:b] for a, b in spans[:4]) == "CompressorCOMP-"  # exact original slices
+    assert text[spans[-1][0] :] == "."
+    long_text = "vibration " * 1000
+    assert encoder.count_tokens(long_text) == 1000  # no truncation, no special tokens
+
+
+def test_query_cache_in_redis(encoder: Encoder, redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)  # bytes in, bytes out
+    counting = CountingEncoder(MODEL_REGISTRY["minilm"], encoder.model, redis_client=client)
+    text = f"pump seal leak procedure {uuid.uuid4().hex}"
+    key = counting.cache_key(text)
+    assert key.startswith("embcache:minilm:") and len(key.rsplit(":", 1)[1]) == 64
+    try:
+        assert client.exists(key) == 0
+        first = counting.encode_query(text)
+        assert counting.model_calls == 1
+        assert client.exists(key) == 1
+        assert 86_000 <= client.ttl(key) <= 86_400
+        raw = client.get(key)
+        assert isinstance(raw, bytes) and len(raw) == 384 * 4
+        assert np.array_equal(np.frombuffer(raw, dtype=np.float32), first)
+
+        second = counting.encode_query(text)
+        assert counting.model_calls == 1  # served from Redis, the model did not run
+        assert np.array_equal(first, second)
+        assert np.allclose(first, encoder.encode([text])[0], atol=1e-6)
+    finally:
+        client.delete(key)
+        client.close()
+
+
+def test_cache_client_must_return_bytes(settings: Settings, redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        with pytest.raises(ConfigError, match="decode_responses=False"):
+            load_encoder(settings, redis_client=client)
+    finally:
+        client.close()
+
+
+def test_unknown_model_name_says_how_to_fix(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError) as err:
+        load_encoder(get_settings(data_dir=tmp_path, embed_model="no-such-model"))
+    msg = str(err.value)
+    assert "CTX_EMBED_MODEL='no-such-model'" in msg
+    assert "pre-download" in msg and "local sentence-transformers directory" in msg
+    assert "bge-m3" in msg and "minilm" in msg
+
+
+def test_uncached_hub_model_fails_offline(tmp_path: Path) -> None:
+    cached = Path.home() / ".cache" / "huggingface" / "hub" / "models--BAAI--bge-m3"
+    if cached.exists():
+        pytest.skip(f"bge-m3 is in the local HF cache ({cached}); nothing to fail on")
+    with pytest.raises(ModelLoadError, match=r"'bge-m3' \(BAAI/bge-m3\) could not be loaded"):
+        load_encoder(get_settings(data_dir=tmp_path, embed_model="bge-m3"))
+
+
+def test_local_directory_model(tmp_path: Path, encoder: Encoder) -> None:
+    path = MODEL_REGISTRY["minilm"].resolve()
+    enc = load_encoder(get_settings(data_dir=tmp_path, embed_model=path))
+    assert enc.name == str(Path(path).resolve())
+    assert enc.dim == 384
+    assert np.allclose(enc.encode(["same text"]), encoder.encode(["same text"]), atol=1e-6)

@@ -34,7 +34,7 @@ import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -286,19 +286,29 @@ class WorkingMemory:
             ) from e
 
 
-@dataclass
 class SessionMemory:
-    """One session's working memory. Builds every key itself from ``session_id``."""
+    """One session's working memory. Builds every key itself from its (read-only) session id.
 
-    wm: WorkingMemory
-    session_id: str
-    plan: StepPlan | None = field(default=None, repr=False)
+    ``plan`` is the last plan given to :meth:`apply_plan`; it is kept in-process, so keep one
+    ``SessionMemory`` per session to have later writes use the plan's TTLs.
+    """
 
-    def __post_init__(self) -> None:
-        _check_sid(self.session_id)
-        self._prefix = f"wm:{{{self.session_id}}}:"
-        self._r = self.wm._client
-        self._gw = self.wm._gateway
+    __slots__ = ("_gw", "_prefix", "_r", "_sid", "plan", "wm")
+
+    def __init__(self, wm: WorkingMemory, session_id: str) -> None:
+        self._sid = _check_sid(session_id)
+        self.wm = wm
+        self.plan: StepPlan | None = None
+        self._prefix = f"wm:{{{session_id}}}:"
+        self._r = wm._client
+        self._gw = wm._gateway
+
+    @property
+    def session_id(self) -> str:
+        return self._sid
+
+    def __repr__(self) -> str:
+        return f"SessionMemory(session_id={self._sid!r}, url={self.wm.url!r})"
 
     # ---- keys ---------------------------------------------------------------------------
     def key(self, kind: str, ident: str) -> str:

@@ -340,6 +340,8 @@ def test_cross_session_read_impossible(env: _Env) -> None:
     with pytest.raises(ContextError):
         a.load("step", f"{{{b.session_id}}}:step:s1")
     assert not hasattr(a, "get") and not hasattr(env.wm, "get")  # no raw-key read door
+    with pytest.raises(AttributeError):
+        a.session_id = b.session_id  # type: ignore[misc]  # a view never changes session
     assert a.clear() == 1
     assert b.get_step_result("s1").value == {"owner": "B"}  # A's clear left B alone
 

@@ -274,6 +274,14 @@ class SessionState:
             raise ContextError(
                 f"SessionState.current_step must be a non-negative int, got {self.current_step!r}"
             )
+        if self.last_api_result is not None and not isinstance(
+            self.last_api_result, ApiResultPointer
+        ):
+            raise ContextError("SessionState.last_api_result must be an ApiResultPointer or None")
+        if not isinstance(self.trace, tuple) or not all(
+            isinstance(i, TraceItem) for i in self.trace
+        ):
+            raise ContextError("SessionState.trace must be a tuple of TraceItem")
         if len(self.trace) > 2 * TRACE_PAIRS:
             raise ContextError(f"SessionState.trace holds at most {TRACE_PAIRS} pairs")
         if _TRUSTED_BUILD.get():

@@ -20,6 +20,7 @@ from context_core.session import (
     ApiResultPointer,
     AuthContext,
     SessionState,
+    TraceItem,
     bind_session,
     current_session,
     normalize_url,
@@ -108,6 +109,10 @@ def test_outside_replace_is_cleaned_too(state: SessionState) -> None:
     assert "[REDACTED]" in sneaky.user_query
     direct = SessionState("s-2", "u", 0.0, f"token {secret}", gateway=state.gateway)
     assert secret not in direct.user_query
+    with pytest.raises(ContextError, match="TraceItem"):
+        dataclasses.replace(state, trace=("not an item",))
+    forged = TraceItem("tool_call", "t", f'{{"k":"{secret}"}}', 0.0, "c1")
+    assert secret not in dataclasses.replace(state, trace=(forged,)).trace[0].payload
 
 
 # ---- persistence refusal -----------------------------------------------------------------

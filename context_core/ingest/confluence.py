@@ -303,8 +303,9 @@ def table_rows(table: etree._Element) -> list[str]:
     """A table as readable lines.
 
     Header row = the first row whose cells are all ``th``: later rows become
-    "Header: value; Header2: value2". A row starting with a ``th`` in a header-less table is a
-    key/value row ("Key: v1; v2"). Otherwise cells are joined with "; ". Empty cells vanish.
+    "Header: value; Header2: value2". A row whose first cell is a ``th`` is keyed by it:
+    "Key: value" (one more cell) or "Key: Header2: v2; Header3: v3" / "Key: v1; v2" (no
+    header row). Otherwise cells are joined with "; ". Empty cells vanish.
     Nested tables are rendered inside their cell, flattened.
     """
     rows: list[etree._Element] = []
@@ -318,6 +319,7 @@ def table_rows(table: etree._Element) -> list[str]:
         if anc is table:
             rows.append(tr)
     header: list[str] | None = None
+    used: set[int] = set()  # header columns that labelled at least one value
     lines: list[str] = []
     for tr in rows:
         cells = _cells(tr)
@@ -329,12 +331,19 @@ def table_rows(table: etree._Element) -> list[str]:
             continue
         if header is not None:
             pairs = []
-            for i, (_, text) in enumerate(cells):
+            row_key = cells[0][1] if cells[0][0] and len(cells) > 1 else ""
+            rest = cells[1:] if row_key else cells
+            offset = 1 if row_key else 0
+            for i, (_, text) in enumerate(rest, start=offset):
                 if not text:
                     continue
-                name = header[i] if i < len(header) else ""
+                keyed_pair = bool(row_key) and len(rest) == 1
+                name = header[i] if i < len(header) and not keyed_pair else ""
+                used.add(i if name else -1)
                 pairs.append(f"{name}: {text}" if name else text)
             line = "; ".join(pairs)
+            if row_key:  # a row-header table: "Key: value" / "Key: Col: v; Col2: v2"
+                line = f"{row_key}: {line}" if line else row_key
         elif cells[0][0] and len(cells) > 1:
             rest = "; ".join(t for _, t in cells[1:] if t)
             line = f"{cells[0][1]}: {rest}" if rest else cells[0][1]
@@ -342,8 +351,10 @@ def table_rows(table: etree._Element) -> list[str]:
             line = "; ".join(t for _, t in cells if t)
         if line:
             lines.append(line)
-    if header is not None and not lines:
-        lines.append("; ".join(h for h in header if h))  # a header-only table keeps its words
+    if header is not None and (not lines or any(h and i not in used for i, h in enumerate(header))):
+        # some column names never labelled a value (empty columns, header-only table):
+        # keep them as a line of their own so no words of the page are lost
+        lines.insert(0, "; ".join(h for h in header if h))
     return lines
 
 

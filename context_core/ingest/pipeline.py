@@ -231,6 +231,8 @@ def _existing(store: VectorStore, collection: str) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for rec in store.scroll(collection, with_vectors=False, batch=1024):
         p = rec.payload
+        if p.get("merged_from"):  # merged hot answers belong to no export page: never touch
+            continue
         src = str(p.get("source", ""))
         entry = out.setdefault(src, {"idx": {}, "file": p.get("source_file")})
         entry["idx"][int(p.get("chunk_index", -1))] = (

@@ -178,7 +178,7 @@ class ContextRouter:
         namespaces: NamespaceRegistry | None = None,
         registry: IntentRegistry | None = None,
         l3_timeout_ms: float = 100.0,
-        l3_collection: str = "knowledge_main",
+        l3_collection: str | None = None,
         l3_limit: int | None = None,
         l3_workers: int = 4,
     ) -> None:
@@ -191,7 +191,9 @@ class ContextRouter:
         self.namespaces = namespaces
         self.registry = registry or IntentRegistry.builtin()
         self.l3_timeout_ms = float(l3_timeout_ms)
-        self.l3_collection = l3_collection
+        self.l3_collection = l3_collection or getattr(knowledge, "main", "knowledge_main")
+        self.hot_collection: str = getattr(knowledge, "hot", "hot_knowledge")
+        self._model_checked = False
         self.l3_limit = l3_limit
         self._pool = ThreadPoolExecutor(max_workers=l3_workers, thread_name_prefix="ctx-l3")
         self._seen: OrderedDict[str, set[str]] = OrderedDict()
@@ -321,7 +323,9 @@ class ContextRouter:
         l3_frags: list[Fragment] = []
         for hit in outcome.hits:
             label = self.policy.label(hit.score)
-            src = f"L3:{self.l3_collection}:{hit.id}"
+            # KnowledgeMemory merges unexpired hot points in; only they carry expires_at.
+            coll = self.hot_collection if "expires_at" in hit.payload else self.l3_collection
+            src = f"L3:{coll}:{hit.id}"
             hits_trace.append(
                 {
                     "id": hit.id,
@@ -403,20 +407,44 @@ class ContextRouter:
             }
         )
         if required_miss is not None:
+            cause = str(required_miss).partition("; ")[2]
             raise ContextMissError(
                 required_miss.key,
                 f"intent {spec.name!r} requires it (trace {trace_id}); "
-                "run the step that produces it first or re-fetch the data",
+                + (cause or "run the step that produces it first or re-fetch the data"),
             ) from required_miss
         if required_denied is not None:
             raise required_denied
         return bundle
 
     # --- layers -----------------------------------------------------------------------
+    def _check_model(self) -> None:
+        """Once per router: the collection's recorded model must be the encoder's.
+
+        Vectors of the same dimension from another model would search "fine" and return
+        garbage; this turns that into a clear ModelMismatchError (and a degraded route).
+        """
+        if self._model_checked or self.knowledge is None:
+            return
+        from context_core.knowledge.store import check_model
+
+        info = self.knowledge.store.info(self.l3_collection)
+        if info is not None:
+            enc = self.knowledge.encoder
+            check_model(
+                self.l3_collection,
+                recorded_model=info.model,
+                recorded_dim=info.dim,
+                model=enc.name,
+                dim=enc.dim,
+            )
+        self._model_checked = True
+
     def _search(self, query: str, section: str | None) -> _L3Outcome:
         t = time.perf_counter()
         assert self.knowledge is not None
         try:
+            self._check_model()
             hits = self.knowledge.search(
                 query, section=section, limit=self.l3_limit, collection=self.l3_collection
             )

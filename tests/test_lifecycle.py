@@ -1,0 +1,233 @@
+"""Lifecycle events on real Redis (and real Qdrant Edge + MiniLM for goal_achieved)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+from conftest import cleanup_keys
+
+from context_core.config import get_settings
+from context_core.embedding import load_encoder
+from context_core.errors import ContextError, ContractLockedError, UnknownEventError
+from context_core.gateway import Gateway
+from context_core.knowledge.edge import EdgeStore
+from context_core.knowledge.memory import KnowledgeMemory
+from context_core.lifecycle import EFFECTS, LifecycleEvent, LifecycleManager
+from context_core.session import SessionState
+from context_core.working_memory import SessionMemory, WorkingMemory
+
+
+@dataclass
+class Env:
+    mgr: LifecycleManager
+    wm: WorkingMemory
+    client: redis.Redis
+    session_id: str
+
+    def sm(self) -> SessionMemory:
+        return self.wm.session(self.session_id)
+
+    def ttl(self, key: str) -> int:
+        return int(self.client.ttl(key))
+
+
+@pytest.fixture
+def env(redis_url: str, session_id: str) -> Iterator[Env]:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    gw = Gateway()
+    wm = WorkingMemory(client, gw, default_ttl_s=900)
+    mgr = LifecycleManager(wm=wm, client=client, gateway=gw, low_priority_ttl_s=30)
+    yield Env(mgr, wm, client, session_id)
+    cleanup_keys(redis_url, f"wm:{{{session_id}}}:*")
+    client.close()
+
+
+@pytest.fixture
+def knowledge_env(tmp_path: Path) -> Iterator[KnowledgeMemory]:
+    settings = get_settings(data_dir=tmp_path / "ctx")
+    store = EdgeStore(settings.qdrant_dir)
+    km = KnowledgeMemory(store, load_encoder(settings), settings, Gateway())
+    km.ensure_collections()
+    yield km
+    store.close()
+
+
+def _start(env: Env) -> SessionState:
+    return env.mgr.handle(
+        "session_start",
+        None,
+        session_id=env.session_id,
+        user_id="u-1",
+        user_query="Why is PUMP-0042 vibrating? Keep the report under 1 page.",
+        contract={"max_pages": 1},
+        device_id="PUMP-0042",
+    )
+
+
+def _calls(env: Env, state: SessionState, n: int) -> SessionState:
+    for i in range(n):
+        state = env.mgr.handle(
+            "tool_call",
+            state,
+            name="sensor_api",
+            args={"device": "PUMP-0042", "page": i},
+            result={"rms_mm_s": 2.0 + i},
+            call_id=f"c{i}",
+        )
+    return state
+
+
+def test_effects_table_covers_every_event() -> None:
+    assert set(EFFECTS) == set(LifecycleEvent)
+    assert [e.value for e in LifecycleEvent] == [
+        "session_start",
+        "tool_call",
+        "user_correction",
+        "context_overflow",
+        "session_timeout",
+        "goal_achieved",
+        "error_recovery",
+    ]
+
+
+def test_unknown_event_lists_valid_names(env: Env) -> None:
+    state = _start(env)
+    with pytest.raises(UnknownEventError, match="valid events: session_start, tool_call"):
+        env.mgr.handle("session_paused", state)
+    with pytest.raises(ContextError, match="accepted: fields, user_query"):
+        env.mgr.handle("user_correction", state, field={"x": 1})
+    with pytest.raises(ContextError, match="only session_start starts one"):
+        env.mgr.handle("tool_call", None, name="x", args={}, result={})
+
+
+def test_session_start_creates_l1_and_contract_v1(env: Env) -> None:
+    state = _start(env)
+    assert state.session_id == env.session_id
+    assert state.current_step == 0
+    assert state.last_device_id == "PUMP-0042"
+    assert state.device_prefix == "PUMP"
+    c = env.sm().contract()
+    assert c.version == 1
+    assert c.fields == {"goal": state.user_query, "max_pages": 1}
+    assert c.corrected is False
+
+
+def test_tool_call_records_trace_and_stores_response(env: Env) -> None:
+    state = _start(env)
+    res = env.mgr.apply(
+        "tool_call",
+        state,
+        name="sensor_api",
+        args={"device": "PUMP-0042"},
+        result={"rms_mm_s": 4.7, "status": "alarm"},
+        call_id="c1",
+        series={"PUMP-0042.vibration": [(1000.0, 4.1), (1001.0, 4.7)]},
+    )
+    new = res.state
+    assert [(i.kind, i.call_id) for i in new.trace] == [("tool_call", "c1"), ("tool_result", "c1")]
+    assert new.current_step == 1
+    assert new.last_api_result is not None and new.last_api_result.status == "ok"
+    sm = env.sm()
+    assert sm.get_api_response("sensor_api", {"device": "PUMP-0042"}).value == {
+        "rms_mm_s": 4.7,
+        "status": "alarm",
+    }
+    assert res.effects["api_key"] == sm.api_key("sensor_api", {"device": "PUMP-0042"})
+    assert res.effects["step_key"] == sm.key("step", "0")
+    assert sm.get_step_result("0").value == {
+        "rms_mm_s": 4.7,
+        "status": "alarm",
+        "tool": "sensor_api",
+    }
+    assert sm.series("PUMP-0042.vibration") == [(1000.0, 4.1), (1001.0, 4.7)]
+    assert state.trace == ()  # the old snapshot is untouched
+
+
+def test_user_correction_new_corrected_version_and_drops_three_pairs(env: Env) -> None:
+    state = _calls(env, _start(env), 5)
+    assert state.trace_pairs == 5
+    new = env.mgr.handle("user_correction", state, fields={"device": "PUMP-0043"})
+    assert new.trace_pairs == 2
+    assert [i.call_id for i in new.trace if i.kind == "tool_call"] == ["c0", "c1"]
+    c = env.sm().contract()
+    assert c.version == 2
+    assert c.corrected is True
+    assert c.fields["device"] == "PUMP-0043"
+    assert [v.corrected for v in env.sm().contract_history()] == [False, True]
+
+
+def test_context_overflow_trims_trace_and_shortens_low_priority_ttls(env: Env) -> None:
+    state = _calls(env, _start(env), 6)
+    sm = env.sm()
+    sm.add_series_point("PUMP-0042.vibration", 1.0, 2.0)
+    api_key = sm.api_key("sensor_api", {"device": "PUMP-0042", "page": 0})
+    step_key, series_key = sm.key("step", "0"), sm.key("series", "PUMP-0042.vibration")
+    contract_key = sm.key("contract", "current")
+    assert env.ttl(api_key) > 800 and env.ttl(step_key) > 800
+
+    res = env.mgr.apply("context_overflow", state, keep_pairs=2)
+    assert res.state.trace_pairs == 2
+    assert [i.call_id for i in res.state.trace if i.kind == "tool_call"] == ["c4", "c5"]
+    assert api_key in res.effects["shortened"] and series_key in res.effects["shortened"]
+    assert 0 < env.ttl(api_key) <= 30
+    assert 0 < env.ttl(series_key) <= 30
+    assert env.ttl(step_key) > 800  # the session's own work keeps its TTL
+    assert env.ttl(contract_key) > 800
+
+
+def test_session_timeout_clears_l2(env: Env) -> None:
+    state = _calls(env, _start(env), 2)
+    assert list(env.client.scan_iter(match=f"wm:{{{env.session_id}}}:*"))
+    res = env.mgr.apply("session_timeout", state)
+    assert res.effects["deleted"] >= 5  # 2 api + 2 step + contract + history
+    assert res.state is state
+    assert list(env.client.scan_iter(match=f"wm:{{{env.session_id}}}:*")) == []
+
+
+def test_error_recovery_keeps_last_pair_and_locks_contract(env: Env) -> None:
+    state = _calls(env, _start(env), 3)
+    new = env.mgr.handle("error_recovery", state)
+    assert [(i.kind, i.call_id) for i in new.trace] == [("tool_call", "c2"), ("tool_result", "c2")]
+    assert env.sm().contract().locked is True
+    with pytest.raises(ContractLockedError):
+        env.mgr.handle("user_correction", new, fields={"x": 1})
+
+
+def test_goal_achieved_without_answers_expires_l2(env: Env) -> None:
+    state = _calls(env, _start(env), 1)
+    sm = env.sm()
+    sm.add_pending("task-1")  # no TTL until the goal is reached
+    pending_key = sm.key("pending", "tasks")
+    assert env.ttl(pending_key) == -1
+    res = env.mgr.apply("goal_achieved", state, grace_s=20)
+    assert res.effects["hot_ids"] == []
+    assert pending_key in res.effects["expiring"]
+    for key in env.client.scan_iter(match=f"wm:{{{env.session_id}}}:*"):
+        assert 0 < env.ttl(key) <= 20, key
+
+
+def test_goal_achieved_promotes_confirmed_answers_to_hot(env: Env, knowledge_env: object) -> None:
+    from context_core.knowledge.memory import KnowledgeMemory
+
+    assert isinstance(knowledge_env, KnowledgeMemory)
+    mgr = LifecycleManager(wm=env.wm, client=env.client, gateway=Gateway(), knowledge=knowledge_env)
+    state = _calls(env, _start(env), 1)
+    answer = "PUMP bearing wear shows as rising 2x running-speed vibration above 4.5 mm/s."
+    res = mgr.apply(
+        "goal_achieved",
+        state,
+        answers=[{"text": answer, "source": "case-PUMP-0042", "title": "Resolved case"}],
+    )
+    (hot_id,) = res.effects["hot_ids"]
+    settings = knowledge_env.settings
+    (point,) = knowledge_env.store.retrieve(settings.collection_hot, [hot_id])
+    assert point.payload["text"] == answer
+    assert point.payload["confirmed"] is True
+    assert point.payload["section"] == "PUMP"
+    assert point.payload["expires_at"] > time.time() + 71 * 3600
+    assert env.session_id not in str(point.payload)

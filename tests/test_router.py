@@ -1,0 +1,523 @@
+"""ContextRouter on real parts: Redis, Qdrant Edge on a temp dir, the packaged MiniLM model."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from conftest import cleanup_keys
+
+from context_core.confidence import ConfidencePolicy
+from context_core.config import Settings, get_settings
+from context_core.embedding import Encoder, load_encoder
+from context_core.errors import ContextMissError, ModelMismatchError
+from context_core.gateway import Gateway
+from context_core.intents import IntentRegistry, IntentSpec, L2KeySpec, NsKeySpec
+from context_core.knowledge.edge import EdgeStore
+from context_core.knowledge.memory import KnowledgeMemory
+from context_core.knowledge.store import Filter, Hit, PointRecord, point_id
+from context_core.namespaces import Grant, NamespaceRegistry
+from context_core.router import LOW_CONFIDENCE_NOTE, ContextBundle, ContextRouter
+from context_core.session import SessionState
+from context_core.traces import TraceWriter, read_traces, validate_record
+from context_core.working_memory import SessionMemory, WorkingMemory
+
+UPDATED = dt.datetime(2026, 11, 1, 8, 0, tzinfo=dt.UTC)
+
+KNOWLEDGE: list[tuple[str, str, str]] = [
+    (
+        "PUMP",
+        "Pump vibration limits",
+        "Centrifugal pump vibration limits: alarm above 4.5 mm/s RMS, trip above 7.1 mm/s RMS "
+        "measured on the bearing housing.",
+    ),
+    (
+        "PUMP",
+        "Pump maintenance report template",
+        "Pump maintenance report template: summary, measured vibration, probable cause, "
+        "corrective actions, sign-off by the shift engineer.",
+    ),
+    (
+        "PUMP",
+        "Mechanical seal replacement",
+        "To replace a pump mechanical seal, isolate and drain the pump, remove the coupling "
+        "guard, then withdraw the back pull-out assembly.",
+    ),
+    (
+        "FAN",
+        "Fan vibration limits",
+        "Axial fan vibration limits: alarm above 6.3 mm/s RMS; check blade pitch and balance.",
+    ),
+    (
+        "COMP",
+        "Compressor discharge temperature",
+        "Screw compressor trips on high discharge temperature above 110 degrees Celsius.",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory: pytest.TempPathFactory) -> Encoder:
+    return load_encoder(get_settings(data_dir=tmp_path_factory.mktemp("enc")))
+
+
+def _points(encoder: Encoder) -> list[PointRecord]:
+    vecs = encoder.encode([t for _, _, t in KNOWLEDGE])
+    out = []
+    for i, ((section, title, text), vec) in enumerate(zip(KNOWLEDGE, vecs, strict=True)):
+        source = f"page-{i}"
+        out.append(
+            PointRecord(
+                id=point_id(source, 0),
+                vector=vec.tolist(),
+                payload={
+                    "source": source,
+                    "title": title,
+                    "section": section,
+                    "heading_path": [title],
+                    "updated_at": UPDATED.isoformat(),
+                    "updated_at_ts": UPDATED.timestamp(),
+                    "chunk_index": 0,
+                    "content_hash": hashlib.sha256(text.encode()).hexdigest(),
+                    "text": text,
+                    "model": encoder.name,
+                },
+            )
+        )
+    return out
+
+
+class SlowStore:
+    """A real EdgeStore whose search sleeps first: the L3 timeout path, without mocks."""
+
+    def __init__(self, inner: EdgeStore, delay_s: float) -> None:
+        self.inner = inner
+        self.delay_s = delay_s
+
+    def search(
+        self, name: str, vector: Sequence[float], *, limit: int = 3, filter: Filter | None = None
+    ) -> list[Hit]:
+        time.sleep(self.delay_s)
+        return self.inner.search(name, vector, limit=limit, filter=filter)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+
+@dataclass
+class Env:
+    settings: Settings
+    gateway: Gateway
+    client: redis.Redis
+    store: EdgeStore
+    knowledge: KnowledgeMemory
+    tracer: TraceWriter
+    session_id: str
+    redis_url: str
+
+    def router(self, **kw: Any) -> ContextRouter:
+        kw.setdefault("knowledge", self.knowledge)
+        kw.setdefault("policy", ConfidencePolicy())
+        kw.setdefault("l3_timeout_ms", 10_000)  # generous: only the degraded tests time out
+        return ContextRouter(wm=WorkingMemory(self.client, self.gateway), tracer=self.tracer, **kw)
+
+    def state(self, step: int = 2, device: str | None = "PUMP-0042") -> SessionState:
+        s = SessionState.start(
+            self.session_id, "u-1", "Why is the pump vibrating?", gateway=self.gateway
+        )
+        return s.advance(current_step=step, last_device_id=device)
+
+    def sm(self) -> SessionMemory:
+        return WorkingMemory(self.client, self.gateway).session(self.session_id)
+
+    def traces(self) -> list[dict[str, Any]]:
+        return list(read_traces(self.settings.traces_dir))
+
+
+@pytest.fixture
+def env(tmp_path: Path, redis_url: str, session_id: str, encoder: Encoder) -> Iterator[Env]:
+    settings = get_settings(
+        data_dir=tmp_path / "ctx", reports_dir=tmp_path / "reports", redis_url=redis_url
+    )
+    gw = Gateway()
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    store = EdgeStore(settings.qdrant_dir)
+    km = KnowledgeMemory(store, encoder, settings, gw)
+    km.ensure_collections()
+    store.upsert(settings.collection_main, _points(encoder))
+    tracer = TraceWriter(settings.traces_dir, gateway=gw)
+    yield Env(settings, gw, client, store, km, tracer, session_id, redis_url)
+    cleanup_keys(redis_url, f"wm:{{{session_id}}}:*")
+    store.close()
+    client.close()
+
+
+def _pid(i: int) -> str:
+    return point_id(f"page-{i}", 0)
+
+
+def _sources(bundle: ContextBundle, layer: str) -> list[str]:
+    return [f.source for f in bundle.fragments if f.layer == layer]
+
+
+# --- provenance per intent -----------------------------------------------------------------
+
+
+def test_fetch_sensor_data_bundle(env: Env) -> None:
+    sid = env.session_id
+    sm = env.sm()
+    sm.add_series_point("PUMP-0042.vibration", time.time() - 1800, 4.2)
+    sm.update_contract({"goal": "diagnose"}, expected_version=0)
+    with env.router() as router:
+        b = router.route(env.state(), "fetch_sensor_data")
+    assert b.sources == (
+        "L1:session.user_query",
+        "L1:session.current_step",
+        "L1:session.last_device_id",
+        f"L2:wm:{{{sid}}}:series:PUMP-0042.vibration",
+        f"L2:wm:{{{sid}}}:contract:current",
+    )
+    series = b.fragments[3]
+    assert series.content["points"] == 1 and series.content["newest"][1] == 4.2
+    assert 0.45 < series.freshness_hours < 0.55
+    assert (series.relevance, series.confidence, series.label) == (1.0, 1.0, "exact")
+    assert b.fragments[4].content["fields"] == {"goal": "diagnose"}
+    assert not b.degraded and b.by_layer("L3") == ()
+    assert b.context_used["l2"] == [
+        f"wm:{{{sid}}}:series:PUMP-0042.vibration",
+        f"wm:{{{sid}}}:contract:current",
+    ]
+    (rec,) = env.traces()
+    assert rec["l3"] == {"requested": False, "query": "", "hits": [], "used": False, "error": None}
+
+
+def test_call_api_bundle_uses_cached_response(env: Env) -> None:
+    sm = env.sm()
+    params = {"device": "PUMP-0042", "window": "1h"}
+    key = sm.put_api_response("sensors/rms", params, {"rms_mm_s": 4.9})
+    with env.router() as router:
+        state = env.state()
+        state = state.record_tool_call("sensors/rms", params, call_id="c1")
+        state = state.record_tool_result("c1", {"rms_mm_s": 4.9}, status="ok")
+        b = router.route(
+            state, "call_api", params={"endpoint": "sensors/rms", "api_params": params}
+        )
+        b_other = router.route(
+            state, "call_api", params={"endpoint": "sensors/rms", "api_params": {"x": 1}}
+        )
+    assert b.sources == (
+        "L1:session.user_query",
+        "L1:session.current_step",
+        "L1:session.last_api_result",
+        "L1:session.trace",
+        f"L2:{key}",
+    )
+    assert b.fragments[4].content == {"rms_mm_s": 4.9}
+    assert b.fragments[2].content["status"] == "ok"
+    # other params -> other key: an optional miss, traced, no fragment, no error
+    assert _sources(b_other, "L2") == []
+    rec = env.traces()[-1]
+    assert rec["l2"]["missing"] == [
+        sm.api_key("sensors/rms", {"x": 1}),
+        f"wm:{{{env.session_id}}}:contract:current",
+    ]
+
+
+def test_compare_vibration_bundle_with_l3(env: Env) -> None:
+    sid = env.session_id
+    sm = env.sm()
+    sm.add_series_point("PUMP-0042.vibration", time.time(), 5.1)
+    sm.put_step_result("1", {"rms_mm_s": 5.1})
+    with env.router() as router:
+        b = router.route(env.state(), "compare_vibration")
+    assert _sources(b, "L1") == [
+        "L1:session.user_query",
+        "L1:session.current_step",
+        "L1:session.last_device_id",
+    ]
+    assert _sources(b, "L2") == [
+        f"L2:wm:{{{sid}}}:series:PUMP-0042.vibration",
+        f"L2:wm:{{{sid}}}:step:1",
+    ]
+    l3 = b.by_layer("L3")
+    assert l3, "the pump vibration-limits chunk should come back"
+    assert l3[0].source == f"L3:knowledge_main:{_pid(0)}"
+    assert all(f.source.startswith("L3:knowledge_main:") for f in l3)
+    (rec,) = env.traces()
+    assert rec["l3"]["query"] == "PUMP vibration limits alarm threshold: Why is the pump vibrating?"
+    assert {h["section"] for h in rec["l3"]["hits"]} == {"PUMP"}  # default section filter
+
+
+def test_generate_report_bundle_exact_provenance(env: Env) -> None:
+    sid = env.session_id
+    sm = env.sm()
+    sm.put_step_result("1", {"finding": "bearing wear", "rms_mm_s": 5.1})
+    text = KNOWLEDGE[1][2]
+    with env.router() as router:
+        b = router.route(env.state(), "generate_report", params={"query": text})
+    assert b.sources[:4] == (
+        "L1:session.user_query",
+        "L1:session.current_step",
+        "L1:session.last_device_id",
+        f"L2:wm:{{{sid}}}:step:1",
+    )
+    top = b.by_layer("L3")[0]
+    # The stored text itself: cosine ~1.0 (a distance convention would give ~0 here).
+    assert top.source == f"L3:knowledge_main:{_pid(1)}"
+    assert top.confidence > 0.99 and top.label == "confident" and top.note == ""
+    assert top.content["title"] == "Pump maintenance report template"
+    expected_age = (time.time() - UPDATED.timestamp()) / 3600
+    assert abs(top.freshness_hours - expected_age) < 0.01
+    assert b.context_used["l1"] == ["user_query", "current_step", "last_device_id"]
+    assert b.context_used["l2"] == [f"wm:{{{sid}}}:step:1"]
+    assert b.context_used["l3"][0] == _pid(1)
+    assert set(b.timings_ms) == {"l1", "l2", "l3", "total"}
+    assert b.timings_ms["total"] >= b.timings_ms["l3"] > 0
+    (rec,) = env.traces()
+    validate_record(rec)
+    assert rec["trace_id"] == b.trace_id
+    assert rec["intent"] == "generate_report" and rec["step"] == 2
+    assert rec["l2"] == {
+        "requested": [f"wm:{{{sid}}}:step:1", f"wm:{{{sid}}}:contract:current"],
+        "found": [f"wm:{{{sid}}}:step:1"],
+        "missing": [f"wm:{{{sid}}}:contract:current"],
+        "expired": [],
+    }
+    assert rec["fragments"] == [
+        {"layer": f.layer, "source": f.source, "confidence": f.confidence, "label": f.label}
+        for f in b.fragments
+    ]
+    assert rec["l3"]["used"] is True and rec["l3"]["error"] is None
+
+
+def test_unknown_intent_uses_default(env: Env) -> None:
+    with env.router() as router:
+        b = router.route(env.state(), "summarise_shift_log")
+    assert b.intent == "summarise_shift_log" and b.resolved_intent == "default"
+    assert _sources(b, "L2") == []
+    assert _sources(b, "L1") == [
+        "L1:session.user_query",
+        "L1:session.current_step",
+        "L1:session.last_device_id",
+    ]
+    assert env.traces()[0]["intent"] == "summarise_shift_log"
+
+
+def test_section_filter_override(env: Env) -> None:
+    with env.router() as router:
+        b = router.route(
+            env.state(), "default", params={"section": "FAN", "query": KNOWLEDGE[3][2]}
+        )
+    assert [f.source for f in b.by_layer("L3")] == [f"L3:knowledge_main:{_pid(3)}"]
+    assert {h["section"] for h in env.traces()[0]["l3"]["hits"]} == {"FAN"}
+
+
+# --- thresholds ------------------------------------------------------------------------------
+
+
+def test_threshold_edges_on_real_scores(env: Env) -> None:
+    query = KNOWLEDGE[0][2]
+    hits = env.knowledge.search(query, section="PUMP", limit=3)
+    assert len(hits) == 3
+    s0, s1, s2 = (h.score for h in hits)
+    assert s0 > s1 > s2
+    # accept == a real score exactly -> confident; skip == a real score -> low_confidence.
+    policy = ConfidencePolicy(accept=s1, skip=s2, source="test")
+    with env.router(policy=policy) as router:
+        b = router.route(env.state(), "default", params={"query": query})
+    l3 = b.by_layer("L3")
+    assert [(f.source, f.label) for f in l3] == [
+        (f"L3:knowledge_main:{hits[0].id}", "confident"),
+        (f"L3:knowledge_main:{hits[1].id}", "confident"),
+        (f"L3:knowledge_main:{hits[2].id}", "low_confidence"),
+    ]
+    assert l3[2].note == LOW_CONFIDENCE_NOTE
+    assert b.context_used["l3"] == [hits[0].id, hits[1].id]
+    assert b.context_used["l3_reference"] == [hits[2].id]
+
+
+def test_just_below_skip_is_dropped(env: Env) -> None:
+    query = KNOWLEDGE[0][2]
+    hits = env.knowledge.search(query, section="PUMP", limit=3)
+    policy = ConfidencePolicy(accept=hits[0].score, skip=hits[1].score + 1e-6, source="test")
+    with env.router(policy=policy) as router:
+        b = router.route(env.state(), "default", params={"query": query})
+    assert [f.label for f in b.by_layer("L3")] == ["confident"]
+    labels = [h["label"] for h in env.traces()[0]["l3"]["hits"]]
+    assert labels == ["confident", "below_skip", "below_skip"]
+
+
+def test_all_hits_below_skip_leave_l3_out(env: Env) -> None:
+    policy = ConfidencePolicy(accept=0.99, skip=0.98, source="test")
+    with env.router(policy=policy) as router:
+        b = router.route(env.state(), "default", params={"query": "quarterly sales figures"})
+    assert b.by_layer("L3") == ()
+    assert not b.degraded
+    assert b.context_used["l3"] == [] and b.context_used["l3_reference"] == []
+    rec = env.traces()[0]
+    assert rec["l3"]["used"] is False
+    assert rec["l3"]["hits"] and {h["label"] for h in rec["l3"]["hits"]} == {"below_skip"}
+
+
+def test_thresholds_file_changes_router_labels(env: Env) -> None:
+    query = "how much vibration is too much for a pump"
+    hits = env.knowledge.search(query, section="PUMP", limit=3)
+    assert hits[0].score < 0.99
+    with env.router() as router:
+        before = router.route(env.state(), "default", params={"query": query})
+    path = env.settings.resolved_thresholds_path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"accept": hits[0].score + 0.001, "skip": hits[1].score, "method": "test"}
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    policy = ConfidencePolicy.load(env.settings)
+    assert policy.source == str(path)
+    with env.router(policy=policy) as router:
+        after = router.route(env.state(), "default", params={"query": query})
+    default = ConfidencePolicy()
+    assert [f.label for f in before.by_layer("L3")] == [
+        default.label(h.score) for h in hits if default.label(h.score) != "below_skip"
+    ]
+    assert [f.label for f in after.by_layer("L3")] == ["low_confidence", "low_confidence"]
+
+
+# --- degraded paths ---------------------------------------------------------------------------
+
+
+def test_slow_store_degrades_to_l1_l2(env: Env) -> None:
+    sid = env.session_id
+    env.sm().put_step_result("1", {"finding": "bearing wear"})
+    slow = KnowledgeMemory(
+        SlowStore(env.store, 0.3), env.knowledge.encoder, env.settings, env.gateway
+    )
+    with env.router(knowledge=slow, l3_timeout_ms=100) as router:
+        b = router.route(env.state(), "generate_report")
+    assert b.degraded is True
+    assert b.by_layer("L3") == ()
+    assert _sources(b, "L2") == [f"L2:wm:{{{sid}}}:step:1"]
+    assert len(b.by_layer("L1")) == 3
+    assert b.timings_ms["total"] < 300  # the route did not wait for the slow search
+    rec = env.traces()[0]
+    assert rec["degraded"] is True
+    assert rec["l3"]["error"] == "timeout after 100 ms"
+    assert rec["l3"]["hits"] == [] and rec["l3"]["used"] is False
+
+
+def test_model_mismatch_surfaces_clearly(env: Env, tmp_path: Path) -> None:
+    # Same dimension, other model: a search would "work" and return garbage; the router
+    # refuses it with a message naming both models, and degrades to L1+L2.
+    settings = get_settings(data_dir=tmp_path / "other", redis_url=env.redis_url)
+    store = EdgeStore(settings.qdrant_dir)
+    store.create_collection(settings.collection_main, dim=384, model="e5-small-other")
+    km = KnowledgeMemory(store, env.knowledge.encoder, settings, env.gateway)
+    with pytest.raises(ModelMismatchError, match="e5-small-other"):
+        km.ensure_collections()
+    with env.router(knowledge=km) as router:
+        b = router.route(env.state(), "default")
+    store.close()
+    assert b.degraded is True
+    assert b.by_layer("L3") == () and len(b.by_layer("L1")) == 3
+    error = env.traces()[0]["l3"]["error"]
+    assert error.startswith("ModelMismatchError:")
+    assert "'e5-small-other'" in error and "CTX_EMBED_MODEL=e5-small-other" in error
+    assert "'minilm'" in error
+
+
+# --- L2 misses --------------------------------------------------------------------------------
+
+
+def test_required_miss_raises_after_trace(env: Env) -> None:
+    sid = env.session_id
+    with env.router() as router, pytest.raises(ContextMissError) as exc:
+        router.route(env.state(), "generate_report")
+    assert exc.value.key == f"wm:{{{sid}}}:step:1"
+    assert "requires it" in str(exc.value)
+    (rec,) = env.traces()
+    validate_record(rec)
+    assert rec["l2"]["missing"] == [f"wm:{{{sid}}}:step:1", f"wm:{{{sid}}}:contract:current"]
+    assert rec["l2"]["found"] == []
+    assert rec["l3"]["used"] is False
+
+
+def test_required_template_value_missing(env: Env) -> None:
+    # compare_vibration needs a device for its series key; none in L1, none in params.
+    with env.router() as router, pytest.raises(ContextMissError, match="needs 'device'"):
+        router.route(env.state(device=None), "compare_vibration")
+
+
+def test_expired_key_is_traced_as_expired(env: Env) -> None:
+    sid = env.session_id
+    env.sm().put_step_result("1", {"finding": "x"}, ttl_s=1)
+    with env.router() as router:
+        router.route(env.state(), "generate_report")
+        time.sleep(1.3)
+        with pytest.raises(ContextMissError):
+            router.route(env.state(), "generate_report")
+    first, second = env.traces()
+    assert first["l2"]["expired"] == []
+    assert second["l2"]["expired"] == [f"wm:{{{sid}}}:step:1"]
+
+
+# --- shared namespaces ------------------------------------------------------------------------
+
+
+def test_namespaces_merge_and_denial(env: Env) -> None:
+    ns_name = f"fleet-{uuid.uuid4().hex[:8]}"
+    reg = NamespaceRegistry(
+        env.client, env.gateway, audit_path=env.settings.data_dir / "audit" / "access.jsonl"
+    )
+    reg.create(
+        ns_name,
+        ttl_s=300,
+        acl={
+            "diag": Grant(frozenset({"diagnostics"}), write=True),
+            "intern": Grant(frozenset({"training"})),
+        },
+    )
+    reg.write(ns_name, "baseline:PUMP", {"rms_mm_s": 2.2}, agent_id="diag", purpose="diagnostics")
+    registry = IntentRegistry.builtin()
+    registry.register(
+        IntentSpec(
+            name="fleet_check",
+            l2_keys=(L2KeySpec("step", "{prev_step}"),),
+            namespaces=(NsKeySpec(ns_name, "baseline:{device_prefix}", "diagnostics"),),
+        )
+    )
+    try:
+        with env.router(namespaces=reg, registry=registry) as router:
+            ok = router.route(env.state(), "fleet_check", agent_id="diag")
+            denied = router.route(env.state(), "fleet_check", agent_id="intern")
+    finally:
+        cleanup_keys(env.redis_url, f"ns:{{{ns_name}}}:*")
+    (ns_frag,) = ok.by_layer("NS")
+    assert ns_frag.source == f"NS:ns:{{{ns_name}}}:kv:baseline:PUMP"
+    assert ns_frag.content == {"rms_mm_s": 2.2}
+    assert ok.context_used["ns"] == [f"ns:{{{ns_name}}}:kv:baseline:PUMP"]
+    assert denied.by_layer("NS") == ()
+    rec_ok, rec_denied = env.traces()
+    ref = f"{ns_name}/baseline:PUMP"
+    assert rec_ok["ns"] == {"requested": [ref], "found": [ref], "denied": []}
+    assert rec_denied["ns"] == {"requested": [ref], "found": [], "denied": [ref]}
+    audit = (env.settings.data_dir / "audit" / "access.jsonl").read_text().splitlines()
+    assert json.loads(audit[-1])["agent_id"] == "intern"
+
+
+def test_every_route_writes_one_valid_record(env: Env) -> None:
+    env.sm().put_step_result("1", {"finding": "x"})
+    with env.router() as router:
+        bundles = [
+            router.route(env.state(), intent)
+            for intent in ("fetch_sensor_data", "call_api", "generate_report", "default")
+        ]
+    recs = env.traces()
+    assert [r["trace_id"] for r in recs] == [b.trace_id for b in bundles]
+    for r in recs:
+        validate_record(r)

@@ -1,7 +1,310 @@
-"""`ctx eval ...` commands."""
+"""`ctx eval ...`: threshold calibration, annotation sheets, CER and the context-health report.
+
+Every command is a thin shell over :mod:`evaluation` (usable from a notebook the same way).
+"""
 
 from __future__ import annotations
 
+import datetime as dt
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
 
-app = typer.Typer(no_args_is_help=True)
+from context_core.errors import ContextError
+
+app = typer.Typer(
+    no_args_is_help=True,
+    help="Threshold calibration, annotation candidates, CER and health reports.",
+)
+
+_ACCEPT_HELP = (
+    "How to pick ACCEPT: 'youden' (max TPR-FPR) or 'precision' (lowest threshold reaching "
+    "--target-precision)."
+)
+_SKIP_HELP = "How to pick SKIP: 'recall' (highest threshold keeping --target-recall of relevant)."
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    return typer.Exit(code=1)
+
+
+def _settings() -> Any:
+    from context_core.config import get_settings
+
+    return get_settings()
+
+
+def _print_result(run_result: Any, paths: dict[str, Path], *, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    r = run_result
+    table = Table(title=title)
+    for col in ("", "value", f"{r.ci['auc'].level:.0%} CI"):
+        table.add_column(col, justify="right" if col else "left")
+    for name, value in (("accept", r.accept), ("skip", r.skip), ("AUC", r.auc)):
+        ci = r.ci[name.lower()]
+        table.add_row(name, f"{value:.4f}", f"{ci.low:.4f} – {ci.high:.4f}")
+    table.add_row("hits", f"{r.n} ({r.n_pos} relevant)", "")
+    console = Console()
+    console.print(table)
+    for adj in r.adjustments:
+        console.print(f"[yellow]note:[/] {adj}")
+    for name, path in paths.items():
+        console.print(f"{name:>18}: {path}")
+
+
+@app.command()
+def calibrate(
+    labels: Annotated[
+        Path,
+        typer.Argument(
+            help="Labels CSV/JSONL: query_id,query,point_id,similarity,label[,annotator]",
+            show_default=False,
+        ),
+    ],
+    accept_criterion: Annotated[str, typer.Option(help=_ACCEPT_HELP)] = "youden",
+    target_precision: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.9,
+    skip_criterion: Annotated[str, typer.Option(help=_SKIP_HELP)] = "recall",
+    target_recall: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.95,
+    n_boot: Annotated[int, typer.Option(min=0, help="Bootstrap resamples for CIs.")] = 1000,
+    seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
+    min_rows: Annotated[int, typer.Option(min=1, help="Refuse files with fewer rows.")] = 20,
+    model: Annotated[str | None, typer.Option(help="Model name for provenance.")] = None,
+    collection: Annotated[str | None, typer.Option(help="Collection for provenance.")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="thresholds.json to write [default: the one the router reads]."),
+    ] = None,
+) -> None:
+    """Fit ACCEPT/SKIP on a labels file and write thresholds.json plus a report.
+
+    The labels pass a Great Expectations suite first; a bad file stops here naming its rows.
+    """
+    from evaluation.calibration import (
+        Provenance,
+        compare_with_current,
+        write_thresholds,
+    )
+    from evaluation.calibration import calibrate as fit
+    from evaluation.labels import load_labels
+    from evaluation.report import write_calibration_report
+
+    settings = _settings()
+    try:
+        from context_core.confidence import ConfidencePolicy
+
+        current = ConfidencePolicy.load(settings)
+        ls = load_labels(labels, min_rows=min_rows)
+        result = fit(
+            ls.scores, ls.labels, accept_criterion=accept_criterion,
+            skip_criterion=skip_criterion, target_precision=target_precision,
+            target_recall=target_recall, n_boot=n_boot, seed=seed,
+        )  # fmt: skip
+        prov = Provenance(
+            model=model or settings.embed_model,
+            collection=collection or settings.collection_main,
+            labels_sha256=ls.sha256,
+            labels_path=str(labels),
+        ).filled()
+        target = write_thresholds(result, out or settings.resolved_thresholds_path, prov)
+        change = compare_with_current(result, ls, current.accept, current.skip)
+        paths = write_calibration_report(
+            result, settings.reports_dir, provenance=prov, change=change,
+            thresholds_path=target,
+        )  # fmt: skip
+    except ContextError as e:
+        raise _fail(str(e)) from e
+    _print_result(result, {"thresholds": target, **paths}, title=f"calibration of {labels}")
+
+
+@app.command("calibrate-beir")
+def calibrate_beir_cmd(
+    directory: Annotated[
+        Path,
+        typer.Argument(
+            help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv",
+            show_default=False,
+        ),
+    ],
+    k: Annotated[int, typer.Option(min=1, max=100, help="Hits retrieved per query.")] = 10,
+    model: Annotated[str, typer.Option(help="Embedding model (minilm offline, bge-m3).")] = (
+        "minilm"
+    ),
+    limit_queries: Annotated[
+        int | None, typer.Option(min=1, help="Use only the first N judged queries.")
+    ] = None,
+    limit_docs: Annotated[
+        int | None,
+        typer.Option(min=1, help="Cap the corpus (judged docs kept, distractors trimmed)."),
+    ] = None,
+    split: Annotated[str, typer.Option(help="qrels/<split>.tsv to read.")] = "test",
+    accept_criterion: Annotated[str, typer.Option(help=_ACCEPT_HELP)] = "youden",
+    target_precision: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.9,
+    skip_criterion: Annotated[str, typer.Option(help=_SKIP_HELP)] = "recall",
+    target_recall: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.95,
+    n_boot: Annotated[int, typer.Option(min=0)] = 1000,
+    seed: Annotated[int, typer.Option()] = 0,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Where to write thresholds [default: reports/thresholds_<name>.json]."),
+    ] = None,
+    install: Annotated[
+        bool, typer.Option(help="Also overwrite the thresholds.json the router reads.")
+    ] = False,
+    progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
+) -> None:
+    """Calibrate on human relevance judgements from a BEIR-layout dataset.
+
+    The corpus is embedded into a scratch Qdrant Edge collection (deleted afterwards), every
+    judged query retrieves its top-k, each hit is labelled from the qrels (score > 0 =
+    relevant), and the labels go through the usual validation and calibration.
+    """
+    from evaluation.beir import calibrate_beir
+
+    settings = _settings()
+    try:
+        run = calibrate_beir(
+            directory, settings, k=k, model=model, limit_queries=limit_queries,
+            limit_docs=limit_docs, split=split, out=out, install=install, progress=progress,
+            accept_criterion=accept_criterion, skip_criterion=skip_criterion,
+            target_precision=target_precision, target_recall=target_recall, n_boot=n_boot,
+            seed=seed,
+        )  # fmt: skip
+    except ContextError as e:
+        raise _fail(str(e)) from e
+    s = run.stats
+    paths = {"thresholds": run.thresholds_path, **run.report}
+    if run.installed_path:
+        paths["installed"] = run.installed_path
+    _print_result(
+        run.result,
+        paths,
+        title=f"{run.dataset}: {s.n_queries} queries x top-{s.k}, {run.n_docs} docs "
+        f"({run.model}); recall@{s.k} {s.recall_at_k:.3f}, MRR {s.mrr_at_k:.3f}",
+    )
+
+
+@app.command("export-candidates")
+def export_candidates_cmd(
+    queries: Annotated[
+        Path,
+        typer.Argument(
+            help="JSONL of queries: {query_id, query} (or BEIR {_id, text}).",
+            show_default=False,
+        ),
+    ],
+    k: Annotated[int, typer.Option(min=1, max=100, help="Hits per query.")] = 10,
+    out: Annotated[Path, typer.Option(help="CSV to write.")] = Path("candidates.csv"),
+    collection: Annotated[
+        str | None, typer.Option(help="Collection [default: CTX_COLLECTION_MAIN].")
+    ] = None,
+) -> None:
+    """Write the top-k hits per query as a CSV with an empty 'label' column to annotate.
+
+    Fill 'label' with 1 (relevant) or 0, then run `ctx eval calibrate <file>`.
+    """
+    from context_core.embedding import load_encoder
+    from context_core.knowledge.store import open_store
+    from evaluation.labels import export_candidates, read_queries, write_candidates_csv
+
+    settings = _settings()
+    name = collection or settings.collection_main
+    try:
+        qs = read_queries(queries)
+        encoder = load_encoder(settings)
+        store = open_store(settings)
+        try:
+            if store.info(name) is None:
+                raise _fail(f"collection {name!r} does not exist; run `ctx ingest` first")
+
+            def search(text: str, limit: int) -> Any:
+                return store.search(name, encoder.encode_query(text).tolist(), limit=limit)
+
+            rows = export_candidates(qs, search, k=k)
+        finally:
+            store.close()
+        path = write_candidates_csv(rows, out)
+    except ContextError as e:
+        raise _fail(str(e)) from e
+    typer.echo(f"{len(rows)} candidates for {len(qs)} queries written to {path}")
+
+
+def _date(value: str | None) -> dt.date | None:
+    if value is None:
+        return None
+    try:
+        return dt.date.fromisoformat(value)
+    except ValueError as e:
+        raise typer.BadParameter(f"{value!r} is not a YYYY-MM-DD date") from e
+
+
+@app.command()
+def cer(
+    since: Annotated[str | None, typer.Option(help="First day (YYYY-MM-DD), inclusive.")] = None,
+    until: Annotated[str | None, typer.Option(help="Last day (YYYY-MM-DD), inclusive.")] = None,
+    rules: Annotated[
+        Path | None,
+        typer.Option(help='JSON rules: [{"name", "pattern", "intents"?, "require_in_context"?}]'),
+    ] = None,
+    show: Annotated[int, typer.Option(min=0, help="Failing steps to print.")] = 10,
+) -> None:
+    """Context Effectiveness Rate from the trace files: loaded AND used / all steps.
+
+    Writes reports/cer_report.{md,json} and cer_per_intent.png; prints why steps failed.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from context_core.confidence import ConfidencePolicy
+    from evaluation.cer import DEFAULT_RULES, compute_cer, load_rules
+    from evaluation.report import write_cer_report
+
+    settings = _settings()
+    try:
+        policy = ConfidencePolicy.load(settings)
+        rule_set = load_rules(rules) if rules else DEFAULT_RULES
+        report = compute_cer(
+            settings.traces_dir, accept=policy.accept, since=_date(since), until=_date(until),
+            rules=rule_set,
+        )  # fmt: skip
+        paths = write_cer_report(report, settings.reports_dir, accept=policy.accept)
+    except ContextError as e:
+        raise _fail(str(e)) from e
+    console = Console()
+    table = Table(title=f"CER from {settings.traces_dir} (accept {policy.accept:.3f})")
+    for col in ("slice", "steps", "loaded", "used", "CER"):
+        table.add_column(col, justify="left" if col == "slice" else "right")
+    rows = [("all", report.overall)] + [(f"intent {k}", v) for k, v in report.by_intent.items()]
+    rows += [(f"week {k}", v) for k, v in report.by_week.items()]
+    for name, r in rows:
+        cer_txt = f"{r.cer:.1%}" if r.n_steps else "n/a"
+        table.add_row(name, str(r.n_steps), str(r.n_loaded), str(r.n_used), cer_txt)
+    console.print(table)
+    for v in report.failures[:show]:
+        console.print(f"[red]{v.trace_id[:12]}[/] {v.intent} step {v.step}: {'; '.join(v.reasons)}")
+    for name, path in paths.items():
+        console.print(f"{name:>10}: {path}")
+
+
+@app.command()
+def health(
+    day: Annotated[
+        str | None, typer.Option(help="Report day (YYYY-MM-DD) [default: today, UTC].")
+    ] = None,
+) -> None:
+    """Write reports/context_health_report.md (+ PNGs, JSON): L1, L2, L3, CER.
+
+    Re-running on the same day replaces that day's record in the history (idempotent).
+    """
+    from evaluation.health import run_health_report
+
+    settings = _settings()
+    try:
+        paths = run_health_report(settings, day=_date(day))
+    except ContextError as e:
+        raise _fail(str(e)) from e
+    for name, path in paths.items():
+        typer.echo(f"{name:>12}: {path}")

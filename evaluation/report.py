@@ -1,0 +1,239 @@
+"""Report writing: markdown + PNG + JSON from already-computed results.
+
+Writers take results (never raw data to compute from), draw through :mod:`evaluation.plots`
+and write files atomically into ``reports_dir``. Markdown links the PNGs by relative path so
+the folder can be moved or published as is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from evaluation.calibration import CalibrationResult, LabelChange, Provenance, label_score
+
+if TYPE_CHECKING:
+    from evaluation.cer import CerReport
+
+__all__ = [
+    "cer_markdown",
+    "write_calibration_report",
+    "write_cer_report",
+    "write_json",
+    "write_text",
+]
+
+CRITERIA_TEXT = {
+    "youden": "highest Youden J = TPR - FPR on the ROC curve (ties: highest threshold)",
+    "precision": "lowest threshold whose precision reaches {target_precision:.0%}",
+    "recall": "highest threshold keeping at least {target_recall:.0%} of relevant hits above it",
+}
+
+
+def write_text(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def write_json(path: Path, doc: Any) -> Path:
+    return write_text(path, json.dumps(doc, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def _f(x: float | None, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return f"{x:.{digits}f}"
+
+
+def _pct(x: float | None) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return f"{x:.1%}"
+
+
+def _band_shares(result: CalibrationResult) -> dict[str, dict[str, float]]:
+    counts: dict[str, dict[str, float]] = {}
+    for cls_name, cls in (("relevant", 1), ("irrelevant", 0)):
+        scores = result.scores[result.labels == cls]
+        labels = [label_score(float(s), result.accept, result.skip) for s in scores]
+        counts[cls_name] = {
+            b: (labels.count(b) / len(labels) if labels else float("nan"))
+            for b in ("confident", "low_confidence", "below_skip")
+        }
+    return counts
+
+
+def write_calibration_report(
+    result: CalibrationResult,
+    reports_dir: Path,
+    *,
+    provenance: Provenance,
+    change: LabelChange | None = None,
+    name: str = "calibration",
+    title: str = "Threshold calibration",
+    thresholds_path: Path | None = None,
+) -> dict[str, Path]:
+    """Write ``<name>_report.md``, ``<name>_report.json`` and three PNGs; return their paths."""
+    from evaluation.plots import save_calibration_plots
+
+    reports_dir = Path(reports_dir)
+    prov = provenance.filled()
+    pngs = save_calibration_plots(result, reports_dir, prefix=name)
+    p_acc, r_acc = result.precision_recall_at(result.accept)
+    p_skip, r_skip = result.precision_recall_at(result.skip)
+    bands = _band_shares(result)
+    ci = result.ci
+    fmt = {"target_precision": result.target_precision, "target_recall": result.target_recall}
+
+    lines = [
+        f"# {title}",
+        "",
+        f"_{prov.date} · model `{prov.model}` · collection `{prov.collection}` · "
+        f"labels `{prov.labels_path}` (sha256 `{prov.labels_sha256[:12]}…`) · "
+        f"context-platform {prov.tool_version}_",
+        "",
+        f"| | value | {ci['auc'].level:.0%} bootstrap CI |",
+        "|---|---:|---:|",
+        f"| **accept** | **{_f(result.accept)}** | {_f(ci['accept'].low)} – "
+        f"{_f(ci['accept'].high)} |",
+        f"| **skip** | **{_f(result.skip)}** | {_f(ci['skip'].low)} – {_f(ci['skip'].high)} |",
+        f"| ROC AUC | {_f(result.auc)} | {_f(ci['auc'].low)} – {_f(ci['auc'].high)} |",
+        "",
+        f"{result.n} labelled hits: {result.n_pos} relevant, {result.n_neg} irrelevant; "
+        f"bootstrap {result.n_boot} resamples, seed {result.seed}.",
+        "",
+        "## How the thresholds were chosen",
+        "",
+        f"- **accept** (`{result.accept_criterion}`): "
+        + CRITERIA_TEXT[result.accept_criterion].format(**fmt)
+        + f". At it: precision {_pct(p_acc)}, recall {_pct(r_acc)}.",
+        f"- **skip** (`{result.skip_criterion}`): "
+        + CRITERIA_TEXT[result.skip_criterion].format(**fmt)
+        + f". At it: precision {_pct(p_skip)}, recall {_pct(r_skip)}.",
+        "- skip is never above accept: if the skip criterion lands above accept, skip is "
+        "lowered to accept (recall can only rise), leaving no low-confidence band.",
+    ]
+    lines += [f"- adjustment: {a}" for a in result.adjustments]
+    lines += [
+        "",
+        "## What the router will do with these hits",
+        "",
+        "| class | confident | low confidence | below skip |",
+        "|---|---:|---:|---:|",
+    ]
+    for cls_name, shares in bands.items():
+        lines.append(
+            f"| {cls_name} | {_pct(shares['confident'])} | {_pct(shares['low_confidence'])} "
+            f"| {_pct(shares['below_skip'])} |"
+        )
+    if change is not None:
+        lines += [
+            "",
+            f"## Compared with the thresholds in force (accept {_f(change.current_accept)}, "
+            f"skip {_f(change.current_skip)})",
+            "",
+            f"{_pct(change.changed_share)} of hits would change label "
+            f"(relevant {_pct(change.changed_share_relevant)}, "
+            f"irrelevant {_pct(change.changed_share_irrelevant)}).",
+            "",
+        ]
+        if change.transitions:
+            lines += ["| change | hits |", "|---|---:|"]
+            lines += [f"| {k} | {v} |" for k, v in change.transitions.items()]
+    if thresholds_path is not None:
+        lines += ["", f"Thresholds written to `{thresholds_path}`."]
+    lines += [
+        "",
+        "## Plots",
+        "",
+        f"![ROC]({pngs['roc'].name})",
+        "",
+        f"![precision and recall vs threshold]({pngs['precision_recall'].name})",
+        "",
+        f"![score histograms]({pngs['score_histograms'].name})",
+        "",
+    ]
+    md = write_text(reports_dir / f"{name}_report.md", "\n".join(lines))
+    doc = result.summary()
+    doc["provenance"] = asdict(prov)
+    doc["operating_points"] = {
+        "accept": {"precision": p_acc, "recall": r_acc},
+        "skip": {"precision": p_skip, "recall": r_skip},
+    }
+    doc["bands"] = bands
+    if change is not None:
+        doc["change_vs_current"] = asdict(change)
+    js = write_json(reports_dir / f"{name}_report.json", _json_safe(doc))
+    return {"markdown": md, "json": js, **pngs}
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def cer_markdown(
+    report: CerReport, *, accept: float, png_name: str | None, top: int = 10
+) -> list[str]:
+    """The CER section shared by the CER report and the health report."""
+    o = report.overall
+    lines = [
+        f"Steps routed: {o.n_steps}; context loaded: {o.n_loaded}; used: {o.n_used}; "
+        f"**CER {_pct(o.cer if o.n_steps else None)}** (accept threshold {accept:.3f}).",
+        "",
+    ]
+    if report.week_over_week:
+        lines += ["| ISO week | steps | CER | change vs previous week |", "|---|---:|---:|---:|"]
+        for w in report.week_over_week:
+            change = "–" if w.change is None else f"{w.change * 100:+.1f} pp"
+            lines.append(
+                f"| {w.week} | {report.by_week[w.week].n_steps} | {_pct(w.cer)} | {change} |"
+            )
+        lines.append("")
+    if report.by_intent:
+        lines += ["| intent | steps | loaded | used | CER |", "|---|---:|---:|---:|---:|"]
+        for intent, r in report.by_intent.items():
+            lines.append(f"| {intent} | {r.n_steps} | {r.n_loaded} | {r.n_used} | {_pct(r.cer)} |")
+        lines.append("")
+    if report.failure_reasons:
+        lines.append(
+            "Why steps failed: "
+            + ", ".join(f"`{k}` × {v}" for k, v in report.failure_reasons.items())
+            + "."
+        )
+        lines.append("")
+        lines += ["| trace | intent | step | reasons |", "|---|---|---:|---|"]
+        for v in report.failures[:top]:
+            reasons = "; ".join(v.reasons).replace("|", "\\|")
+            lines.append(f"| `{v.trace_id[:12]}` | {v.intent} | {v.step} | {reasons} |")
+        lines.append("")
+    if png_name:
+        lines += [f"![CER per intent]({png_name})", ""]
+    return lines
+
+
+def write_cer_report(report: CerReport, reports_dir: Path, *, accept: float) -> dict[str, Path]:
+    """``cer_report.md`` + ``cer_report.json`` + ``cer_per_intent.png``."""
+    from evaluation.plots import save_cer_plot
+
+    reports_dir = Path(reports_dir)
+    png = save_cer_plot(report, reports_dir / "cer_per_intent.png")
+    lines = ["# Context effectiveness rate", ""]
+    lines += cer_markdown(report, accept=accept, png_name=png.name)
+    md = write_text(reports_dir / "cer_report.md", "\n".join(lines))
+    doc = report.to_dict()
+    doc["accept"] = accept
+    js = write_json(reports_dir / "cer_report.json", _json_safe(doc))
+    return {"markdown": md, "json": js, "png": png}

@@ -274,14 +274,21 @@ class Gateway:
         stripped = text.strip()
         if (
             len(stripped) >= 2
-            and stripped[0] in "{["
-            and stripped[-1] in "}]"
+            and stripped[0] in '{["'
+            and stripped[-1] in '}]"'
             and depth < _MAX_DEPTH
         ):
             try:
                 parsed = json.loads(stripped)
             except ValueError:
                 parsed = None
+            if isinstance(parsed, str):  # a JSON-encoded string: clean what it decodes to
+                sub_text: list[Finding] = []
+                cleaned_text = self._clean_str(parsed, path, sub_text, depth + 1)
+                if not sub_text:
+                    return text
+                findings.extend(sub_text)
+                return json.dumps(cleaned_text, ensure_ascii=False)
             if isinstance(parsed, dict | list):
                 sub: list[Finding] = []
                 cleaned = self._walk(parsed, path, sub, depth + 1)

@@ -129,10 +129,16 @@ _PROVIDER_RX = re.compile(
 )
 # key=value / key: value / "key": "value" in free text (and in JSON carried as a string).
 # The key must *start* at a non-key char (lookbehind), which keeps matching linear.
+_ASSIGN_KEYWORDS = (
+    r"pass|pwd|secret|token|api[\-_.]?key|private[\-_.]?key|access[\-_.]?key|auth|credential"
+    r"|cookie|jwt|otp|密码|口令|密钥|令牌|凭证"
+)
 _ASSIGN_RX = re.compile(
-    r"""(?<![\w.\-])(?P<k>[\w.\-]*?(?:pass|pwd|secret|token|api[\-_.]?key|private[\-_.]?key|access[\-_.]?key|auth|credential|cookie|jwt|otp|密码|口令|密钥|令牌|凭证)[\w.\-]*)"""
-    r"""(?P<kq>\\?["']?)(?P<sep>\s*[:=：]\s*)"""
-    r"""(?P<v>\\"(?:[^"\\]|\\(?!"))*\\"|"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'"""
+    rf"""(?<![\w.\-])(?P<k>[\w.\-]*?(?:{_ASSIGN_KEYWORDS})[\w.\-]*)"""
+    r"""(?P<kq>\\*["']?)(?P<sep>\s*[:=：]\s*)(?P<v>"""
+    # a quoted value, also when escaped once or more (JSON inside JSON inside a log line)
+    r"""(?P<eq>\\+["'])(?:(?!(?P=eq))[^\n])*(?P=eq)"""
+    r"""|"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'"""
     r"""|\{[^{}]*\}|\[[^\[\]]*\]"""  # one level of {...} / [...] (Python reprs in log lines)
     r"""|(?:(?:bearer|basic|token|digest)\s+)?[^\s"',;&<>(){}\[\]]+)""",
     re.IGNORECASE,
@@ -246,8 +252,9 @@ def _assign(m: re.Match[str]) -> _Hit:
         if low.startswith(word):
             scheme, v = v[: len(word)], v[len(word) :].lstrip()
             break
-    if v.startswith('\\"'):
-        q_open, q_close, inner = '\\"', '\\"', v[2:-2]
+    eq = m.group("eq")
+    if eq and not scheme:
+        q_open, q_close, inner = eq, eq, v[len(eq) : -len(eq)]
     elif v[:1] in "\"'{[":
         q_open, q_close, inner = v[0], _CLOSERS.get(v[0], v[0]), v[1:-1]
     else:
@@ -291,7 +298,7 @@ def _has_digit(text: str, lower: str) -> bool:
     return _DIGIT_RX.search(text) is not None
 
 
-_PROVIDER_MARKS = ("k_live_", "k_test_", "AKIA", "ASIA", "gh", "xox")
+_PROVIDER_MARKS = ("k_live_", "k_test_", "AKIA", "ASIA", "gh", "github_pat_", "xox")
 
 # Order matters: whole-credential shapes first (a PEM block or JWT may contain "key=" text),
 # then key=value assignments, then PII (an ID number is checked before it can look like a card).

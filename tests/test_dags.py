@@ -6,6 +6,9 @@ fixture): Airflow freezes its configuration at import time.
 
 from __future__ import annotations
 
+import json
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -38,3 +41,60 @@ def test_every_dag_has_tags_retries_and_schedule(parsed: dict) -> None:
 def test_our_schedules(parsed: dict) -> None:
     assert "0 2 * * 0" in parsed["dags"]["knowledge_refresh"]["schedule"]
     assert "0 3 * * *" in parsed["dags"]["hot_knowledge_merge"]["schedule"]
+
+
+@pytest.mark.slow
+def test_knowledge_refresh_runs_end_to_end(airflow_home: AirflowHome, tmp_path: Path) -> None:
+    from context_core.knowledge.edge import EdgeStore
+
+    data, reports = tmp_path / "ctx", tmp_path / "reports"
+    out = airflow_home.run(
+        "knowledge_refresh",
+        extra_env={"CTX_DATA_DIR": str(data), "CTX_REPORTS_DIR": str(reports)},
+    )
+    assert out["run"]["state"] == "success", out["run"]
+    assert out["run"]["tasks"] == {
+        "plan": "success",
+        "embed_upsert": "success",
+        "report": "success",
+    }
+    summary = json.loads((reports / "ingest_summary.json").read_text())
+    assert summary["chunks_written"] > 0 and summary["pages_new"] > 0
+    assert list((data / "staging").glob("*.json")) == []  # the staged plan was consumed
+    with EdgeStore(data / "qdrant") as store:
+        assert store.count("knowledge_main") == summary["chunks_written"]
+        sections = {r.payload["section"] for r in store.scroll("knowledge_main")}
+    assert {"PUMP", "FAN", "COMP"} <= sections
+
+
+@pytest.mark.slow
+def test_hot_knowledge_merge_runs_end_to_end(airflow_home: AirflowHome, tmp_path: Path) -> None:
+    from context_core.config import get_settings
+    from context_core.embedding import load_encoder
+    from context_core.gateway import Gateway
+    from context_core.ingest.hot import on_fallback
+    from context_core.knowledge.edge import EdgeStore
+    from context_core.knowledge.memory import KnowledgeMemory
+
+    cfg = get_settings(data_dir=tmp_path / "ctx", reports_dir=tmp_path / "reports")
+    with EdgeStore(cfg.qdrant_dir) as store:
+        enc = load_encoder(cfg)
+        km = KnowledgeMemory(store, enc, cfg, Gateway.from_settings(cfg))
+        on_fallback("PUMP-0042 coupling torque?", "45 Nm crosswise.", "confirmed", knowledge=km)
+        on_fallback("Is COMP-0003 oil synthetic?", "Yes, ISO VG 68.", None, knowledge=km)
+        stale = KnowledgeMemory(
+            store, enc, cfg, Gateway.from_settings(cfg), clock=lambda: time.time() - 80 * 3600
+        )
+        on_fallback("FAN-0001 belt interval?", "6 months.", "confirmed", knowledge=stale)
+        assert store.count(cfg.collection_hot) == 3
+
+    out = airflow_home.run(
+        "hot_knowledge_merge",
+        extra_env={"CTX_DATA_DIR": str(cfg.data_dir), "CTX_REPORTS_DIR": str(cfg.reports_dir)},
+    )
+    assert out["run"]["state"] == "success", out["run"]
+    assert set(out["run"]["tasks"].values()) == {"success"}
+    with EdgeStore(cfg.qdrant_dir) as store:
+        assert store.count(cfg.collection_hot) == 1  # the unconfirmed answer waits
+        (merged,) = list(store.scroll(cfg.collection_main))
+        assert "45 Nm" in merged.payload["text"]

@@ -149,6 +149,15 @@ class RunPlan:
         per_step = REQUESTS_PER_STEP + REQUESTS_PER_SESSION / self.steps_per_session
         return per_step * self.user_step_rate
 
+    def user_step_rate_at(self, run_t: float) -> float:
+        """Steps/s each user holds at ``run_t`` so ``users x rate`` meets the target exactly
+        (the user count is rounded up, so each user runs a little below its maximum)."""
+        n = self.users(run_t)
+        if n == 0:
+            return self.user_step_rate
+        per_step = REQUESTS_PER_STEP + REQUESTS_PER_SESSION / self.steps_per_session
+        return self.target_rps(run_t) / (n * per_step)
+
     def profile_time(self, run_t: float) -> float:
         return run_t * self.time_scale
 

@@ -63,6 +63,8 @@ def test_short_plan_compresses_a_day_into_two_minutes() -> None:
     assert p.target_rps(0.0) == pytest.approx(10.0)
     assert p.users(0.0) == 2
     assert p.tick(0.0) == (2, 2.0)
+    # 2 users x 1.25 steps/s x 4 requests/step = the 10 req/s target, not 16
+    assert p.user_step_rate_at(0.0) == pytest.approx(1.25)
     assert p.tick(119.9) == (2, 2.0)
     assert p.tick(120.0) is None
 

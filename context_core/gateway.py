@@ -28,6 +28,7 @@ The rules (which keys, which patterns, how each PII kind is masked, and why) liv
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -41,7 +42,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from context_core.redaction import REDACTED, is_secret_key, mask_mobile, redact_text
+from context_core.redaction import (
+    KNOWN_CLEAN,
+    REDACTED,
+    is_secret_key,
+    mask_mobile,
+    redact_text,
+)
 
 if TYPE_CHECKING:
     from context_core.config import Settings
@@ -99,13 +106,35 @@ class AuditRecord:
 # Paths
 # --------------------------------------------------------------------------------------------
 
+# A path is built as a chain of (parent, segment) tuples and rendered to text only when
+# something is found: most values are clean, so most paths are never formatted.
+# Segments: str = mapping key, int = sequence index, None = set member.
+_Path = tuple[Any, str | int | None] | str
+_ROOT: _Path = "$"
 _PLAIN_KEY_RX = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*\Z")
 
 
-def _child_path(path: str, key: object) -> str:
-    if isinstance(key, str) and _PLAIN_KEY_RX.match(key):
-        return f"{path}.{key}"
-    return f"{path}[{json.dumps(str(key), ensure_ascii=False)}]"
+@functools.lru_cache(maxsize=4096)
+def _key_segment(key: str) -> str:
+    if _PLAIN_KEY_RX.match(key):
+        return f".{key}"
+    return f"[{json.dumps(key, ensure_ascii=False)}]"
+
+
+def _render(path: _Path) -> str:
+    segments: list[str | int | None] = []
+    while isinstance(path, tuple):
+        path, seg = path
+        segments.append(seg)
+    parts = [path]
+    for seg in reversed(segments):
+        if isinstance(seg, str):
+            parts.append(_key_segment(seg))
+        elif seg is None:
+            parts.append("[*]")
+        else:
+            parts.append(f"[{seg}]")
+    return "".join(parts)
 
 
 # --------------------------------------------------------------------------------------------
@@ -153,7 +182,7 @@ class Gateway:
     def clean(self, value: T, *, where: str) -> T:
         """Return a cleaned deep copy of ``value``; the input is never mutated."""
         findings: list[Finding] = []
-        out = self._walk(value, "$", findings, 0)
+        out = self._walk(value, _ROOT, findings, 0)
         if findings:
             self._audit(where, findings)
         return out
@@ -161,7 +190,7 @@ class Gateway:
     def clean_text(self, text: str, *, where: str) -> str:
         """Clean one free-text string (a log line, a user query, a trace payload)."""
         findings: list[Finding] = []
-        out = self._clean_str(text, "$", findings, 0)
+        out = self._clean_str(text, _ROOT, findings, 0)
         if findings:
             self._audit(where, findings)
         return out
@@ -172,7 +201,7 @@ class Gateway:
         The size is that of the *cleaned* payload (what would be stored), compact separators.
         """
         findings: list[Finding] = []
-        out = self._walk(payload, "$", findings, 0)
+        out = self._walk(payload, _ROOT, findings, 0)
         encoded = json.dumps(out, ensure_ascii=False, separators=(",", ":"), default=str).encode(
             "utf-8"
         )
@@ -193,36 +222,59 @@ class Gateway:
 
     # -- walking ------------------------------------------------------------------------------
 
-    def _walk(self, value: Any, path: str, findings: list[Finding], depth: int) -> Any:
+    def _walk(self, value: Any, path: _Path, findings: list[Finding], depth: int) -> Any:
+        t = type(value)  # exact-type dispatch first: this runs once per value of every write
+        if t is str:
+            return self._clean_str(value, path, findings, depth)
+        if t is float or t is bool or value is None:
+            return value
+        if t is int:
+            return self._scan_int(value, path, findings)
+        if t is dict:
+            return self._walk_mapping(value, path, findings, depth)
+        if t is list and depth <= _MAX_DEPTH:
+            return [self._walk(v, (path, i), findings, depth + 1) for i, v in enumerate(value)]
+        return self._walk_other(value, path, findings, depth)
+
+    def _walk_mapping(
+        self, value: Mapping[Any, Any], path: _Path, findings: list[Finding], depth: int
+    ) -> Any:
+        if depth > _MAX_DEPTH:
+            raise ValueError(f"gateway: {_render(path)} is nested deeper than {_MAX_DEPTH} levels")
+        out: dict[Any, Any] = {}
+        for k, v in value.items():
+            if isinstance(k, str):
+                ck = k if k in KNOWN_CLEAN else self._scan(k, (path, k), findings)
+                cpath: _Path = (path, ck)
+                if is_secret_key(k):
+                    out[ck] = self._redact_tree(v, cpath, findings, depth + 1)
+                    continue
+            else:
+                ck, cpath = k, (path, str(k))
+            out[ck] = self._walk(v, cpath, findings, depth + 1)
+        return out if type(value) is dict else _rebuild_mapping(value, out)
+
+    def _walk_other(self, value: Any, path: _Path, findings: list[Finding], depth: int) -> Any:
+        """Subclasses and the rarer containers (tuple, set, bytes, Mapping types)."""
         if isinstance(value, str):
             return self._clean_str(value, path, findings, depth)
-        if value is None or isinstance(value, bool | float):
+        if isinstance(value, bool | float):
             return value
         if isinstance(value, int):
             return self._scan_int(value, path, findings)
         if depth > _MAX_DEPTH:
-            raise ValueError(f"gateway: {path} is nested deeper than {_MAX_DEPTH} levels")
+            raise ValueError(f"gateway: {_render(path)} is nested deeper than {_MAX_DEPTH} levels")
         if isinstance(value, Mapping):
-            out: dict[Any, Any] = {}
-            for k, v in value.items():
-                ck = self._scan(k, _child_path(path, k), findings) if isinstance(k, str) else k
-                cpath = _child_path(path, ck)
-                if isinstance(k, str) and is_secret_key(k):
-                    out[ck] = self._redact_tree(v, cpath, findings, depth + 1)
-                else:
-                    out[ck] = self._walk(v, cpath, findings, depth + 1)
-            return _rebuild_mapping(value, out)
+            return self._walk_mapping(value, path, findings, depth)
         if isinstance(value, list | tuple):
-            items = [
-                self._walk(v, f"{path}[{i}]", findings, depth + 1) for i, v in enumerate(value)
-            ]
+            items = [self._walk(v, (path, i), findings, depth + 1) for i, v in enumerate(value)]
             if isinstance(value, list):
                 return items
             if hasattr(value, "_fields"):  # namedtuple
                 return type(value)(*items)
             return tuple(items)
         if isinstance(value, set | frozenset):
-            cleaned = {self._walk(v, f"{path}[*]", findings, depth + 1) for v in value}
+            cleaned = {self._walk(v, (path, None), findings, depth + 1) for v in value}
             return type(value)(cleaned)
         if isinstance(value, bytes | bytearray):
             try:
@@ -233,33 +285,32 @@ class Gateway:
             return value if cleaned_text == text else type(value)(cleaned_text.encode("utf-8"))
         return value
 
-    def _redact_tree(self, value: Any, path: str, findings: list[Finding], depth: int) -> Any:
+    def _redact_tree(self, value: Any, path: _Path, findings: list[Finding], depth: int) -> Any:
         """Everything under a secret key goes; structure (keys, list lengths) is kept."""
         if value is None or isinstance(value, bool):
             return value
         if isinstance(value, str | bytes) and not value:
             return value
         if depth > _MAX_DEPTH:
-            raise ValueError(f"gateway: {path} is nested deeper than {_MAX_DEPTH} levels")
+            raise ValueError(f"gateway: {_render(path)} is nested deeper than {_MAX_DEPTH} levels")
         if isinstance(value, Mapping):
             out = {
-                k: self._redact_tree(v, _child_path(path, k), findings, depth + 1)
+                k: self._redact_tree(v, (path, str(k)), findings, depth + 1)
                 for k, v in value.items()
             }
             return _rebuild_mapping(value, out)
         if isinstance(value, list | tuple | set | frozenset):
             items = [
-                self._redact_tree(v, f"{path}[{i}]", findings, depth + 1)
-                for i, v in enumerate(value)
+                self._redact_tree(v, (path, i), findings, depth + 1) for i, v in enumerate(value)
             ]
             return items if isinstance(value, list) else tuple(items)
         if isinstance(value, str) and value == REDACTED:
             return value
         raw = value if isinstance(value, str) else repr(value)
-        findings.append(Finding(path, "secret_key", self._hash(raw)))
+        findings.append(Finding(_render(path), "secret_key", self._hash(raw)))
         return REDACTED
 
-    def _scan_int(self, value: int, path: str, findings: list[Finding]) -> Any:
+    def _scan_int(self, value: int, path: _Path, findings: list[Finding]) -> Any:
         if -(10**10) < value < 10**10:
             return value
         text = str(value)
@@ -268,9 +319,11 @@ class Gateway:
 
     # -- text scanning ------------------------------------------------------------------------
 
-    def _clean_str(self, text: str, path: str, findings: list[Finding], depth: int) -> str:
+    def _clean_str(self, text: str, path: _Path, findings: list[Finding], depth: int) -> str:
         """A string holding a JSON object/array is cleaned structurally (so secret keys with
         nested values are caught), and re-encoded only when something was removed."""
+        if len(text) < 2 or not (text[0] in '{["' or text[0].isspace()):
+            return self._scan(text, path, findings)
         stripped = text.strip()
         if (
             len(stripped) >= 2
@@ -300,11 +353,14 @@ class Gateway:
                 return json.dumps(cleaned, ensure_ascii=False, separators=seps)
         return self._scan(text, path, findings)
 
-    def _scan(self, text: str, path: str, findings: list[Finding]) -> str:
-        def note(kind: str, raw: str) -> None:
-            findings.append(Finding(path, kind, self._hash(raw)))
-
-        return redact_text(text, note)
+    def _scan(self, text: str, path: _Path, findings: list[Finding]) -> str:
+        if len(text) < 6 or text in KNOWN_CLEAN:
+            return text
+        cleaned, hits = redact_text(text)
+        if hits:
+            where = _render(path)
+            findings.extend(Finding(where, kind, self._hash(raw)) for kind, raw in hits)
+        return cleaned
 
     # -- audit --------------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ import functools
 import re
 from collections.abc import Callable
 
-__all__ = ["REDACTED", "is_secret_key", "mask_mobile", "redact_text"]
+__all__ = ["KNOWN_CLEAN", "REDACTED", "Hits", "is_secret_key", "mask_mobile", "redact_text"]
 
 REDACTED = "[REDACTED]"
 
@@ -145,10 +145,12 @@ _ASSIGN_RX = re.compile(
 )
 
 _ID_RX = re.compile(r"(?<![0-9A-Za-z])([1-9][0-9]{5})([0-9]{8})([0-9]{3}[0-9Xx])(?![0-9A-Za-z])")
-_CARD_RX = re.compile(r"(?<![0-9])[2-69][0-9](?:[ \-]?[0-9]){11,17}(?![0-9])")
+# Digit runs glued to ASCII letters are parts of hex hashes and ids (content_hash,
+# data_sha256), not phone or card numbers: masking them would corrupt the hash.
+_CARD_RX = re.compile(r"(?<![0-9A-Za-z])[2-69][0-9](?:[ \-]?[0-9]){11,17}(?![0-9A-Za-z])")
 _PHONE_RX = re.compile(
-    r"(?<![0-9])(?P<cc>(?:\+|00)?86[ \-]?)?(?P<a>1[3-9][0-9])[ \-]?(?P<b>[0-9]{4})[ \-]?"
-    r"(?P<c>[0-9]{4})(?![0-9])"
+    r"(?<![0-9A-Za-z])(?P<cc>(?:\+|00)?86[ \-]?)?(?P<a>1[3-9][0-9])[ \-]?(?P<b>[0-9]{4})"
+    r"[ \-]?(?P<c>[0-9]{4})(?![0-9A-Za-z])"
 )
 _EMAIL_RX = re.compile(
     r"(?<![A-Za-z0-9._%+\-])([A-Za-z0-9])[A-Za-z0-9._%+\-]*@([A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)+)"
@@ -157,10 +159,6 @@ _DIGIT_RX = re.compile(r"[0-9]")
 _ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
 _ID_CHECK = "10X98765432"
 # Cheap substring gates: a rule's regex only runs when its marker is present.
-_ASSIGN_MARKERS = ("=", ":", "：")
-_ASSIGN_WORDS = _words(
-    "pass pwd secret token key auth credential cookie jwt otp 密码 口令 密钥 令牌 凭证"
-)
 
 
 _CLOSERS = {"{": "}", "[": "]"}
@@ -294,55 +292,77 @@ def _email(m: re.Match[str]) -> _Hit:
     return f"{m.group(1)}***@{m.group(2)}", "pii_email", m.group(0)
 
 
-def _has_digit(text: str, lower: str) -> bool:
-    return _DIGIT_RX.search(text) is not None
+_LONG_DIGITS_RX = re.compile(r"[0-9](?:[ \-]?[0-9]){10}")  # 11+ digits: phone, card, ID
+_ASSIGN_GATE_RX = re.compile(_ASSIGN_KEYWORDS, re.IGNORECASE)
+# Short strings seen clean before (keys, enum values, status words) skip the rules entirely.
+# Only strings with no finding are remembered, so no secret is ever kept here.
+KNOWN_CLEAN: dict[str, None] = {}
+_KNOWN_CLEAN_MAX_LEN = 64
+_KNOWN_CLEAN_MAX_ITEMS = 8192
+
+Hits = list[tuple[str, str]]
 
 
-_PROVIDER_MARKS = ("k_live_", "k_test_", "AKIA", "ASIA", "gh", "github_pat_", "xox")
-
-# Order matters: whole-credential shapes first (a PEM block or JWT may contain "key=" text),
-# then key=value assignments, then PII (an ID number is checked before it can look like a card).
-_RULES: tuple[tuple[Callable[[str, str], bool], re.Pattern[str], _Handler], ...] = (
-    (lambda t, low: "-----BEGIN" in t, _PEM_RX, _whole),
-    (lambda t, low: "://" in t, _URL_CRED_RX, _url_cred),
-    (lambda t, low: "bearer" in low, _BEARER_RX, _bearer),
-    (lambda t, low: "Basic" in t, _BASIC_RX, _basic),
-    (lambda t, low: "eyJ" in t, _JWT_RX, _whole),
-    (lambda t, low: any(mk in t for mk in _PROVIDER_MARKS), _PROVIDER_RX, _whole),
-    (
-        lambda t, low: (
-            any(s in t for s in _ASSIGN_MARKERS) and any(w in low for w in _ASSIGN_WORDS)
-        ),
-        _ASSIGN_RX,
-        _assign,
-    ),
-    (_has_digit, _ID_RX, _prc_id),
-    (_has_digit, _CARD_RX, _card),
-    (_has_digit, _PHONE_RX, _phone),
-    (lambda t, low: "@" in t, _EMAIL_RX, _email),
-)
-
-
-def redact_text(text: str, note: Callable[[str, str], None]) -> str:
-    """Apply every value rule to one string; ``note(kind, original)`` is called per removal.
-
-    A rule's regex runs only when its cheap gate (a marker substring) is present, so the
-    common case, a short string with no digits and no markers, costs a few ``in`` tests.
-    """
-    if len(text) < 6:
+def _apply(text: str, rx: re.Pattern[str], handle: _Handler, hits: Hits) -> str:
+    if rx.search(text) is None:  # the common case: no match, no closure, no copy
         return text
+
+    def sub(m: re.Match[str]) -> str:
+        hit = handle(m)
+        if hit is None:
+            return m.group(0)
+        replacement, kind, raw = hit
+        hits.append((kind, raw))
+        return replacement
+
+    return rx.sub(sub, text)
+
+
+def redact_text(text: str) -> tuple[str, Hits]:
+    """Apply every value rule to one string; return the cleaned text and (kind, original) hits.
+
+    Order matters: whole-credential shapes first (a PEM block or JWT may contain ``key=`` text),
+    then key=value assignments, then PII (an ID number is checked before it can look like a
+    card). Each rule runs only behind a cheap gate (a marker substring), so the common case, a
+    short string with no digits and no markers, costs a few ``in`` tests.
+    """
+    hits: Hits = []
+    if len(text) < 6:
+        return text, hits
+    short = len(text) <= _KNOWN_CLEAN_MAX_LEN
+    if short and text in KNOWN_CLEAN:
+        return text, hits
     lower = text.lower()
-    for gate, rx, handle in _RULES:
-        if not gate(text, lower):
-            continue
-
-        def sub(m: re.Match[str], handle: _Handler = handle) -> str:
-            hit = handle(m)
-            if hit is None:
-                return m.group(0)
-            replacement, kind, raw = hit
-            note(kind, raw)
-            return replacement
-
-        text = rx.sub(sub, text)
-    return text
+    if "-----BEGIN" in text:
+        text = _apply(text, _PEM_RX, _whole, hits)
+    if "://" in text:
+        text = _apply(text, _URL_CRED_RX, _url_cred, hits)
+    if "bearer" in lower:
+        text = _apply(text, _BEARER_RX, _bearer, hits)
+    if "Basic" in text:
+        text = _apply(text, _BASIC_RX, _basic, hits)
+    if "eyJ" in text:
+        text = _apply(text, _JWT_RX, _whole, hits)
+    if (
+        "gh" in text
+        or "xox" in text
+        or "k_live_" in text
+        or "k_test_" in text
+        or "AKIA" in text
+        or "ASIA" in text
+        or "github_pat_" in text
+    ):
+        text = _apply(text, _PROVIDER_RX, _whole, hits)
+    if ("=" in text or ":" in text or "：" in text) and _ASSIGN_GATE_RX.search(lower):
+        text = _apply(text, _ASSIGN_RX, _assign, hits)
+    if _LONG_DIGITS_RX.search(text):
+        text = _apply(text, _ID_RX, _prc_id, hits)
+        text = _apply(text, _CARD_RX, _card, hits)
+        text = _apply(text, _PHONE_RX, _phone, hits)
+    if "@" in text:
+        text = _apply(text, _EMAIL_RX, _email, hits)
+    if short and not hits:
+        if len(KNOWN_CLEAN) >= _KNOWN_CLEAN_MAX_ITEMS:
+            KNOWN_CLEAN.clear()
+        KNOWN_CLEAN[text] = None
+    return text, hits

@@ -817,3 +817,44 @@ def test_json_string_literals_and_multiply_escaped_values() -> None:
     out2 = g.clean_text(text, where="t")
     assert "Qx7-deep" not in out2
     assert out2.endswith(" tail")
+
+
+def test_hex_hashes_with_digit_runs_are_not_pii() -> None:
+    import hashlib
+
+    digest = "ab13812341234cd" + hashlib.sha256(b"x").hexdigest()[:40] + "e4111111111111111f"
+    data = {"content_hash": digest, "data_sha256": digest.upper()}
+    assert gw().clean(data, where="t") == data
+
+
+def test_nesting_limit_is_a_clear_error() -> None:
+    deep: Any = "x"
+    for _ in range(250):
+        deep = [deep]
+    with pytest.raises(ValueError, match="nested deeper than 200"):
+        gw().clean(deep, where="t")
+    ok: Any = {"password": "p1"}
+    for _ in range(150):
+        ok = {"a": ok}
+    out = gw().clean(ok, where="t")
+    for _ in range(150):
+        out = out["a"]
+    assert out == {"password": REDACTED}
+
+
+def test_container_types_kept() -> None:
+    from collections import OrderedDict, namedtuple
+
+    Pair = namedtuple("Pair", "left right")
+    data = {
+        "od": OrderedDict([("token", "t1"), ("n", 1)]),
+        "nt": Pair("13812341234", "x"),
+        "fs": frozenset({"13812341234"}),
+        "b": b"password=hunter2x",
+    }
+    out = gw().clean(data, where="t")
+    assert isinstance(out["od"], OrderedDict)
+    assert out["od"] == OrderedDict([("token", REDACTED), ("n", 1)])
+    assert out["nt"] == Pair("138****1234", "x")
+    assert out["fs"] == frozenset({"138****1234"})
+    assert out["b"] == f"password={REDACTED}".encode()

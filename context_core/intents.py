@@ -28,6 +28,11 @@ the previous step's findings). A required miss raises ``ContextMissError`` after
 written. Everything merely helpful (a cached API response that can be re-fetched, the task
 contract, shared baselines) is **optional**: a miss is traced and the route goes on.
 
+L3 sections: ``l3_sections`` lists section filters (templates); one search per section with the
+same query embedding, hits merged by score. A template that fills to "" means "no filter".
+``generate_report`` searches the device's section *and* ``Report Templates`` (where the
+export keeps the report template, outside any device area).
+
 Unknown intents use the ``default`` spec (user query + L1 + a general L3 search), so a new step
 type degrades to "generic context" instead of failing the agent; the trace still records the
 intent name the agent asked for, so unknown intents show up in the health report.
@@ -113,6 +118,7 @@ class IntentSpec:
     l2_keys: tuple[L2KeySpec, ...] = ()
     l3: bool = False
     l3_query: str = "{user_query}"
+    l3_sections: tuple[str, ...] = ("{device_prefix}",)
     namespaces: tuple[NsKeySpec, ...] = ()
     description: str = ""
 
@@ -157,7 +163,7 @@ BUILTIN_INTENTS: tuple[IntentSpec, ...] = (
             L2KeySpec("step", "{prev_step}"),
         ),
         l3=True,
-        l3_query="{device_prefix} vibration limits alarm threshold: {user_query}",
+        l3_query="{device_prefix} vibration limits and assessment",
         namespaces=(NsKeySpec("fleet", "baseline:{device_prefix}", "diagnostics"),),
     ),
     IntentSpec(
@@ -169,7 +175,8 @@ BUILTIN_INTENTS: tuple[IntentSpec, ...] = (
             L2KeySpec("contract", "current"),
         ),
         l3=True,
-        l3_query="{device_prefix} maintenance report: {user_query}",
+        l3_query="maintenance work report template {device_prefix}",
+        l3_sections=("{device_prefix}", "Report Templates"),
         namespaces=(NsKeySpec("fleet", "baseline:{device_prefix}", "reporting"),),
     ),
     IntentSpec(
@@ -212,6 +219,7 @@ class IntentRegistry:
                     l2_keys=tuple(tuple(k) for k in raw.get("l2_keys", ())),  # type: ignore[misc]
                     l3=bool(raw.get("l3", False)),
                     l3_query=str(raw.get("l3_query", "{user_query}")),
+                    l3_sections=tuple(raw.get("l3_sections", ("{device_prefix}",))),
                     namespaces=tuple(tuple(n) for n in raw.get("namespaces", ())),  # type: ignore[misc]
                     description=str(raw.get("description", "")),
                 )

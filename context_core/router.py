@@ -68,6 +68,7 @@ log = logging.getLogger(__name__)
 
 LOW_CONFIDENCE_NOTE = "for reference; real-time data wins"
 Layer = Literal["L1", "L2", "L3", "NS"]
+_SERIES_IN_BUNDLE = 60  # newest points handed to the agent; the count says how many exist
 _SEEN_SESSIONS = 4096  # sessions whose found keys we remember to tell "expired" from "never"
 
 
@@ -251,7 +252,6 @@ class ContextRouter:
         params = dict(params or {})
         spec = self.registry.get(step_intent)
         values = self._values(state, params)
-        section = values["device_prefix"]
         trace_id = new_trace_id()
 
         # 1. L3 starts first so it overlaps the Redis round trips.
@@ -259,7 +259,8 @@ class ContextRouter:
         query = self._l3_query(spec, values, params) if spec.l3 else ""
         future: Future[_L3Outcome] | None = None
         if l3_wanted:
-            future = self._pool.submit(self._search, query, section)
+            sections = self._sections(spec, values)
+            future = self._pool.submit(self._search, query, sections)
         l3_submitted = time.perf_counter()
 
         # 2. L1
@@ -440,18 +441,35 @@ class ContextRouter:
             )
         self._model_checked = True
 
-    def _search(self, query: str, section: str | None) -> _L3Outcome:
+    @staticmethod
+    def _sections(spec: IntentSpec, values: Mapping[str, Any]) -> list[str | None]:
+        out: list[str | None] = []
+        for tpl in spec.l3_sections or ("",):
+            lenient = {n: values.get(n) or "" for n in template_fields(tpl)}
+            sec = tpl.format_map(lenient).strip() or None
+            if sec not in out:
+                out.append(sec)
+        return out
+
+    def _search(self, query: str, sections: list[str | None]) -> _L3Outcome:
+        """Embed once, search each section, merge by score (ids de-duplicated)."""
         t = time.perf_counter()
         assert self.knowledge is not None
         try:
             self._check_model()
-            hits = self.knowledge.search(
-                query, section=section, limit=self.l3_limit, collection=self.l3_collection
-            )
+            vector = self.knowledge.encoder.encode_query(query)
+            best: dict[str, Hit] = {}
+            for section in sections:
+                for hit in self.knowledge.search_vector(
+                    vector, section=section, limit=self.l3_limit, collection=self.l3_collection
+                ):
+                    if hit.id not in best or hit.score > best[hit.id].score:
+                        best[hit.id] = hit
         except Exception as e:  # any L3 failure degrades; it never fails the route
             log.warning("L3 search failed: %s: %s", type(e).__name__, e)
             return _L3Outcome(error=f"{type(e).__name__}: {e}", ms=(time.perf_counter() - t) * 1e3)
-        return _L3Outcome(hits=list(hits), ms=(time.perf_counter() - t) * 1000.0)
+        hits = sorted(best.values(), key=lambda h: h.score, reverse=True)
+        return _L3Outcome(hits=hits, ms=(time.perf_counter() - t) * 1000.0)
 
     @staticmethod
     def _l1(
@@ -514,7 +532,11 @@ class ContextRouter:
                 points = sm.series(ident)
                 if not points:
                     raise ContextMissError(key)
-                content = {"points": len(points), "newest": points[-1], "series": points}
+                content = {
+                    "points": len(points),
+                    "newest": points[-1],
+                    "series": points[-_SERIES_IN_BUNDLE:],
+                }
                 stored_at = points[-1][0]
             else:  # contract
                 contract = sm.contract()

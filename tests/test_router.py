@@ -62,6 +62,12 @@ KNOWLEDGE: list[tuple[str, str, str]] = [
         "Compressor discharge temperature",
         "Screw compressor trips on high discharge temperature above 110 degrees Celsius.",
     ),
+    (
+        "Report Templates",
+        "Maintenance work report template",
+        "Maintenance work report template: equipment id, findings, root cause, actions taken, "
+        "parts used, sign-off.",
+    ),
 ]
 
 
@@ -253,7 +259,7 @@ def test_compare_vibration_bundle_with_l3(env: Env) -> None:
     assert l3[0].source == f"L3:knowledge_main:{_pid(0)}"
     assert all(f.source.startswith("L3:knowledge_main:") for f in l3)
     (rec,) = env.traces()
-    assert rec["l3"]["query"] == "PUMP vibration limits alarm threshold: Why is the pump vibrating?"
+    assert rec["l3"]["query"] == "PUMP vibration limits and assessment"
     assert {h["section"] for h in rec["l3"]["hits"]} == {"PUMP"}  # default section filter
 
 
@@ -297,6 +303,11 @@ def test_generate_report_bundle_exact_provenance(env: Env) -> None:
         for f in b.fragments
     ]
     assert rec["l3"]["used"] is True and rec["l3"]["error"] is None
+    # generate_report searches the device's section and the report templates, merged by score
+    assert [h["section"] for h in rec["l3"]["hits"]].count("Report Templates") == 1
+    assert {h["section"] for h in rec["l3"]["hits"]} == {"PUMP", "Report Templates"}
+    scores = [h["score"] for h in rec["l3"]["hits"]]
+    assert scores == sorted(scores, reverse=True) and len(scores) == 4
 
 
 def test_unknown_intent_uses_default(env: Env) -> None:
@@ -348,7 +359,8 @@ def test_threshold_edges_on_real_scores(env: Env) -> None:
 def test_just_below_skip_is_dropped(env: Env) -> None:
     query = KNOWLEDGE[0][2]
     hits = env.knowledge.search(query, section="PUMP", limit=3)
-    policy = ConfidencePolicy(accept=hits[0].score, skip=hits[1].score + 1e-6, source="test")
+    just_above = hits[1].score + 1e-6
+    policy = ConfidencePolicy(accept=just_above, skip=just_above, source="test")
     with env.router(policy=policy) as router:
         b = router.route(env.state(), "default", params={"query": query})
     assert [f.label for f in b.by_layer("L3")] == ["confident"]

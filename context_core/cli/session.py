@@ -1,9 +1,87 @@
-"""`ctx` commands: session."""
+"""`ctx session-demo`: a scripted agent session through L1, L2, L3 and shared namespaces."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the root app."""
+    app.command("session-demo")(session_demo)
+
+
+def session_demo(
+    session_id: str = typer.Option(
+        None, "--session-id", help="Session id to use (default: demo-<random>)."
+    ),
+    l3_timeout_ms: float = typer.Option(
+        None, "--l3-timeout-ms", help="L3 budget per route (default CTX_L3_TIMEOUT_MS, 100)."
+    ),
+    width: int = typer.Option(70, "--width", help="Characters of content shown per fragment."),
+) -> None:
+    """Run a scripted pump-vibration investigation and print every context bundle.
+
+    Uses the configured stores (embedded Valkey and Qdrant Edge under CTX_DATA_DIR unless
+    CTX_REDIS_URL / CTX_QDRANT_URL are set) and the offline MiniLM model. Each step prints
+    the fragments the agent received with their provenance (source key or point id,
+    confidence label, freshness); traces go to CTX_DATA_DIR/traces for `ctx eval cer`.
+    Fill the knowledge base first with `ctx ingest <export>` or `make run`.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from context_core.config import get_settings
+    from context_core.demo import DemoStep, bundle_rows, run_demo
+
+    console = Console()
+    settings = get_settings()
+
+    def on_event(name: str, effects: dict[str, Any]) -> None:
+        shown = {k: v for k, v in effects.items() if k not in {"contract", "expiring"}}
+        if "expiring" in effects:
+            shown["expiring_keys"] = len(effects["expiring"])
+        console.print(f"[bold magenta]event[/] {name} {shown}")
+
+    def on_bundle(s: DemoStep) -> None:
+        b = s.bundle
+        t = b.timings_ms
+        title = (
+            f"step {b.step} · {b.intent} · degraded={b.degraded} · "
+            f"l1 {t['l1']:.2f} / l2 {t['l2']:.2f} / l3 {t['l3']:.2f} / total {t['total']:.2f} ms"
+        )
+        table = Table(title=title, title_justify="left", show_lines=False, expand=False)
+        for col in ("layer", "source", "label", "conf", "age h", "content"):
+            table.add_column(col, overflow="fold" if col == "source" else "ellipsis")
+        for row in bundle_rows(b, width=width):
+            table.add_row(*row)
+        console.print(table)
+        console.print(f"[dim]agent output:[/] {s.output}\n")
+
+    with console.status("loading the embedding model and opening the stores..."):
+        from context_core.embedding import load_encoder
+
+        load_encoder(settings)
+    result = run_demo(
+        settings,
+        session_id=session_id,
+        on_event=on_event,
+        on_bundle=on_bundle,
+        l3_timeout_ms=l3_timeout_ms,
+        on_start=lambda n: _announce(console, n),
+    )
+    console.print(
+        f"[bold green]done[/]: session {result.session_id}, {len(result.steps)} routed steps, "
+        f"traces in {result.traces_dir}"
+    )
+
+
+def _announce(console: Any, knowledge_points: int | None) -> None:
+    if not knowledge_points:
+        console.print(
+            "[yellow]knowledge_main is empty[/]: L3 will find nothing, the demo still runs "
+            "L1 + L2. Fill it with `ctx ingest <confluence export>` or `make run`."
+        )
+    else:
+        console.print(f"knowledge_main holds {knowledge_points} chunks")

@@ -48,6 +48,7 @@ __all__ = [
     "compute_cer",
     "judge_steps",
     "load_rules",
+    "load_step_records",
 ]
 
 
@@ -399,6 +400,28 @@ def cer_report(verdicts: Sequence[StepVerdict]) -> CerReport:
     )
 
 
+def load_step_records(
+    traces_dir: Path,
+    since: dt.date | dt.datetime | None = None,
+    until: dt.date | dt.datetime | None = None,
+    *,
+    output_slack: dt.timedelta = dt.timedelta(days=1),
+) -> list[dict[str, Any]]:
+    """Route records in ``[since, until]`` plus their step outputs, which are written after the
+    route and may land in a later daily file: outputs are read up to ``until + output_slack``."""
+    from context_core.traces import read_traces
+
+    routes = list(read_traces(traces_dir, since, until, kind="route"))
+    ids = {r["trace_id"] for r in routes}
+    later = until + output_slack if until is not None else None
+    outputs = [
+        o
+        for o in read_traces(traces_dir, since, later, kind="step_output")
+        if o.get("trace_id") in ids
+    ]
+    return routes + outputs
+
+
 def compute_cer(
     traces_dir: Path,
     *,
@@ -407,8 +430,6 @@ def compute_cer(
     until: dt.date | dt.datetime | None = None,
     rules: Sequence[UseRule] = DEFAULT_RULES,
 ) -> CerReport:
-    """Read the daily trace files in ``[since, until]`` and compute the CER report."""
-    from context_core.traces import read_traces
-
-    records = list(read_traces(traces_dir, since, until))
+    """Read the daily trace files for steps routed in ``[since, until]``; compute CER."""
+    records = load_step_records(traces_dir, since, until)
     return cer_report(judge_steps(records, accept=accept, rules=rules))

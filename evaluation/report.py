@@ -18,11 +18,13 @@ from evaluation.calibration import CalibrationResult, LabelChange, Provenance, l
 
 if TYPE_CHECKING:
     from evaluation.cer import CerReport
+    from evaluation.health import HealthSnapshot
 
 __all__ = [
     "cer_markdown",
     "write_calibration_report",
     "write_cer_report",
+    "write_health_report",
     "write_json",
     "write_text",
 ]
@@ -237,3 +239,134 @@ def write_cer_report(report: CerReport, reports_dir: Path, *, accept: float) -> 
     doc["accept"] = accept
     js = write_json(reports_dir / "cer_report.json", _json_safe(doc))
     return {"markdown": md, "json": js, "png": png}
+
+
+def _growth(history: list[dict[str, Any]], day: str, section: str, key: str) -> str:
+    from evaluation.health import previous_record
+
+    prev = previous_record(history, day)
+    cur = next((r for r in history if r.get("day") == day), {})
+    if not prev or key not in prev.get(section, {}) or key not in cur.get(section, {}):
+        return "first run"
+    delta = cur[section][key] - prev[section][key]
+    return f"{delta:+d} since {prev['day']}"
+
+
+def _series(history: list[dict[str, Any]], section: str, key: str) -> list[tuple[str, float]]:
+    return [(r["day"], float(r[section][key])) for r in history if key in r.get(section, {})]
+
+
+def write_health_report(
+    snap: HealthSnapshot,
+    history: list[dict[str, Any]],
+    reports_dir: Path,
+    *,
+    policy_source: str = "",
+) -> dict[str, Path]:
+    """``context_health_report.md`` + ``.json`` + trend PNGs (``health_*.png``)."""
+    from evaluation.health import expiry_rate, previous_record
+    from evaluation.plots import save_cer_plot, save_health_plots
+
+    reports_dir = Path(reports_dir)
+    collections = sorted({c for r in history for c in r.get("l3", {})})
+    panels = {
+        "l1_memory": {
+            "series": {"bytes per state": _series(history, "l1", "bytes_per_instance")},
+            "title": "L1 memory per session state", "ylabel": "bytes",
+        },
+        "l2_keys": {
+            "series": {"wm:* keys": _series(history, "l2", "wm_keys")},
+            "title": "L2 working-memory keys", "ylabel": "keys",
+        },
+        "l3_points": {
+            "series": {c: _series(history, "l3", c) for c in collections},
+            "title": "L3 points per collection", "ylabel": "points",
+        },
+    }  # fmt: skip
+    pngs = save_health_plots(panels, reports_dir)
+    if snap.cer is not None:
+        pngs["cer"] = save_cer_plot(snap.cer, reports_dir / "health_cer_per_intent.png")
+
+    lines = [f"# Context health report, {snap.day}", "", f"_taken {snap.taken_at}_", ""]
+    l1, l2, l3 = snap.l1, snap.l2, snap.l3
+    ok, bad = "✅", "❌"
+    lines += ["| layer | figure | value | |", "|---|---|---:|---|"]
+    if l1:
+        lines.append(
+            f"| L1 | memory per session state ({l1.trace_pairs} trace pairs) | "
+            f"{l1.bytes_per_instance:,.0f} B (object alone {l1.getsizeof_bytes} B) | |"
+        )
+        lines.append(
+            f"| L1 | immutability violations ({l1.mutation_attempts} attempts) | "
+            f"{l1.violations} | {ok if l1.violations == 0 else bad} |"
+        )
+    if l2:
+        delta, rate = expiry_rate(l2, snap.taken_at, previous_record(history, snap.day))
+        approx = "" if l2.wm_keys_exact else " (SCAN budget reached: lower bound)"
+        lines.append(f"| L2 | `wm:*` keys{approx} / DBSIZE | {l2.wm_keys:,} / {l2.dbsize:,} | |")
+        rate_txt = (
+            "first run or server restarted"
+            if delta is None
+            else (f"{delta:,} expired" + (f", {rate:,.1f}/h" if rate is not None else ""))
+        )
+        lines.append(f"| L2 | expiries since previous run | {rate_txt} | |")
+    if l3 and not l3.points:
+        lines.append("| L3 | collections | none created yet | |")
+    if l3:
+        for name, count in l3.points.items():
+            lines.append(
+                f"| L3 | `{name}` points ({l3.models[name]}) | {count:,} | "
+                f"{_growth(history, snap.day, 'l3', name)} |"
+            )
+    if snap.cer is not None and snap.cer.overall.n_steps:
+        wow = snap.cer.week_over_week[-1]
+        change = "" if wow.change is None else f"{wow.change * 100:+.1f} pp week over week"
+        lines.append(
+            f"| router | CER ({snap.cer.overall.n_steps} steps) | "
+            f"{_pct(snap.cer.overall.cer)} | {change} |"
+        )
+    lines.append("")
+    if l1 and l1.violation_details:
+        lines += ["**Immutability violations:** " + ", ".join(l1.violation_details), ""]
+    if l2 and l2.hot_patterns:
+        lines += [
+            f"## L2 hot key patterns (SCAN sample of {l2.sampled} keys)",
+            "",
+            "| pattern | keys in sample | mean idle s |",
+            "|---|---:|---:|",
+        ]
+        lines += [f"| `{p}` | {c} | {_f(i, 1)} |" for p, c, i in l2.hot_patterns]
+        lines.append("")
+    lines += ["## Lowest-confidence L3 queries", ""]
+    if snap.low_confidence:
+        lines += ["| when | intent | query | best score |", "|---|---|---|---:|"]
+        for q in snap.low_confidence:
+            query = q.query.replace("|", "\\|")[:120]
+            lines.append(f"| {q.ts[:16]} | {q.intent} | {query} | {_f(q.best_score)} |")
+    else:
+        lines.append("No L3 queries traced in the period.")
+    lines += ["", "## Context effectiveness rate", ""]
+    if snap.cer is not None:
+        png = pngs.get("cer")
+        lines += cer_markdown(snap.cer, accept=snap.accept, png_name=png.name if png else None)
+    else:
+        lines += ["No routed steps traced in the period.", ""]
+    if policy_source:
+        lines += [f"Thresholds in force: accept {snap.accept:.3f} from {policy_source}.", ""]
+    lines += ["## Trends", ""]
+    lines += [f"![{n}]({pngs[n].name})" + "\n" for n in ("l1_memory", "l2_keys", "l3_points")]
+    if snap.errors:
+        lines += ["## Sections not collected", ""]
+        lines += [f"- {k}: {v}" for k, v in snap.errors.items()]
+        lines.append("")
+    md = write_text(reports_dir / "context_health_report.md", "\n".join(lines))
+    doc = {
+        "day": snap.day, "taken_at": snap.taken_at, "accept": snap.accept,
+        "l1": asdict(l1) if l1 else None, "l2": asdict(l2) if l2 else None,
+        "l3": asdict(l3) if l3 else None,
+        "low_confidence": [asdict(q) for q in snap.low_confidence],
+        "cer": snap.cer.to_dict() if snap.cer else None, "errors": dict(snap.errors),
+        "history": history,
+    }  # fmt: skip
+    js = write_json(reports_dir / "context_health_report.json", _json_safe(doc))
+    return {"markdown": md, "json": js, **pngs}

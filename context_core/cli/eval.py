@@ -83,41 +83,26 @@ def calibrate(
 
     The labels pass a Great Expectations suite first; a bad file stops here naming its rows.
     """
-    from evaluation.calibration import (
-        Provenance,
-        compare_with_current,
-        write_thresholds,
-    )
-    from evaluation.calibration import calibrate as fit
-    from evaluation.labels import load_labels
-    from evaluation.report import write_calibration_report
+    from evaluation.workflows import calibrate_labels_file
 
-    settings = _settings()
     try:
-        from context_core.confidence import ConfidencePolicy
-
-        current = ConfidencePolicy.load(settings)
-        ls = load_labels(labels, min_rows=min_rows)
-        result = fit(
-            ls.scores, ls.labels, accept_criterion=accept_criterion,
+        run = calibrate_labels_file(
+            labels, _settings(), out=out, min_rows=min_rows, model=model,
+            collection=collection, accept_criterion=accept_criterion,
             skip_criterion=skip_criterion, target_precision=target_precision,
             target_recall=target_recall, n_boot=n_boot, seed=seed,
         )  # fmt: skip
-        prov = Provenance(
-            model=model or settings.embed_model,
-            collection=collection or settings.collection_main,
-            labels_sha256=ls.sha256,
-            labels_path=str(labels),
-        ).filled()
-        target = write_thresholds(result, out or settings.resolved_thresholds_path, prov)
-        change = compare_with_current(result, ls, current.accept, current.skip)
-        paths = write_calibration_report(
-            result, settings.reports_dir, provenance=prov, change=change,
-            thresholds_path=target,
-        )  # fmt: skip
     except ContextError as e:
         raise _fail(str(e)) from e
-    _print_result(result, {"thresholds": target, **paths}, title=f"calibration of {labels}")
+    ch = run.change
+    typer.echo(
+        f"vs thresholds in force (accept {ch.current_accept:.3f}, skip {ch.current_skip:.3f}): "
+        f"{ch.changed_share:.1%} of hits change label"
+    )
+    _print_result(
+        run.result, {"thresholds": run.thresholds_path, **run.report},
+        title=f"calibration of {labels}",
+    )  # fmt: skip
 
 
 @app.command("calibrate-beir")

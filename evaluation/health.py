@@ -1,0 +1,453 @@
+"""The daily context-health snapshot: is each memory layer behaving as designed?
+
+* L1: how much memory a realistic :class:`~context_core.session.SessionState` costs
+  (tracemalloc over a batch of probe instances, plus ``sys.getsizeof``), and whether any attempt
+  to mutate one in place succeeds (immutability violations; must be 0).
+* L2: keys under ``wm:*`` (SCAN with a bounded budget, never ``KEYS *``), ``DBSIZE``, the
+  expiry rate (``INFO stats`` ``expired_keys`` delta since the previous run), and the 10
+  hottest key patterns in a SCAN sample (ids replaced by ``*``) with their mean idle time.
+* L3: points per collection and growth since the previous run; the 5 lowest-confidence L3
+  queries of the period (from traces).
+* CER over the period and its week-over-week change.
+
+Computing (this module) is separate from drawing and writing (:mod:`evaluation.report`). Each
+run's figures are kept in ``<data_dir>/health/history.jsonl``, one record per day: a re-run on
+the same day replaces that day's record, so the job is idempotent per day.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import re
+import statistics
+import sys
+import tracemalloc
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import redis
+
+    from context_core.config import Settings
+    from context_core.knowledge.store import VectorStore
+    from evaluation.cer import CerReport
+
+__all__ = [
+    "HealthSnapshot",
+    "L1Probe",
+    "L2Stats",
+    "L3Stats",
+    "LowConfidenceQuery",
+    "key_pattern",
+    "load_history",
+    "lowest_confidence_queries",
+    "probe_l1",
+    "run_health_report",
+    "sample_l2",
+    "snapshot",
+    "store_snapshot",
+    "summarise_l3",
+]
+
+
+# --- L1 ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class L1Probe:
+    n_instances: int
+    bytes_per_instance: float  # tracemalloc: everything one realistic state keeps alive
+    getsizeof_bytes: int  # the slotted object alone
+    trace_pairs: int
+    mutation_attempts: int
+    violations: int  # attempts that changed the state; must be 0
+    violation_details: tuple[str, ...] = ()
+
+
+def _probe_state(i: int, gateway: Any) -> Any:
+    from context_core.session import SessionState
+
+    state = SessionState.start(
+        f"probe-{i}", "probe-user", f"PUMP-{i:04d} vibration high since 06:00?", gateway=gateway
+    )
+    for j in range(10):  # a full trace: 10 call/result pairs
+        cid = f"c{j}"
+        state = state.record_tool_call(
+            "get_sensor", {"device": f"PUMP-{i:04d}", "n": j}, call_id=cid
+        )
+        state = state.record_tool_result(cid, {"rms_mm_s": 4.5 + j, "ok": True}, status="ok")
+    return state.advance(current_step=3, last_device_id=f"PUMP-{i:04d}")
+
+
+def _mutation_attempts(state: Any) -> tuple[int, list[str]]:
+    """Try every way a caller could change a state in place; list the ones that worked."""
+    attempts = 0
+    worked: list[str] = []
+    before = repr(state)
+    for f in dataclasses.fields(state):
+        attempts += 1
+        try:
+            setattr(state, f.name, None)
+            worked.append(f"setattr {f.name}")
+        except (AttributeError, TypeError, dataclasses.FrozenInstanceError):
+            pass
+        attempts += 1
+        try:
+            delattr(state, f.name)
+            worked.append(f"delattr {f.name}")
+        except (AttributeError, TypeError, dataclasses.FrozenInstanceError):
+            pass
+    attempts += 1
+    try:
+        state.__dict__["user_query"] = "changed"  # no __dict__ on a slotted class
+        worked.append("__dict__ write")
+    except (AttributeError, TypeError):
+        pass
+    attempts += 1
+    try:
+        state.trace.append(None)  # tuple: no append
+        worked.append("trace.append")
+    except AttributeError:
+        pass
+    if repr(state) != before and not worked:
+        worked.append("state changed by an unknown path")
+    return attempts, worked
+
+
+def probe_l1(n: int = 200) -> L1Probe:
+    """Build ``n`` realistic states (10 trace pairs each), measure them, try to mutate one."""
+    from context_core.gateway import Gateway
+
+    gateway = Gateway()
+    _probe_state(0, gateway)  # warm caches (regexes, interned names) outside the measurement
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        states = [_probe_state(i, gateway) for i in range(n)]
+        used = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
+    attempts, worked = _mutation_attempts(states[0])
+    return L1Probe(
+        n_instances=n,
+        bytes_per_instance=used / n,
+        getsizeof_bytes=sys.getsizeof(states[0]),
+        trace_pairs=len(states[0].trace) // 2,
+        mutation_attempts=attempts,
+        violations=len(worked),
+        violation_details=tuple(worked),
+    )
+
+
+# --- L2 ------------------------------------------------------------------------------------
+
+_HASH_TAG = re.compile(r"\{[^}]*\}")
+_ID_SEGMENT = re.compile(r"^(?:[0-9a-f]{8,}|[0-9a-f-]{32,36}|.*\d.*)$", re.IGNORECASE)
+
+
+def key_pattern(key: str) -> str:
+    """``wm:{sess-42}:api:9f2c...`` -> ``wm:{*}:api:*``: hash tags and id-like parts become *."""
+    key = _HASH_TAG.sub("{*}", key)
+    parts = key.split(":")
+    return ":".join(p if p == "{*}" or not _ID_SEGMENT.match(p) else "*" for p in parts)
+
+
+@dataclass(frozen=True, slots=True)
+class L2Stats:
+    dbsize: int
+    wm_keys: int  # keys under wm:* seen by SCAN
+    wm_keys_exact: bool  # False when the SCAN budget ran out (then wm_keys is a lower bound)
+    expired_keys_total: int  # INFO stats expired_keys (since server start)
+    run_id: str
+    sampled: int
+    hot_patterns: tuple[tuple[str, int, float | None], ...]  # (pattern, keys in sample, idle s)
+
+
+def sample_l2(
+    client: redis.Redis,
+    *,
+    match: str = "wm:*",
+    scan_budget: int = 50_000,
+    sample_size: int = 2_000,
+    scan_count: int = 1_000,
+    top: int = 10,
+) -> L2Stats:
+    """Count ``match`` keys with SCAN (at most ``scan_budget``) and sample all keys for patterns.
+
+    Never ``KEYS *``: SCAN returns in bounded steps and does not block the server.
+    """
+    wm = 0
+    exact = True
+    for _ in client.scan_iter(match=match, count=scan_count):
+        wm += 1
+        if wm >= scan_budget:
+            exact = False
+            break
+    sample: list[str] = []
+    for key in client.scan_iter(count=scan_count):
+        sample.append(key.decode() if isinstance(key, bytes) else str(key))
+        if len(sample) >= sample_size:
+            break
+    idle: dict[str, list[int]] = defaultdict(list)
+    if sample:
+        pipe = client.pipeline(transaction=False)
+        for key in sample:
+            pipe.object("idletime", key)
+        for key, value in zip(sample, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(value, int):
+                idle[key_pattern(key)].append(value)
+    counts = Counter(key_pattern(k) for k in sample)
+    hot = tuple(
+        (p, c, statistics.fmean(idle[p]) if idle.get(p) else None)
+        for p, c in sorted(counts.items(), key=lambda pc: (-pc[1], pc[0]))[:top]
+    )
+    info = client.info("stats")
+    server = client.info("server")
+    return L2Stats(
+        dbsize=int(client.dbsize()),
+        wm_keys=wm,
+        wm_keys_exact=exact,
+        expired_keys_total=int(info.get("expired_keys", 0)),
+        run_id=str(server.get("run_id", "")),
+        sampled=len(sample),
+        hot_patterns=hot,
+    )
+
+
+# --- L3 ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class L3Stats:
+    points: Mapping[str, int]  # collection -> points (absent collections are left out)
+    models: Mapping[str, str]
+
+
+def summarise_l3(store: VectorStore, collections: Sequence[str]) -> L3Stats:
+    points: dict[str, int] = {}
+    models: dict[str, str] = {}
+    for name in collections:
+        info = store.info(name)
+        if info is not None:
+            points[name] = info.count
+            models[name] = info.model
+    return L3Stats(points=points, models=models)
+
+
+@dataclass(frozen=True, slots=True)
+class LowConfidenceQuery:
+    ts: str
+    intent: str
+    query: str
+    best_score: float | None  # None: L3 returned no hit
+    trace_id: str
+
+
+def lowest_confidence_queries(
+    records: Sequence[Mapping[str, Any]], *, n: int = 5
+) -> tuple[LowConfidenceQuery, ...]:
+    """The ``n`` routed L3 queries whose best hit scored lowest (no hit at all ranks first)."""
+    rows = []
+    for rec in records:
+        if rec.get("kind", "route") != "route":
+            continue
+        l3 = rec.get("l3") or {}
+        if not l3.get("requested"):
+            continue
+        scores = [float(h["score"]) for h in l3.get("hits") or []]
+        best = max(scores) if scores else None
+        rows.append(
+            LowConfidenceQuery(
+                ts=str(rec.get("ts", "")), intent=str(rec.get("intent", "")),
+                query=str(l3.get("query", "")), best_score=best,
+                trace_id=str(rec.get("trace_id", "")),
+            )
+        )  # fmt: skip
+    rows.sort(key=lambda r: (r.best_score is not None, r.best_score or 0.0, r.ts))
+    return tuple(rows[:n])
+
+
+# --- snapshot + history --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HealthSnapshot:
+    day: str
+    taken_at: str
+    l1: L1Probe | None
+    l2: L2Stats | None
+    l3: L3Stats | None
+    low_confidence: tuple[LowConfidenceQuery, ...]
+    cer: CerReport | None
+    accept: float
+    errors: Mapping[str, str] = field(default_factory=dict)  # section -> why it is missing
+
+    def history_record(self) -> dict[str, Any]:
+        """The compact per-day figures kept in the history file."""
+        rec: dict[str, Any] = {"day": self.day, "taken_at": self.taken_at}
+        if self.l1:
+            rec["l1"] = {"bytes_per_instance": round(self.l1.bytes_per_instance, 1),
+                         "getsizeof": self.l1.getsizeof_bytes,
+                         "violations": self.l1.violations}  # fmt: skip
+        if self.l2:
+            rec["l2"] = {"wm_keys": self.l2.wm_keys, "dbsize": self.l2.dbsize,
+                         "expired_keys_total": self.l2.expired_keys_total,
+                         "run_id": self.l2.run_id}  # fmt: skip
+        if self.l3:
+            rec["l3"] = dict(self.l3.points)
+        if self.cer and self.cer.overall.n_steps:
+            rec["cer"] = round(self.cer.overall.cer, 6)
+        return rec
+
+
+def _history_path(settings: Settings) -> Path:
+    return Path(settings.data_dir) / "health" / "history.jsonl"
+
+
+def load_history(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a torn line from a crashed run: ignore, the day is re-recorded
+    return sorted(out, key=lambda r: r.get("day", ""))
+
+
+def store_snapshot(path: Path, snap: HealthSnapshot) -> list[dict[str, Any]]:
+    """Replace (or add) ``snap.day`` in the history file; return the new history, oldest first."""
+    history = [r for r in load_history(path) if r.get("day") != snap.day]
+    history.append(snap.history_record())
+    history.sort(key=lambda r: r["day"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in history), "utf-8")
+    tmp.replace(path)
+    return history
+
+
+def previous_record(history: Sequence[Mapping[str, Any]], day: str) -> Mapping[str, Any] | None:
+    before = [r for r in history if r.get("day", "") < day]
+    return before[-1] if before else None
+
+
+def expiry_rate(
+    current: L2Stats, taken_at: str, prev: Mapping[str, Any] | None
+) -> tuple[int | None, float | None]:
+    """(keys expired since the previous run, per hour); None when not comparable (first run,
+    or the server restarted so its counter reset)."""
+    if not prev or "l2" not in prev:
+        return None, None
+    p = prev["l2"]
+    if p.get("run_id") != current.run_id or current.expired_keys_total < p["expired_keys_total"]:
+        return None, None
+    delta = current.expired_keys_total - int(p["expired_keys_total"])
+    hours = dt.datetime.fromisoformat(taken_at) - dt.datetime.fromisoformat(prev["taken_at"])
+    h = hours.total_seconds() / 3600
+    return delta, (delta / h if h > 0 else None)
+
+
+def snapshot(
+    settings: Settings,
+    *,
+    day: dt.date,
+    redis_client: redis.Redis | None,
+    store: VectorStore | None,
+    accept: float,
+    period_days: int = 14,
+    l1_instances: int = 200,
+) -> HealthSnapshot:
+    """Collect every section; a section whose backend is unavailable is recorded in ``errors``
+    instead of failing the whole report."""
+    from context_core.errors import ContextError
+    from evaluation.cer import cer_report, judge_steps, load_step_records
+
+    errors: dict[str, str] = {}
+    l1 = l2 = l3 = None
+    try:
+        l1 = probe_l1(l1_instances)
+    except (ContextError, ImportError) as e:
+        errors["L1"] = str(e)
+    if redis_client is not None:
+        import redis as redis_mod
+
+        try:
+            l2 = sample_l2(redis_client)
+        except redis_mod.RedisError as e:
+            errors["L2"] = f"Redis unavailable: {e}"
+    else:
+        errors["L2"] = "no Redis client given"
+    if store is not None:
+        try:
+            l3 = summarise_l3(store, [settings.collection_main, settings.collection_hot])
+        except ContextError as e:
+            errors["L3"] = str(e)
+    else:
+        errors["L3"] = "no vector store given"
+    since = day - dt.timedelta(days=period_days - 1)
+    records = load_step_records(settings.traces_dir, since, day)
+    routes = [r for r in records if r.get("kind") == "route"]
+    todays = [r for r in routes if str(r.get("ts", ""))[:10] == day.isoformat()]
+    low = lowest_confidence_queries(todays or routes)
+    cer = cer_report(judge_steps(records, accept=accept)) if records else None
+    now = dt.datetime.now(dt.UTC)
+    return HealthSnapshot(
+        day=day.isoformat(), taken_at=now.isoformat(timespec="seconds"), l1=l1, l2=l2, l3=l3,
+        low_confidence=low, cer=cer, accept=accept, errors=errors,
+    )  # fmt: skip
+
+
+def run_health_report(
+    settings: Settings,
+    *,
+    day: dt.date | None = None,
+    redis_client: redis.Redis | None = None,
+    store: VectorStore | None = None,
+) -> dict[str, Path]:
+    """Snapshot -> history (idempotent per day) -> markdown + PNGs + JSON in ``reports_dir``.
+
+    Opens Redis (``RedisProvider``) and the vector store from ``settings`` when not given.
+    """
+    from context_core.confidence import ConfidencePolicy
+    from context_core.errors import ContextError
+    from evaluation.report import write_health_report
+
+    day = day or dt.datetime.now(dt.UTC).date()
+    own: list[Any] = []
+    try:
+        if redis_client is None:
+            try:
+                from context_core.redis_conn import RedisProvider
+
+                provider = RedisProvider(settings)
+                own.append(provider)
+                redis_client = provider.client(decode_responses=True)
+            except ContextError:
+                redis_client = None
+        if store is None:
+            try:
+                from context_core.knowledge.store import open_store
+
+                store = open_store(settings)
+                own.append(store)
+            except ContextError:
+                store = None
+        policy = ConfidencePolicy.load(settings)
+        snap = snapshot(settings, day=day, redis_client=redis_client, store=store,
+                        accept=policy.accept)  # fmt: skip
+    finally:
+        for thing in own:
+            thing.close()
+    history = store_snapshot(_history_path(settings), snap)
+    return write_health_report(snap, history, settings.reports_dir, policy_source=policy.source)

@@ -1,0 +1,63 @@
+"""BEIR calibration on real human judgements (Cranfield), small enough for CI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from evaluation.beir import load_beir, load_qrels
+
+
+@pytest.fixture
+def cranfield(shared_data: Path) -> Path:
+    path = shared_data / "retrieval" / "cranfield"
+    if not (path / "corpus.jsonl").is_file():
+        pytest.skip(f"{path} is absent")
+    return path
+
+
+def test_load_beir_keeps_judged_queries_and_caps_the_corpus(cranfield: Path) -> None:
+    full = load_beir(cranfield)
+    assert len(full.corpus) == 1400 and len(full.queries) == 225
+    small = load_beir(cranfield, limit_queries=40, limit_docs=300)
+    assert list(small.queries) == list(full.queries)[:40]
+    judged = {d for q in small.queries for d in small.qrels[q]}
+    assert judged <= set(small.corpus) and len(small.corpus) == max(300, len(judged))
+    assert small.qrels["1"]["184"] == 3
+
+
+def test_qrels_parsing_names_bad_lines(tmp_path: Path) -> None:
+    from context_core.errors import DataValidationError
+
+    p = tmp_path / "q.tsv"
+    p.write_text("query-id\tcorpus-id\tscore\nq1\td1\t2\nq1\td2\n")
+    with pytest.raises(DataValidationError, match="line 3"):
+        load_qrels(p)
+
+
+@pytest.mark.slow
+@pytest.mark.realdata
+def test_calibrate_beir_cranfield_subset(cranfield: Path, settings) -> None:
+    from evaluation.beir import calibrate_beir
+
+    run = calibrate_beir(
+        cranfield, settings, k=10, limit_queries=40, limit_docs=300, n_boot=100,
+        progress=False,
+    )  # fmt: skip
+    r = run.result
+    assert run.stats.n_queries == 40 and r.n == 400
+    assert 0 < r.n_pos < r.n and r.n_pos + r.n_neg == 400
+    assert 0.5 < r.auc < 1.0  # minilm ranks relevant Cranfield docs above the rest, imperfectly
+    assert -1 <= r.skip <= r.accept <= 1
+    assert run.stats.hit_rate_at_k > 0.5
+    doc = json.loads(run.thresholds_path.read_text())
+    assert run.thresholds_path.name == "thresholds_cranfield.json"
+    assert (doc["accept"], doc["skip"]) == (r.accept, r.skip)
+    assert doc["provenance"]["collection"] == "scratch:beir_cranfield"
+    assert doc["provenance"]["model"] == "minilm"
+    assert not settings.resolved_thresholds_path.exists()  # runtime file untouched
+    assert not any((Path(settings.data_dir) / "scratch").iterdir())  # scratch cleaned up
+    md = run.report["markdown"].read_text()
+    assert "recall@10" in md and "![ROC]" in md

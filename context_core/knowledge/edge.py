@@ -40,6 +40,7 @@ from context_core.knowledge.store import (
     HNSW_M,
     INDEXING_THRESHOLD_KB,
     PAYLOAD_INDEXES,
+    QUANT_OVERSAMPLING,
     AnyOf,
     CollectionInfo,
     Condition,
@@ -97,8 +98,11 @@ def _to_edge_filter(conditions: list[Condition]) -> Any:
 class EdgeStore:
     """:class:`~context_core.knowledge.store.VectorStore` on Qdrant Edge shards under ``root``."""
 
-    def __init__(self, root: Path | str) -> None:
+    def __init__(self, root: Path | str, *, search_threads: int | None = None) -> None:
+        """``search_threads``: size of each shard's search pool (None = one per CPU). It only
+        applies when this store is the first to open a shard in the process."""
         self.root = Path(root).expanduser().resolve()
+        self.search_threads = search_threads
         self._held: dict[str, Path] = {}  # collection -> shard path this store holds a ref to
         self._meta: dict[str, dict[str, Any]] = {}
         self._lock = threading.RLock()
@@ -143,6 +147,11 @@ class EdgeStore:
                 try:
                     if create_config is not None:
                         shard = qe.EdgeShard.create(str(path), create_config)
+                    elif self.search_threads is not None:
+                        # load() wants the full config to override one knob; ours is the same
+                        # as the one the shard was created with, apart from the thread count.
+                        dim = int(self._meta[name]["dim"])
+                        shard = qe.EdgeShard.load(str(path), self._config(dim))
                     else:
                         shard = qe.EdgeShard.load(str(path))
                 except Exception as e:  # qdrant_edge raises a bare Exception
@@ -172,11 +181,11 @@ class EdgeStore:
                 finally:
                     entry.shard.close()
 
-    @staticmethod
-    def _config(dim: int) -> Any:
+    def _config(self, dim: int) -> Any:
         import qdrant_edge as qe
 
         return qe.EdgeConfig(
+            max_search_threads=self.search_threads,
             vectors=qe.EdgeVectorParams(size=dim, distance=qe.Distance.Cosine),
             hnsw_config=qe.HnswIndexConfig(
                 m=HNSW_M, ef_construct=HNSW_EF_CONSTRUCT, full_scan_threshold=FULL_SCAN_THRESHOLD
@@ -303,7 +312,13 @@ class EdgeStore:
             query=qe.Query.Nearest(vec),
             filter=_to_edge_filter(parse_filter(filter)),
             with_payload=True,
-            params=qe.SearchParams(exact=True) if exact else None,
+            params=qe.SearchParams(exact=True)
+            if exact
+            else qe.SearchParams(
+                quantization=qe.QuantizationSearchParams(
+                    rescore=True, oversampling=QUANT_OVERSAMPLING
+                )
+            ),
         )
         points = self._call(name, "search", shard.query, req)
         return [

@@ -28,6 +28,7 @@ from context_core.knowledge.store import (
     HNSW_M,
     INDEXING_THRESHOLD_KB,
     PAYLOAD_INDEXES,
+    QUANT_OVERSAMPLING,
     AnyOf,
     CollectionInfo,
     Condition,
@@ -248,7 +249,13 @@ class QdrantServerStore:
                 query_filter=_to_filter(parse_filter(filter)),
                 limit=limit,
                 with_payload=True,
-                search_params=models.SearchParams(exact=True) if exact else None,
+                search_params=models.SearchParams(exact=True)
+                if exact
+                else models.SearchParams(
+                    quantization=models.QuantizationSearchParams(
+                        rescore=True, oversampling=QUANT_OVERSAMPLING
+                    )
+                ),
             )
         return [
             Hit(id=str(p.id), score=float(p.score), payload=dict(p.payload or {}))

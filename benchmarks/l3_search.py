@@ -1,0 +1,378 @@
+"""L3 search at 100k chunks in Qdrant Edge, against the reference design's key lookup by vector.
+
+What is measured, all in one run on the same 100k records:
+
+1. **Filtered top-3 search** (the router's L3 call): HNSW built (checked via the shard's
+   ``indexed_vectors_count``), filter ``section == <one of 20>``, 1,000 queries near stored
+   points. Target p99 <= 5 ms. Recall@3 against numpy exact cosine over the section is
+   reported so speed is not bought with wrong answers.
+2. **Exact-key lookups, two ways**: the reference design fetches a record by searching for its
+   own vector. Here that is a Qdrant Edge ``exact=True`` search (brute force over all 100k
+   original vectors, no HNSW, no filter, limit 1; the answer is checked to be the key), and, as
+   an extra row, the same lookup through HNSW. The baseline: an L2 ``GET`` of the same record
+   by key (JSON payload, decoded) on Redis. Target KV/vector-full-scan ratio >= 50x.
+3. **Memory** of the 100k collection: process RSS growth from before the collection is
+   created to after it is built and indexed, and its size on disk.
+
+Vectors are random but clustered (200 centres, noise around each), 384-d like MiniLM; each
+cluster belongs to one of 20 sections, so a section filter keeps ~5% of the points.
+
+Run: ``python -m benchmarks.l3_search [--points 100000] [--queries 1000] [--scan-queries 200]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import redis
+
+from benchmarks._common import (
+    markdown_table,
+    percentile,
+    print_table,
+    summarize_ms,
+    write_section,
+)
+
+DEFAULT_REDIS = "redis://127.0.0.1:6379/13"
+TARGET_P99_MS = 5.0
+TARGET_RATIO = 50.0
+COLLECTION = "bench_l3"
+
+
+def _dataset(n: int, dim: int, sections: int, seed: int) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(200, dim)).astype(np.float32)
+    cluster = rng.integers(0, len(centres), size=n)
+    vecs = centres[cluster] + 0.35 * rng.normal(size=(n, dim)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    payloads = [
+        {
+            "source": f"doc-{i // 8:05d}",
+            "chunk_index": i % 8,
+            "section": f"S{int(cluster[i]) % sections:02d}",
+            "title": f"Document {i // 8}",
+            "text": f"chunk {i} of a synthetic manual page about cluster {int(cluster[i])}",
+            "updated_at_ts": 1.7e9 + i,
+        }
+        for i in range(n)
+    ]
+    return vecs, payloads
+
+
+def _rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def _dir_mb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+
+
+def _redis_client(url: str | None, tmp: Path) -> tuple[redis.Redis, str, Any]:
+    """System Redis when reachable (or the URL given), else an embedded Valkey."""
+    candidates = [url] if url else [DEFAULT_REDIS]
+    for u in candidates:
+        try:
+            c = redis.Redis.from_url(u, socket_connect_timeout=1.0)
+            c.ping()
+            return c, u, None
+        except (redis.RedisError, OSError):
+            if url:
+                raise
+    from context_core.config import get_settings
+    from context_core.redis_conn import RedisProvider
+
+    provider = RedisProvider(get_settings(data_dir=tmp / "valkey", redis_url=None))
+    return provider.client(decode_responses=False), f"embedded Valkey {provider.url}", provider
+
+
+def _build(store: Any, vecs: np.ndarray, payloads: list[dict[str, Any]], ids: list[str]) -> float:
+    from rich.progress import Progress
+
+    from context_core.knowledge.store import PointRecord
+
+    store.create_collection(COLLECTION, dim=vecs.shape[1], model="bench-random")
+    t0 = time.perf_counter()
+    batch = 2_000
+    with Progress(transient=True) as bar:
+        task = bar.add_task("upsert", total=len(ids))
+        for s in range(0, len(ids), batch):
+            e = min(len(ids), s + batch)
+            store.upsert(
+                COLLECTION, [PointRecord(ids[i], vecs[i], payloads[i]) for i in range(s, e)]
+            )
+            bar.update(task, advance=e - s)
+    return time.perf_counter() - t0
+
+
+def _timed(fn: Any, args: list[Any], warmup: int = 30) -> list[float]:
+    for a in args[:warmup]:
+        fn(a)
+    out = []
+    pc = time.perf_counter
+    for a in args:
+        t0 = pc()
+        fn(a)
+        out.append((pc() - t0) * 1000.0)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.l3_search",
+        description="Filtered top-3 L3 search on Qdrant Edge at 100k points, vs exact-key "
+        "lookups by vector full scan and by Redis GET; writes reports/benchmarks.md (l3).",
+    )
+    ap.add_argument("--points", type=int, default=100_000, help="collection size")
+    ap.add_argument("--queries", type=int, default=1_000, help="filtered searches to time")
+    ap.add_argument(
+        "--scan-queries", type=int, default=200, help="key lookups done by full-scan search"
+    )
+    ap.add_argument("--dim", type=int, default=384)
+    ap.add_argument("--sections", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--redis-url", default=None, help=f"default {DEFAULT_REDIS}, else Valkey")
+    ap.add_argument(
+        "--search-threads",
+        type=int,
+        default=None,
+        help="Edge search pool size per shard (default: one per CPU)",
+    )
+    ap.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="keep the built collection here and reuse it on the next run (default: temp dir)",
+    )
+    ap.add_argument("--no-write", action="store_true", help="print only, leave the report")
+    args = ap.parse_args(argv)
+
+    from context_core.knowledge.edge import EdgeStore
+    from context_core.knowledge.store import point_id
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-l3-"))
+    provider = None
+    rclient = None
+    kv_prefix = f"bench:l3:{uuid.uuid4().hex[:8]}:"
+    try:
+        print(f"generating {args.points:,} clustered {args.dim}-d vectors ...", flush=True)
+        vecs, payloads = _dataset(args.points, args.dim, args.sections, args.seed)
+        ids = [point_id(p["source"], p["chunk_index"]) for p in payloads]
+        sections = np.array([p["section"] for p in payloads])
+        gc.collect()
+        rss0 = _rss_mb()
+
+        root = args.data_dir or (tmp / "qdrant")
+        store = EdgeStore(root, search_threads=args.search_threads)
+        existing = store.info(COLLECTION)
+        reused = existing is not None and existing.count == args.points
+        if reused:
+            print(f"reusing the built collection under {root}", flush=True)
+            upsert_s = optimize_s = 0.0
+            status = store.index_status(COLLECTION)
+        else:
+            if existing is not None:
+                store.drop_collection(COLLECTION)
+            upsert_s = _build(store, vecs, payloads, ids)
+            print(f"upserted in {upsert_s:.1f} s; building HNSW (optimize) ...", flush=True)
+            t0 = time.perf_counter()
+            status = store.optimize(COLLECTION)
+            optimize_s = time.perf_counter() - t0
+        gc.collect()
+        rss1 = _rss_mb()
+        coll_dir = root / COLLECTION
+        disk_mb, wal_mb = _dir_mb(coll_dir), _dir_mb(coll_dir / "wal")
+        print(
+            f"optimize {optimize_s:.1f} s: points={status.points:,} "
+            f"indexed_vectors={status.indexed_vectors:,} segments={status.segments}",
+            flush=True,
+        )
+        if status.indexed_vectors < 0.95 * status.points:
+            print("WARNING: HNSW covers less than 95% of the points", flush=True)
+
+        # --- 1. filtered top-3 -----------------------------------------------------------
+        rng = np.random.default_rng(args.seed + 1)
+        picks = rng.integers(0, args.points, size=args.queries)
+        qvecs = vecs[picks] + 0.05 * rng.normal(size=(args.queries, args.dim)).astype(np.float32)
+        qvecs /= np.linalg.norm(qvecs, axis=1, keepdims=True)
+        queries = [(qvecs[j].tolist(), str(sections[picks[j]])) for j in range(args.queries)]
+        results: dict[int, list[str]] = {}
+
+        def filtered(j: int) -> None:
+            q, sec = queries[j]
+            results[j] = [
+                h.id for h in store.search(COLLECTION, q, limit=3, filter={"section": sec})
+            ]
+
+        print(f"timing {args.queries:,} filtered top-3 searches ...", flush=True)
+        search_ms = _timed(filtered, list(range(args.queries)))
+        recall = []
+        for j in range(min(200, args.queries)):
+            mask = sections == queries[j][1]
+            idx = np.flatnonzero(mask)
+            top = idx[np.argsort(-(vecs[idx] @ qvecs[j]))[:3]]
+            recall.append(len({ids[i] for i in top} & set(results[j])) / 3)
+
+        # --- 2. exact-key lookups: KV vs vector ------------------------------------------
+        rclient, kv_where, provider = _redis_client(args.redis_url, tmp)
+        print(f"loading {args.points:,} records into {kv_where} ...", flush=True)
+        pipe = rclient.pipeline(transaction=False)
+        for i in range(args.points):
+            pipe.set(kv_prefix + ids[i], json.dumps(payloads[i]))
+            if i % 5_000 == 4_999:
+                pipe.execute()
+        pipe.execute()
+
+        keys = [int(k) for k in rng.integers(0, args.points, size=args.queries)]
+        key_vecs = {k: vecs[k].tolist() for k in keys}
+
+        def kv_get(k: int) -> None:
+            raw = rclient.get(kv_prefix + ids[k])
+            assert raw is not None and json.loads(raw)["chunk_index"] == payloads[k]["chunk_index"]
+
+        def full_scan(k: int) -> None:
+            hit = store.search(COLLECTION, key_vecs[k], limit=1, exact=True)
+            assert hit[0].id == ids[k], "full-scan lookup returned the wrong record"
+
+        def hnsw_lookup(k: int) -> None:
+            store.search(COLLECTION, key_vecs[k], limit=1)
+
+        print("timing key lookups: Redis GET, HNSW, full scan ...", flush=True)
+        kv_ms = _timed(kv_get, keys)
+        hnsw_ms = _timed(hnsw_lookup, keys)
+        scan_ms = _timed(full_scan, keys[: args.scan_queries], warmup=5)
+
+        s_search, s_kv = summarize_ms(search_ms), summarize_ms(kv_ms)
+        s_scan, s_hnsw = summarize_ms(scan_ms), summarize_ms(hnsw_ms)
+        rows = [
+            {
+                "operation": "L3 filtered top-3 (HNSW, section filter)",
+                "n": s_search["n"],
+                "p50 ms": s_search["p50_ms"],
+                "p95 ms": percentile(search_ms, 95),
+                "p99 ms": s_search["p99_ms"],
+                "target": f"p99 <= {TARGET_P99_MS} ms",
+                "met": "yes" if s_search["p99_ms"] <= TARGET_P99_MS else "NO",
+            },
+            {
+                "operation": f"key lookup: L2 GET ({'Redis' if provider is None else 'Valkey'})",
+                "n": s_kv["n"],
+                "p50 ms": s_kv["p50_ms"],
+                "p95 ms": percentile(kv_ms, 95),
+                "p99 ms": s_kv["p99_ms"],
+                "target": "baseline",
+                "met": "",
+            },
+            {
+                "operation": "key lookup: vector search, full scan (exact=True)",
+                "n": s_scan["n"],
+                "p50 ms": s_scan["p50_ms"],
+                "p95 ms": percentile(scan_ms, 95),
+                "p99 ms": s_scan["p99_ms"],
+                "target": f"KV >= {TARGET_RATIO:.0f}x faster",
+                "met": "yes" if s_scan["p50_ms"] / s_kv["p50_ms"] >= TARGET_RATIO else "NO",
+            },
+            {
+                "operation": "key lookup: vector search, HNSW",
+                "n": s_hnsw["n"],
+                "p50 ms": s_hnsw["p50_ms"],
+                "p95 ms": percentile(hnsw_ms, 95),
+                "p99 ms": s_hnsw["p99_ms"],
+                "target": "(extra)",
+                "met": "",
+            },
+        ]
+        ratio_p50 = s_scan["p50_ms"] / s_kv["p50_ms"]
+        ratio_p99 = s_scan["p99_ms"] / s_kv["p99_ms"]
+        ratio_hnsw = s_hnsw["p50_ms"] / s_kv["p50_ms"]
+        load1, load5, _ = os.getloadavg()
+        facts = [
+            {
+                "figure": "machine load average (1 / 5 min) at the end of the run",
+                "value": f"{load1:.1f} / {load5:.1f} on {os.cpu_count()} CPUs (shared)",
+            },
+            {
+                "figure": "points / dim / sections",
+                "value": f"{args.points:,} / {args.dim} / {args.sections}",
+            },
+            {
+                "figure": "HNSW indexed vectors (ShardInfo)",
+                "value": f"{status.indexed_vectors:,}"
+                f" of {status.points:,} in {status.segments} segment(s)",
+            },
+            {
+                "figure": "upsert time / HNSW build (optimize) time",
+                "value": "reused from --data-dir"
+                if reused
+                else f"{upsert_s:.1f} s / {optimize_s:.1f} s",
+            },
+            {
+                "figure": "recall@3 vs numpy exact (first 200 filtered queries)",
+                "value": f"{float(np.mean(recall)):.3f}",
+            },
+            {
+                "figure": "KV vs vector full scan, p50 ratio (p99 ratio)",
+                "value": f"{ratio_p50:,.0f}x ({ratio_p99:,.0f}x)",
+            },
+            {"figure": "KV vs vector HNSW lookup, p50 ratio", "value": f"{ratio_hnsw:,.0f}x"},
+            {
+                "figure": "RSS growth for the collection ("
+                + ("loaded from disk" if reused else "built + indexed")
+                + ")",
+                "value": f"{rss1 - rss0:,.0f} MB",
+            },
+            {
+                "figure": "collection on disk",
+                "value": f"{disk_mb:,.0f} MB (of which WAL {wal_mb:,.0f} MB)",
+            },
+            {"figure": "raw float32 vectors, for scale", "value": f"{vecs.nbytes / 2**20:,.0f} MB"},
+        ]
+        print_table("L3 search and key-lookup latency", rows)
+        print_table("L3 collection facts", facts)
+        body = (
+            "Qdrant Edge (in-process), HNSW m=32 ef_construct=128, int8 scalar quantisation in "
+            "RAM, payload index on `section`. Filtered search = `KnowledgeMemory`'s L3 call "
+            "(top-3, `section == S<k>`, ~5% of points). Key lookup baseline = the reference "
+            "design fetching a record by searching for its own vector with a full scan "
+            "(`exact=True`: brute force over all original vectors), vs an L2 `GET` + JSON "
+            f"decode of the same record by key ({kv_where.split('?')[0]}).\n\n"
+            + markdown_table(rows)
+            + "\n"
+            + markdown_table(facts)
+            + "\np99 on this shared machine is dominated by scheduling stalls: compare it with "
+            "the p99 of the Redis GET baseline (a ~0.05 ms operation) in the same run.\n"
+            + f"\nRun: `python -m benchmarks.l3_search --points {args.points} "
+            f"--queries {args.queries} --scan-queries {args.scan_queries}`\n"
+        )
+        if not args.no_write:
+            write_section("l3", f"L3 search: Qdrant Edge, {args.points:,} x {args.dim}-d", body)
+        store.close()
+    finally:
+        if rclient is not None:
+            batch = list(rclient.scan_iter(match=kv_prefix + "*", count=5_000))
+            for s in range(0, len(batch), 5_000):
+                rclient.delete(*batch[s : s + 5_000])
+            if provider is None:
+                rclient.close()
+        if provider is not None:
+            provider.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

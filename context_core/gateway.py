@@ -371,7 +371,8 @@ class Gateway:
         return hashlib.sha256(data).hexdigest()[:16]
 
     def _audit(self, where: str, findings: list[Finding]) -> None:
-        record = AuditRecord(ts=time.time(), where=mask_mobile(where), findings=tuple(findings))
+        # "where" is a caller's label, but it may embed ids from data: clean it too, unaudited.
+        record = AuditRecord(ts=time.time(), where=redact_text(where)[0], findings=tuple(findings))
         line = record.to_json() + "\n"
         with self._lock:
             self._tail.append(record)
@@ -414,6 +415,9 @@ def _rebuild_mapping(original: Mapping[Any, Any], out: dict[Any, Any]) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
+_filter_state = threading.local()
+
+
 class _RedactionFilter(logging.Filter):
     """Replaces a record's message by the cleaned, fully formatted message (args cleared)."""
 
@@ -424,6 +428,26 @@ class _RedactionFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, "_ctx_redacted", False):
             return True
+        if getattr(_filter_state, "active", False):
+            # A line logged while cleaning another (the gateway's own audit-failure error):
+            # clean it without auditing, so a failing audit file cannot recurse.
+            try:
+                msg = record.getMessage()
+            except Exception:
+                msg = f"{record.msg!s} {record.args!r}"
+            record.msg = redact_text(msg)[0]
+            record.args = None
+            record._ctx_redacted = True
+            return True
+        _filter_state.active = True
+        try:
+            self._clean_record(record)
+        finally:
+            _filter_state.active = False
+        record._ctx_redacted = True
+        return True
+
+    def _clean_record(self, record: logging.LogRecord) -> None:
         where = f"log:{record.name}"
         # Structured args (dicts, lists) are cleaned as structures first: their repr() is not
         # JSON, so a nested value under a secret key would be hard to find in the text.
@@ -443,8 +467,6 @@ class _RedactionFilter(logging.Filter):
             record.exc_text = self.gateway.clean_text(record.exc_text, where=where)
         if record.stack_info:
             record.stack_info = self.gateway.clean_text(record.stack_info, where=where)
-        record._ctx_redacted = True
-        return True
 
 
 def install_log_redaction(gateway: Gateway, logger: logging.Logger | None = None) -> None:

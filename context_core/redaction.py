@@ -128,13 +128,15 @@ _PROVIDER_RX = re.compile(
     r"|xox[abposr]-[A-Za-z0-9\-]{10,}"  # Slack
 )
 # key=value / key: value / "key": "value" in free text (and in JSON carried as a string).
-# The key must *start* at a non-key char (lookbehind), which keeps matching linear.
 _ASSIGN_KEYWORDS = (
     r"pass|pwd|secret|token|api[\-_.]?key|private[\-_.]?key|access[\-_.]?key|auth|credential"
     r"|cookie|jwt|otp|密码|口令|密钥|令牌|凭证"
 )
 _ASSIGN_RX = re.compile(
-    rf"""(?<![\w.\-])(?P<k>[\w.\-]*?(?:{_ASSIGN_KEYWORDS})[\w.\-]*)"""
+    # A key starts a word, holds a keyword (found by a lookahead, which never backtracks) and
+    # is then taken whole and possessively: linear time even on 100 KB of "passpass...".
+    # Whether the key really names a secret is decided by is_secret_key in _assign.
+    rf"""(?<![\w.\-])(?=[\w.\-]*?(?:{_ASSIGN_KEYWORDS}))(?P<k>[\w.\-]++)"""
     r"""(?P<kq>\\*["']?)(?P<sep>\s*[:=：]\s*)(?P<v>"""
     # a quoted value, also when escaped once or more (JSON inside JSON inside a log line)
     r"""(?P<eq>\\+["'])(?:(?!(?P=eq))[^\n])*(?P=eq)"""
@@ -215,6 +217,7 @@ def mask_mobile(text: str) -> str:
 # to leave the match alone (a lookalike that failed validation).
 _Hit = tuple[str, str, str] | None
 _Handler = Callable[[re.Match[str]], _Hit]
+Hits = list[tuple[str, str]]  # (finding kind, original value) per removal
 
 
 def _whole(m: re.Match[str]) -> _Hit:
@@ -240,8 +243,7 @@ def _basic(m: re.Match[str]) -> _Hit:
 
 
 def _assign(m: re.Match[str]) -> _Hit:
-    key = m.group("k")
-    if key.isascii() and not is_secret_key(key):
+    if not is_secret_key(m.group("k")):
         return None
     v = m.group("v")
     scheme = ""
@@ -263,6 +265,26 @@ def _assign(m: re.Match[str]) -> _Hit:
         return None
     prefix = m.group(0)[: m.start("v") - m.start(0)]
     return f"{prefix}{scheme}{q_open}{REDACTED}{q_close}", "secret_value", inner
+
+
+def _redact_assignments(text: str, hits: Hits) -> str:
+    """key=value rule. A value after a key that is *not* secret ("tokens: api_key=...") is
+    scanned again, so a non-secret key can never swallow a secret assignment behind it."""
+    if _ASSIGN_RX.search(text) is None:
+        return text
+
+    def sub(m: re.Match[str]) -> str:
+        hit = _assign(m)
+        if hit is not None:
+            replacement, kind, raw = hit
+            hits.append((kind, raw))
+            return replacement
+        if is_secret_key(m.group("k")):  # secret key, value already redacted or empty
+            return m.group(0)
+        prefix = m.group(0)[: m.start("v") - m.start(0)]
+        return prefix + _redact_assignments(m.group("v"), hits)
+
+    return _ASSIGN_RX.sub(sub, text)
 
 
 def _prc_id(m: re.Match[str]) -> _Hit:
@@ -299,8 +321,6 @@ _ASSIGN_GATE_RX = re.compile(_ASSIGN_KEYWORDS, re.IGNORECASE)
 KNOWN_CLEAN: dict[str, None] = {}
 _KNOWN_CLEAN_MAX_LEN = 64
 _KNOWN_CLEAN_MAX_ITEMS = 8192
-
-Hits = list[tuple[str, str]]
 
 
 def _apply(text: str, rx: re.Pattern[str], handle: _Handler, hits: Hits) -> str:
@@ -354,7 +374,7 @@ def redact_text(text: str) -> tuple[str, Hits]:
     ):
         text = _apply(text, _PROVIDER_RX, _whole, hits)
     if ("=" in text or ":" in text or "：" in text) and _ASSIGN_GATE_RX.search(lower):
-        text = _apply(text, _ASSIGN_RX, _assign, hits)
+        text = _redact_assignments(text, hits)
     if _LONG_DIGITS_RX.search(text):
         text = _apply(text, _ID_RX, _prc_id, hits)
         text = _apply(text, _CARD_RX, _card, hits)

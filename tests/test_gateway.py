@@ -181,6 +181,10 @@ def test_secret_key_subtree_keeps_structure_and_falsy_values() -> None:
         ('{"dbPassword":"p@ss w0rd"}', f'{{"dbPassword":"{REDACTED}"}}'),
         ('esc {\\"password\\": \\"s3cr3t\\"}', f'esc {{\\"password\\": \\"{REDACTED}\\"}}'),
         ("密码：abc123456", f"密码：{REDACTED}"),
+        ("用户密码：abc123456", f"用户密码：{REDACTED}"),
+        ("RuntimeError: api_key=Zz9abc", f"RuntimeError: api_key={REDACTED}"),
+        ("tokens: api_key=Zz9abc", f"tokens: api_key={REDACTED}"),
+        ("Authorization: Basic notb64", f"Authorization: Basic {REDACTED}"),
         ("redis://user:pa55w0rd@h:6379/0", f"redis://user:{REDACTED}@h:6379/0"),
         ("https://:pw0rd@example.com/x", f"https://:{REDACTED}@example.com/x"),
     ],
@@ -858,3 +862,30 @@ def test_container_types_kept() -> None:
     assert out["nt"] == Pair("138****1234", "x")
     assert out["fs"] == frozenset({"138****1234"})
     assert out["b"] == f"password={REDACTED}".encode()
+
+
+def test_audit_write_failure_is_logged_cleaned_without_recursion(tmp_path: Path) -> None:
+    import io
+
+    g = gw(audit_path=tmp_path)  # a directory: every append fails with an OSError
+    parent = logging.getLogger("context_core")
+    saved = (list(parent.handlers), list(parent.filters), parent.level, parent.propagate)
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(name)s %(message)s"))
+    parent.handlers[:] = [handler]
+    parent.setLevel(logging.DEBUG)
+    parent.propagate = False
+    try:
+        install_log_redaction(g, parent)
+        logging.getLogger("context_core.worker").warning("key %s", STRIPE)
+    finally:
+        parent.handlers[:] = saved[0]
+        parent.filters[:] = saved[1]
+        parent.setLevel(saved[2])
+        parent.propagate = saved[3]
+    out = stream.getvalue()
+    assert STRIPE not in out
+    assert f"context_core.worker key {REDACTED}" in out
+    assert "context_core.gateway gateway audit write to" in out
+    assert len(g.recent_audit) == 1  # the in-memory tail still has the record

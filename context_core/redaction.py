@@ -1,7 +1,9 @@
 """What counts as a secret or as PII, and how it is masked: the rules behind the gateway.
 
-Pure functions and precompiled patterns, no state, no I/O: :mod:`context_core.gateway` walks
-the data, audits and caps; this module only decides about one key or one string.
+Pure functions and precompiled patterns, no I/O: :mod:`context_core.gateway` walks the data,
+audits and caps; this module only decides about one key or one string. The one piece of state
+is :data:`KNOWN_CLEAN`, a bounded memo of short strings that had *no* finding (keys, status
+words), which lets the walk skip them.
 
 Choices (documented because they trade false positives against false negatives; a leaked
 secret costs more than an over-redacted field):
@@ -160,9 +162,6 @@ _EMAIL_RX = re.compile(
 _DIGIT_RX = re.compile(r"[0-9]")
 _ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
 _ID_CHECK = "10X98765432"
-# Cheap substring gates: a rule's regex only runs when its marker is present.
-
-
 _CLOSERS = {"{": "}", "[": "]"}
 
 

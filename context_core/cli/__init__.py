@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import typer
 
 from context_core.cli import eval as eval_cmds
@@ -18,6 +20,33 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+@app.callback()
+def _configure(
+    log_level: str = typer.Option(
+        None, "--log-level", help="DEBUG, INFO, WARNING or ERROR (default: CTX_LOG_LEVEL, INFO)."
+    ),
+) -> None:
+    """Set up logging once for every command; every log line passes the sanitize gateway."""
+    from context_core.config import get_settings
+    from context_core.errors import ConfigError
+    from context_core.gateway import Gateway, install_log_redaction
+
+    try:
+        settings = get_settings(**({"log_level": log_level} if log_level else {}))
+    except ConfigError as e:
+        typer.secho(str(e), fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from e
+    logging.basicConfig(
+        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # Third-party chatter drowns the progress bars at INFO.
+    for noisy in ("httpx", "sentence_transformers", "great_expectations", "urllib3"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    install_log_redaction(Gateway.from_settings(settings))
+
+
 for module in (run_cmds, session_cmds, ingest_cmds, service_cmds):
     module.register(app)
 app.add_typer(eval_cmds.app, name="eval", help="Threshold calibration, CER and health reports.")

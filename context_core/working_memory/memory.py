@@ -1,19 +1,7 @@
-"""L2 working memory: a session's tool results, step outputs and sensor series in Redis.
+"""The L2 stores: :class:`WorkingMemory` (one per Redis client) and its per-session views.
 
-Why Redis keys look like ``wm:{<sid>}:<kind>:<ident>``: the braces are a Redis Cluster hash
-tag, so one session's keys share a slot and the multi-key Lua script / transactions below
-stay legal on a cluster. Every key is built here from a validated session id, and
-:class:`SessionMemory` (bound to one session) is the only door to them: there is no method
-taking a raw key for reading, so a session cannot read another's data.
-
-Why everything decays: L2 is minutes-long memory. The default TTL is 15 minutes; a step's
-output lives until the latest step that depends on it is expected to start, times two
-(:func:`ttl_from_plan`), and :meth:`SessionMemory.apply_plan` re-EXPIREs keys when the plan
-changes. Pending async tasks are the one exception: they have no TTL, since a forgotten task
-id is a lost task.
-
-Every write passes the sanitize gateway first (API responses through ``clean_response``, so
-they are also capped), so secrets never reach Redis.
+:class:`SessionMemory` is bound to one validated session id and builds every key itself, so
+it is the only door to ``wm:{<sid>}:...`` keys; no method takes a raw key for reading.
 
 Value layout:
 
@@ -30,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -51,54 +38,21 @@ from context_core.errors import (
 )
 from context_core.gateway import Gateway
 from context_core.redis_conn import RedisProvider
+from context_core.working_memory.contract import CONTRACT_LUA, TaskContract, contract_from_hash
+from context_core.working_memory.keys import (
+    RESERVED_PREFIX,
+    canonical,
+    check_ident,
+    check_kind,
+    check_sid,
+    session_pattern,
+    session_prefix,
+    ttl_from_pttl,
+)
+from context_core.working_memory.plan import StepPlan, ttl_from_plan
+from context_core.working_memory.preferences import Preferences
 
-__all__ = [
-    "Loaded",
-    "PlannedStep",
-    "Preference",
-    "Preferences",
-    "SessionMemory",
-    "StepPlan",
-    "TaskContract",
-    "WorkingMemory",
-    "ttl_from_plan",
-]
-
-_SID = re.compile(r"^[A-Za-z0-9._\-]{1,128}$")
-_KIND = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
-_IDENT = re.compile(r"^[^\s{}:*?\[\]\\]{1,256}$")
-_RESERVED_PREFIX = "_"
-
-
-def _check(what: str, value: object, pattern: re.Pattern[str], allowed: str) -> str:
-    if not isinstance(value, str) or not pattern.match(value):
-        raise ContextError(
-            f"invalid {what} {value!r}: {allowed}. Braces, colons and whitespace are refused "
-            "because they would let one id address another session's keys"
-        )
-    return value
-
-
-def _check_sid(value: object, what: str = "session id") -> str:
-    return _check(what, value, _SID, "use 1-128 characters from A-Z a-z 0-9 . _ -")
-
-
-def _check_kind(value: object, what: str = "kind") -> str:
-    return _check(what, value, _KIND, "use a lower-case word such as 'step' or 'api'")
-
-
-def _check_ident(value: object, what: str = "ident") -> str:
-    return _check(
-        what, value, _IDENT, "use 1-256 characters without whitespace, braces, colons, * ? [ ] \\"
-    )
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-
-
-def _ttl_from_pttl(pttl: int) -> float | None:
-    return None if pttl == -1 else pttl / 1000.0
+__all__ = ["Loaded", "SessionMemory", "WorkingMemory"]
 
 
 # --------------------------------------------------------------------------------------
@@ -114,107 +68,6 @@ class Loaded:
     value: Any
     stored_at: float
     ttl_s: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class PlannedStep:
-    """A step of the agent's plan; ``est_start_s`` is seconds from now."""
-
-    step_id: str
-    depends_on: tuple[str, ...] = ()
-    est_start_s: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class StepPlan:
-    """The step dependency graph that decides how long each step's output must live."""
-
-    steps: Mapping[str, PlannedStep]
-
-    def __post_init__(self) -> None:
-        for sid, step in self.steps.items():
-            if sid != step.step_id:
-                raise ContextError(f"StepPlan: key {sid!r} holds step {step.step_id!r}")
-            if not math.isfinite(step.est_start_s):
-                raise ContextError(f"StepPlan: step {sid!r} has est_start_s {step.est_start_s}")
-            unknown = [d for d in step.depends_on if d not in self.steps]
-            if unknown:
-                raise ContextError(
-                    f"StepPlan: step {sid!r} depends on unknown step(s) {', '.join(unknown)}"
-                )
-
-    @classmethod
-    def of(cls, *steps: PlannedStep) -> StepPlan:
-        return cls({s.step_id: s for s in steps})
-
-    def dependents(self, step_id: str) -> list[PlannedStep]:
-        return [s for s in self.steps.values() if step_id in s.depends_on]
-
-
-def ttl_from_plan(step_id: str, plan: StepPlan, *, default_ttl_s: int, factor: float = 2.0) -> int:
-    """Seconds ``step_id``'s output must live: latest dependent's est. start x ``factor``.
-
-    With no dependent step the output has nobody waiting for it: ``default_ttl_s``. The
-    result is rounded up and at least 1 s (a dependent already due still needs the value).
-    """
-    deps = plan.dependents(step_id)
-    if not deps:
-        return int(default_ttl_s)
-    latest = max(s.est_start_s for s in deps)
-    return max(1, math.ceil(latest * factor))
-
-
-@dataclass(frozen=True, slots=True)
-class TaskContract:
-    """One version of a session's task contract (what the user asked for, as agreed)."""
-
-    version: int
-    fields: dict[str, Any]
-    corrected: bool = False
-    locked: bool = False
-    updated_at: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class Preference:
-    """A structured user preference: a value and how sure we are of it."""
-
-    type: str
-    value: Any
-    confidence: float
-    last_updated: float
-
-
-# Atomic optimistic update of a task contract (one round trip, no WATCH retries inside).
-# KEYS: 1 contract hash, 2 history list.  ARGV: 1 expected version, 2 JSON object of
-# field -> JSON-encoded value, 3 corrected "1"/"0", 4 now, 5 ttl seconds.
-_CONTRACT_LUA = """
-local cur = tonumber(redis.call('HGET', KEYS[1], '_version') or '0')
-if redis.call('HGET', KEYS[1], '_locked') == '1' then return {'locked', cur} end
-if cur ~= tonumber(ARGV[1]) then return {'conflict', cur} end
-local new = cur + 1
-local fields = cjson.decode(ARGV[2])
-for k, v in pairs(fields) do redis.call('HSET', KEYS[1], 'f:' .. k, v) end
-redis.call('HSET', KEYS[1], '_version', new, '_corrected', ARGV[3], '_updated_at', ARGV[4],
-           '_locked', '0')
-local all = redis.call('HGETALL', KEYS[1])
-local snap = {}
-for i = 1, #all, 2 do snap[all[i]] = all[i + 1] end
-redis.call('RPUSH', KEYS[2], cjson.encode(snap))
-redis.call('EXPIRE', KEYS[1], ARGV[5])
-redis.call('EXPIRE', KEYS[2], ARGV[5])
-return {'ok', new}
-"""
-
-
-def _contract_from_hash(h: Mapping[str, str]) -> TaskContract:
-    return TaskContract(
-        version=int(h.get("_version", 0)),
-        fields={k[2:]: json.loads(v) for k, v in h.items() if k.startswith("f:")},
-        corrected=h.get("_corrected") == "1",
-        locked=h.get("_locked") == "1",
-        updated_at=float(h.get("_updated_at", 0.0)),
-    )
 
 
 # --------------------------------------------------------------------------------------
@@ -252,7 +105,7 @@ class WorkingMemory:
         self._gateway = gateway
         self.default_ttl_s = int(default_ttl_s)
         self.series_window = int(series_window)
-        self._contract_script = client.register_script(_CONTRACT_LUA)
+        self._contract_script = client.register_script(CONTRACT_LUA)
         kw = client.connection_pool.connection_kwargs
         where = kw.get("path") or f"{kw.get('host', '?')}:{kw.get('port', '?')}"
         self.url = f"redis://{where}/{kw.get('db', 0)}"  # no password, safe to show
@@ -270,10 +123,10 @@ class WorkingMemory:
 
     def session(self, session_id: str) -> SessionMemory:
         """The only door to ``wm:{<session_id>}:...`` keys."""
-        return SessionMemory(self, _check_sid(session_id))
+        return SessionMemory(self, check_sid(session_id))
 
     def preferences(self, user_id: str) -> Preferences:
-        return Preferences(self, _check_sid(user_id, "user id"))
+        return Preferences(self, check_sid(user_id, "user id"))
 
     @contextmanager
     def _guard(self, op: str) -> Iterator[None]:
@@ -296,10 +149,10 @@ class SessionMemory:
     __slots__ = ("_gw", "_prefix", "_r", "_sid", "plan", "wm")
 
     def __init__(self, wm: WorkingMemory, session_id: str) -> None:
-        self._sid = _check_sid(session_id)
+        self._sid = check_sid(session_id)
         self.wm = wm
         self.plan: StepPlan | None = None
-        self._prefix = f"wm:{{{session_id}}}:"
+        self._prefix = session_prefix(session_id)
         self._r = wm._client
         self._gw = wm._gateway
 
@@ -313,13 +166,13 @@ class SessionMemory:
     # ---- keys ---------------------------------------------------------------------------
     def key(self, kind: str, ident: str) -> str:
         """``wm:{<sid>}:<kind>:<ident>``, after validating ``kind`` and ``ident``."""
-        return f"{self._prefix}{_check_kind(kind)}:{_check_ident(ident)}"
+        return f"{self._prefix}{check_kind(kind)}:{check_ident(ident)}"
 
     def api_key(self, endpoint: str, params: Mapping[str, Any]) -> str:
         """Key of an API response: sha256 of endpoint + canonical JSON of the params."""
         if not isinstance(endpoint, str) or not endpoint:
             raise ContextError("api_key: endpoint must be a non-empty string")
-        digest = hashlib.sha256((endpoint + _canonical(dict(params))).encode()).hexdigest()
+        digest = hashlib.sha256((endpoint + canonical(dict(params))).encode()).hexdigest()
         return f"{self._prefix}api:{digest}"
 
     def _own(self, key: str) -> str:
@@ -342,7 +195,7 @@ class SessionMemory:
         """Store a cleaned, size-capped response; returns its key."""
         key = self.api_key(endpoint, params)
         data = self._gw.clean_response(response, where=f"L2.api {endpoint}")
-        body = _canonical({"stored_at": time.time(), "data": data})
+        body = canonical({"stored_at": time.time(), "data": data})
         with self.wm._guard(f"SET {key}"):
             self._r.set(key, body, ex=self._ttl(ttl_s))
         return key
@@ -368,14 +221,14 @@ class SessionMemory:
         key = self.key("step", step_id)
         if not fields:
             raise ContextError(f"put_step_result({step_id!r}): fields must not be empty")
-        bad = [k for k in fields if not isinstance(k, str) or k.startswith(_RESERVED_PREFIX)]
+        bad = [k for k in fields if not isinstance(k, str) or k.startswith(RESERVED_PREFIX)]
         if bad:
             raise ContextError(
                 f"put_step_result({step_id!r}): field names must be strings not starting "
                 f"with '_' (reserved), got {bad!r}"
             )
         cleaned = self._gw.clean(dict(fields), where=f"L2.step {step_id}")
-        mapping = {k: _canonical(v) for k, v in cleaned.items()}
+        mapping = {k: canonical(v) for k, v in cleaned.items()}
         mapping["_stored_at"] = repr(time.time())
         if ttl_s is None and self.plan is not None and step_id in self.plan.steps:
             ttl_s = ttl_from_plan(step_id, self.plan, default_ttl_s=self.wm.default_ttl_s)
@@ -459,7 +312,7 @@ class SessionMemory:
             val = [json.loads(v) for v in val]
         if not val:
             raise ContextMissError(key)
-        return Loaded(key, val, 0.0, _ttl_from_pttl(pttl))
+        return Loaded(key, val, 0.0, ttl_from_pttl(pttl))
 
     # ---- series (Sorted Set) ------------------------------------------------------------
     def add_series_point(self, series: str, ts: float, value: float) -> None:
@@ -541,7 +394,7 @@ class SessionMemory:
             pttl = self._r.pttl(key)
         if pttl == -2:
             raise ContextMissError(key)
-        return _ttl_from_pttl(pttl)
+        return ttl_from_pttl(pttl)
 
     def _ttl(self, ttl_s: int | None) -> int:
         t = self.wm.default_ttl_s if ttl_s is None else int(ttl_s)
@@ -557,7 +410,7 @@ class SessionMemory:
         """The current contract; version 0 with no fields when none was written yet."""
         key, _ = self._contract_keys()
         with self.wm._guard(f"HGETALL {key}"):
-            return _contract_from_hash(self._r.hgetall(key))
+            return contract_from_hash(self._r.hgetall(key))
 
     def update_contract(
         self, fields: Mapping[str, Any], *, expected_version: int, corrected: bool = False
@@ -575,7 +428,7 @@ class SessionMemory:
             raise ContextError(f"update_contract: field names must be non-empty strings: {bad!r}")
         key, hist = self._contract_keys()
         cleaned = self._gw.clean(dict(fields), where="L2.contract")
-        encoded = json.dumps({k: _canonical(v) for k, v in cleaned.items()})
+        encoded = json.dumps({k: canonical(v) for k, v in cleaned.items()})
         with self.wm._guard(f"contract update {key}"):
             status, version = self.wm._contract_script(
                 keys=[key, hist],
@@ -604,7 +457,7 @@ class SessionMemory:
         _, hist = self._contract_keys()
         with self.wm._guard(f"LRANGE {hist}"):
             raw = self._r.lrange(hist, 0, -1)
-        return [_contract_from_hash(json.loads(r)) for r in raw]
+        return [contract_from_hash(json.loads(r)) for r in raw]
 
     def lock_contract(self) -> None:
         self._set_lock("1")
@@ -622,7 +475,7 @@ class SessionMemory:
     # ---- housekeeping -------------------------------------------------------------------
     def clear(self) -> int:
         """Delete every key of this session (SCAN on the hash-tag pattern); returns count."""
-        pattern = f"wm:\\{{{self.session_id}\\}}:*"
+        pattern = session_pattern(self.session_id)
         n = 0
         with self.wm._guard(f"SCAN {pattern}"):
             batch: list[str] = []
@@ -636,62 +489,6 @@ class SessionMemory:
         return n
 
 
-class Preferences:
-    """A user's structured preferences: ``pref:{<uid>}:<type>`` hashes, no TTL."""
-
-    def __init__(self, wm: WorkingMemory, user_id: str) -> None:
-        self._wm = wm
-        self.user_id = _check_sid(user_id, "user id")
-        self._prefix = f"pref:{{{user_id}}}:"
-
-    def key(self, pref_type: str) -> str:
-        return self._prefix + _check_kind(pref_type, "preference type")
-
-    def set(self, pref_type: str, value: Any, *, confidence: float = 1.0) -> Preference:
-        if not (isinstance(confidence, int | float) and 0.0 <= confidence <= 1.0):
-            raise ContextError(f"preference {pref_type!r}: confidence must be in [0, 1]")
-        key = self.key(pref_type)
-        cleaned = self._wm._gateway.clean(value, where=f"pref {pref_type}")
-        now = time.time()
-        with self._wm._guard(f"HSET {key}"):
-            self._wm._client.hset(
-                key,
-                mapping={
-                    "value": _canonical(cleaned),
-                    "confidence": repr(float(confidence)),
-                    "last_updated": repr(now),
-                },
-            )
-        return Preference(pref_type, json.loads(_canonical(cleaned)), float(confidence), now)
-
-    def get(self, pref_type: str) -> Preference:
-        key = self.key(pref_type)
-        with self._wm._guard(f"HGETALL {key}"):
-            h = self._wm._client.hgetall(key)
-        if not h:
-            raise ContextMissError(key, f"no {pref_type!r} preference for this user")
-        return _pref(pref_type, h)
-
-    def all(self) -> dict[str, Preference]:
-        pattern = f"pref:\\{{{self.user_id}\\}}:*"
-        with self._wm._guard(f"SCAN {pattern}"):
-            keys = sorted(self._wm._client.scan_iter(match=pattern, count=500))
-            pipe = self._wm._client.pipeline(transaction=False)
-            for k in keys:
-                pipe.hgetall(k)
-            values = pipe.execute() if keys else []
-        return {
-            k[len(self._prefix) :]: _pref(k[len(self._prefix) :], h)
-            for k, h in zip(keys, values, strict=True)
-            if h
-        }
-
-    def delete(self, pref_type: str) -> bool:
-        key = self.key(pref_type)
-        with self._wm._guard(f"DEL {key}"):
-            return bool(self._wm._client.delete(key))
-
-
 # --------------------------------------------------------------------------------------
 # decoding helpers
 # --------------------------------------------------------------------------------------
@@ -699,21 +496,15 @@ class Preferences:
 
 def _string_loaded(key: str, raw: str, pttl: int) -> Loaded:
     env = json.loads(raw)
-    return Loaded(key, env["data"], float(env["stored_at"]), _ttl_from_pttl(pttl))
+    return Loaded(key, env["data"], float(env["stored_at"]), ttl_from_pttl(pttl))
 
 
 def _hash_loaded(key: str, h: Mapping[str, str], pttl: int) -> Loaded:
     stored_at = float(h.get("_stored_at", 0.0))
-    value = {k: json.loads(v) for k, v in h.items() if not k.startswith(_RESERVED_PREFIX)}
-    return Loaded(key, value, stored_at, _ttl_from_pttl(pttl))
+    value = {k: json.loads(v) for k, v in h.items() if not k.startswith(RESERVED_PREFIX)}
+    return Loaded(key, value, stored_at, ttl_from_pttl(pttl))
 
 
 def _decode_point(member: str) -> tuple[float, float]:
     ts, _, val = member.partition("|")
     return float(ts), float(val)
-
-
-def _pref(pref_type: str, h: Mapping[str, str]) -> Preference:
-    return Preference(
-        pref_type, json.loads(h["value"]), float(h["confidence"]), float(h["last_updated"])
-    )

@@ -1,0 +1,88 @@
+"""Key building and id validation for L2: the one place that decides what a key may contain.
+
+Session keys are ``wm:{<sid>}:<kind>:<ident>`` and preference keys ``pref:{<uid>}:<type>``.
+The braces are a Redis Cluster hash tag, so all of one session's keys share a slot. Ids are
+checked against strict patterns because a brace, colon or glob character in an id would let
+one session's key (or SCAN pattern) address another's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from context_core.errors import ContextError
+
+__all__ = [
+    "RESERVED_PREFIX",
+    "canonical",
+    "check_ident",
+    "check_kind",
+    "check_sid",
+    "pref_pattern",
+    "pref_prefix",
+    "session_pattern",
+    "session_prefix",
+    "ttl_from_pttl",
+]
+
+_SID = re.compile(r"^[A-Za-z0-9._\-]{1,128}$")
+_KIND = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_IDENT = re.compile(r"^[^\s{}:*?\[\]\\]{1,256}$")
+
+#: Hash fields starting with this are the store's own bookkeeping (``_stored_at``, ...).
+RESERVED_PREFIX = "_"
+
+
+def _check(what: str, value: object, pattern: re.Pattern[str], allowed: str) -> str:
+    if not isinstance(value, str) or not pattern.match(value):
+        raise ContextError(
+            f"invalid {what} {value!r}: {allowed}. Braces, colons and whitespace are refused "
+            "because they would let one id address another session's keys"
+        )
+    return value
+
+
+def check_sid(value: object, what: str = "session id") -> str:
+    return _check(what, value, _SID, "use 1-128 characters from A-Z a-z 0-9 . _ -")
+
+
+def check_kind(value: object, what: str = "kind") -> str:
+    return _check(what, value, _KIND, "use a lower-case word such as 'step' or 'api'")
+
+
+def check_ident(value: object, what: str = "ident") -> str:
+    return _check(
+        what, value, _IDENT, "use 1-256 characters without whitespace, braces, colons, * ? [ ] \\"
+    )
+
+
+def session_prefix(session_id: str) -> str:
+    """``wm:{<sid>}:`` for an already validated session id."""
+    return f"wm:{{{session_id}}}:"
+
+
+def session_pattern(session_id: str) -> str:
+    """SCAN pattern matching every key of one session (braces escaped for glob)."""
+    return f"wm:\\{{{session_id}\\}}:*"
+
+
+def pref_prefix(user_id: str) -> str:
+    """``pref:{<uid>}:`` for an already validated user id."""
+    return f"pref:{{{user_id}}}:"
+
+
+def pref_pattern(user_id: str) -> str:
+    """SCAN pattern matching every preference key of one user."""
+    return f"pref:\\{{{user_id}\\}}:*"
+
+
+def canonical(value: Any) -> str:
+    """Stable JSON (sorted keys, no spaces): equal values give equal bytes and hashes."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def ttl_from_pttl(pttl: int) -> float | None:
+    """PTTL reply -> seconds; ``None`` for a key without expiry (-1)."""
+    return None if pttl == -1 else pttl / 1000.0

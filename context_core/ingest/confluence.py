@@ -145,6 +145,11 @@ def _classes(el: etree._Element) -> set[str]:
     return set(c.split()) if c else set()
 
 
+def _text(el: etree._Element) -> str:
+    """All text below ``el`` (works for lxml.html and plain lxml.etree elements)."""
+    return "".join(el.itertext())
+
+
 def _local(tag: str) -> str:
     return tag.rsplit("}", 1)[-1].lower()
 
@@ -217,7 +222,7 @@ class _Renderer:
         if cls & _SKIP_CLASSES or el.get("id") in _SKIP_IDS:
             return
         if tag in _HEADINGS and not self.headings_as_text:
-            title = normalise_line(el.text_content())
+            title = normalise_line(_text(el))
             if title:
                 self.start_section(_HEADINGS[tag], title)
             return
@@ -236,7 +241,7 @@ class _Renderer:
             self._panel(el, cls)
             return
         if "expand-control" in cls:  # the expand title: keep it as its own line
-            self.add_line(el.text_content())
+            self.add_line(_text(el))
             return
         if tag == "li":
             self.flush()
@@ -257,11 +262,11 @@ class _Renderer:
         header = ""
         for h in el.iter():
             if isinstance(h.tag, str) and "codeHeader" in _classes(h):
-                header = normalise_line(h.text_content())
+                header = normalise_line(_text(h))
                 break
         pre = el if _local(el.tag) == "pre" else next(el.iter("pre"), el)
         label = f"Code ({header}):" if header else "Code:"
-        body = [normalise_line(line) for line in pre.text_content().splitlines()]
+        body = [normalise_line(line) for line in _text(pre).splitlines()]
         body = [b for b in body if b]
         if body:
             self.add_line(label)

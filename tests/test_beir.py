@@ -61,3 +61,22 @@ def test_calibrate_beir_cranfield_subset(cranfield: Path, settings) -> None:
     assert not any((Path(settings.data_dir) / "scratch").iterdir())  # scratch cleaned up
     md = run.report["markdown"].read_text()
     assert "recall@10" in md and "![ROC]" in md
+
+
+@pytest.mark.slow
+def test_calibrate_sample_against_the_ingested_sample_export(settings) -> None:
+    pipeline = pytest.importorskip("context_core.ingest.pipeline")
+    from context_core.confidence import ConfidencePolicy
+    from evaluation.beir import SAMPLE_EVAL_DIR, calibrate_sample
+
+    export = SAMPLE_EVAL_DIR.parent / "confluence" / "EQM"
+    summary = pipeline.run_refresh(export, settings=settings, progress=False)
+    assert summary.chunks_written > 0
+    run = calibrate_sample(settings, n_boot=100)
+    r = run.result
+    assert run.stats.n_queries >= 20 and r.n_pos > 0 and r.n_neg > 0
+    assert r.auc > 0.7  # page-level judgements on the sample are easy for minilm
+    policy = ConfidencePolicy.load(settings)  # the router now reads the calibrated pair
+    assert (policy.accept, policy.skip) == (r.accept, r.skip)
+    assert run.installed_path == settings.resolved_thresholds_path
+    assert (settings.reports_dir / "calibration_report.md").is_file()

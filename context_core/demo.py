@@ -256,7 +256,7 @@ def run_demo(
 
 def bundle_rows(bundle: ContextBundle, width: int = 70) -> list[tuple[str, ...]]:
     """Rows for a provenance table: layer, source, label, confidence, freshness, content."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for f in bundle.fragments:
         content = f.content.get("text") if isinstance(f.content, dict) else None
         text = content or json.dumps(f.content, ensure_ascii=False, default=str)

@@ -64,6 +64,7 @@ L1_FIELDS = frozenset(
     {"user_query", "current_step", "last_device_id", "last_api_result", "trace", "user_id"}
 )
 L2_KINDS = frozenset({"step", "api", "series", "contract"})
+DEFAULT_L1_FIELDS = ("user_query", "current_step", "last_device_id")
 
 
 class TemplateParamError(KeyError):
@@ -114,7 +115,7 @@ class IntentSpec:
     """What one kind of step needs from each layer."""
 
     name: str
-    l1_fields: tuple[str, ...] = ("user_query", "current_step", "last_device_id")
+    l1_fields: tuple[str, ...] = DEFAULT_L1_FIELDS
     l2_keys: tuple[L2KeySpec, ...] = ()
     l3: bool = False
     l3_query: str = "{user_query}"
@@ -215,7 +216,7 @@ class IntentRegistry:
             try:
                 spec = IntentSpec(
                     name=name,
-                    l1_fields=tuple(raw.get("l1_fields", IntentSpec.l1_fields)),
+                    l1_fields=tuple(raw.get("l1_fields", DEFAULT_L1_FIELDS)),
                     l2_keys=tuple(tuple(k) for k in raw.get("l2_keys", ())),  # type: ignore[misc]
                     l3=bool(raw.get("l3", False)),
                     l3_query=str(raw.get("l3_query", "{user_query}")),

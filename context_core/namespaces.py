@@ -180,8 +180,8 @@ class NamespaceRegistry:
         self._r.hdel(self._acl_key(name), agent_id)
 
     def acl(self, name: str) -> dict[str, Grant]:
-        raw = self._r.hgetall(self._acl_key(name))
-        return {agent: Grant.from_json(v) for agent, v in raw.items()}
+        raw: dict[str, str] = self._r.hgetall(self._acl_key(name))  # type: ignore[assignment]
+        return {str(agent): Grant.from_json(str(v)) for agent, v in raw.items()}
 
     def ttl_s(self, name: str) -> int:
         raw = self._r.hget(self._meta_key(name), "ttl_s")
@@ -214,7 +214,7 @@ class NamespaceRegistry:
             if raw is None:
                 reason = f"agent {agent_id!r} is not in the ACL"
             else:
-                grant = Grant.from_json(raw)
+                grant = Grant.from_json(str(raw))
                 if not grant.allows(purpose):
                     reason = f"purpose {purpose!r} not granted (granted: {sorted(grant.purposes)})"
                 elif op == "write" and not grant.write:

@@ -37,11 +37,11 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from context_core.confidence import ConfidencePolicy
 from context_core.errors import AccessDeniedError, ConfigError, ContextMissError
@@ -192,7 +192,7 @@ class ContextRouter:
         self.namespaces = namespaces
         self.registry = registry or IntentRegistry.builtin()
         self.l3_timeout_ms = float(l3_timeout_ms)
-        self.l3_collection = l3_collection or getattr(knowledge, "main", "knowledge_main")
+        self.l3_collection: str = str(l3_collection or getattr(knowledge, "main", "knowledge_main"))
         self.hot_collection: str = getattr(knowledge, "hot", "hot_knowledge")
         self._model_checked = False
         self.l3_limit = l3_limit
@@ -457,7 +457,7 @@ class ContextRouter:
         assert self.knowledge is not None
         try:
             self._check_model()
-            vector = self.knowledge.encoder.encode_query(query)
+            vector = cast("Sequence[float]", self.knowledge.encoder.encode_query(query))
             best: dict[str, Hit] = {}
             for section in sections:
                 for hit in self.knowledge.search_vector(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from loadtests.faults import EXPECTED_BREACHES, FAULTS
 from loadtests.sampler import Sampler
 from loadtests.shapes import PROFILES
 from loadtests.slo import evaluate
-from loadtests.user import ContextAgent, plan_from_options
+from loadtests.user import RUN_STARTED, ContextAgent, plan_from_options
 
 __all__ = ["ContextAgent", "ProfileShape"]
 
@@ -107,6 +108,7 @@ class ProfileShape(LoadTestShape):
 
 @events.test_start.add_listener
 def _start_sampler(environment: Any, **_kwargs: Any) -> None:
+    RUN_STARTED[:] = [time.perf_counter()]
     runner = environment.runner
     if runner is None or isinstance(runner, WorkerRunner) or "sampler" in _state:
         return

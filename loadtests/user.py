@@ -42,6 +42,9 @@ QUERIES = (
 )
 
 _key_cycle: itertools.cycle[tuple[str, str]] | None = None
+#: perf_counter() at test start, set by the locustfile on every runner (workers have no shape
+#: of their own, so they read the run time from here).
+RUN_STARTED: list[float] = []
 _plans: dict[tuple[Any, ...], RunPlan] = {}
 
 
@@ -90,7 +93,9 @@ class ContextAgent(FastHttpUser):
 
     def _run_time(self) -> float:
         shape = self.environment.shape_class
-        return shape.get_run_time() if shape is not None else time.perf_counter() - self._t_born
+        if shape is not None and getattr(shape, "runner", None) is not None:
+            return float(shape.get_run_time())
+        return time.perf_counter() - (RUN_STARTED[0] if RUN_STARTED else self._t_born)
 
     def wait_time(self) -> float:
         """Locust's constant_throughput, with the rate read from the plan at the current run

@@ -77,7 +77,7 @@ class HFTokenizer:
 def _counter(tokenizer: TokenCounter | CountFn) -> CountFn:
     fn = getattr(tokenizer, "count_tokens", None)
     if callable(fn):
-        return fn  # type: ignore[no-any-return]
+        return fn
     if callable(tokenizer):
         return tokenizer
     raise TypeError("tokenizer must have count_tokens(text) -> int or be such a callable")

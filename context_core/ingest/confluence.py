@@ -28,7 +28,13 @@ from lxml import etree, html
 
 from context_core.errors import IngestError
 from context_core.ingest.dates import find_date
-from context_core.ingest.model import Page, Quarantined, Section, compute_content_hash
+from context_core.ingest.model import (
+    DateSource,
+    Page,
+    Quarantined,
+    Section,
+    compute_content_hash,
+)
 
 __all__ = [
     "DEFAULT_MAX_PAGE_BYTES",
@@ -350,8 +356,8 @@ def table_rows(table: etree._Element) -> list[str]:
             if row_key:  # a row-header table: "Key: value" / "Key: Col: v; Col2: v2"
                 line = f"{row_key}: {line}" if line else row_key
         elif cells[0][0] and len(cells) > 1:
-            rest = "; ".join(t for _, t in cells[1:] if t)
-            line = f"{cells[0][1]}: {rest}" if rest else cells[0][1]
+            values = "; ".join(t for _, t in cells[1:] if t)
+            line = f"{cells[0][1]}: {values}" if values else cells[0][1]
         else:
             line = "; ".join(t for _, t in cells if t)
         if line:
@@ -630,7 +636,9 @@ def _breadcrumbs(root: etree._Element, info: ExportInfo) -> tuple[tuple[str, ...
 _BY = re.compile(r"\(unlicensed\)", re.IGNORECASE)
 
 
-def _metadata(root: etree._Element, mtime: float, source: str) -> tuple[str | None, datetime, str]:
+def _metadata(
+    root: etree._Element, mtime: float, source: str
+) -> tuple[str | None, datetime, DateSource]:
     meta = next(iter(root.find_class("page-metadata")), None)
     author: str | None = None
     text = ""

@@ -267,3 +267,57 @@ def test_edge_hnsw_built_after_optimize(tmp_path: Path) -> None:
         assert hits[0].score == pytest.approx(1.0, abs=1e-2)  # int8 copies + rescoring
     finally:
         s.close()
+
+
+def test_edge_search_from_worker_threads(tmp_path: Path) -> None:
+    """The router searches from a pool thread: concurrent searches give the serial answers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    s = EdgeStore(tmp_path / "qdrant")
+    try:
+        s.create_collection(COLL, dim=DIM, model="test-16d")
+        s.upsert(COLL, _records())
+
+        def ids_for(j: int) -> list[str]:
+            return [h.id for h in s.search(COLL, QUERIES[j], limit=5, filter={"section": "PUMP"})]
+
+        serial = [ids_for(j) for j in range(len(QUERIES))]
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            threaded = list(pool.map(ids_for, list(range(len(QUERIES))) * 5))
+        assert threaded == serial * 5
+    finally:
+        s.close()
+
+
+def test_open_store_picks_backend(tmp_path: Path) -> None:
+    from context_core.config import get_settings
+    from context_core.knowledge.store import open_store
+
+    edge = open_store(get_settings(data_dir=tmp_path / "ctx"))
+    try:
+        assert isinstance(edge, EdgeStore)
+        assert edge.root == (tmp_path / "ctx" / "qdrant").resolve()
+    finally:
+        edge.close()
+    server = open_store(get_settings(data_dir=tmp_path / "ctx", qdrant_url=":memory:"))
+    try:
+        assert isinstance(server, QdrantServerStore)
+        assert server.where == ":memory:"
+    finally:
+        server.close()
+
+
+def test_server_unreachable_names_the_url() -> None:
+    import socket
+
+    from context_core.errors import BackendUnavailableError
+
+    with socket.socket() as sock:  # a free loopback port with nothing listening on it
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    s = QdrantServerStore.connect(url, timeout=2, check_compatibility=False)
+    with pytest.raises(
+        BackendUnavailableError, match=rf"'knowledge_main' at {url}.*CTX_QDRANT_URL"
+    ):
+        s.create_collection("knowledge_main", dim=DIM, model="test-16d")

@@ -80,13 +80,22 @@ class QdrantServerStore:
 
     @classmethod
     def connect(
-        cls, url: str, *, api_key: str | None = None, timeout: int = 10
+        cls,
+        url: str,
+        *,
+        api_key: str | None = None,
+        timeout: int = 10,
+        check_compatibility: bool = True,
     ) -> QdrantServerStore:
+        """``url`` of a server/cluster, or ":memory:" for qdrant-client's local mode."""
         from qdrant_client import QdrantClient
 
         if url == ":memory:":
             return cls(QdrantClient(":memory:"), where=":memory:")
-        return cls(QdrantClient(url=url, api_key=api_key, timeout=timeout), where=url)
+        client = QdrantClient(
+            url=url, api_key=api_key, timeout=timeout, check_compatibility=check_compatibility
+        )
+        return cls(client, where=url)
 
     def _call(self, name: str, what: str, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         try:

@@ -24,8 +24,8 @@ from html.entities import name2codepoint
 from lxml import etree
 
 from context_core.errors import IngestError
-from context_core.ingest.confluence import render_sections
 from context_core.ingest.model import DateSource, Page, compute_content_hash
+from context_core.ingest.render import render_sections
 
 __all__ = ["parse_storage_page", "storage_to_html"]
 

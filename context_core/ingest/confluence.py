@@ -63,7 +63,7 @@ class ExportInfo:
 class _File:
     name: str
     display: str
-    data: bytes
+    data: bytes | None  # None = read from disk when its turn comes (keeps memory flat)
     mtime: float
 
 
@@ -137,7 +137,7 @@ def _files(path: Path) -> tuple[bytes | None, list[_File]]:
     files = []
     for p in sorted(base.iterdir()):
         if p.is_file() and p.suffix.lower() in (".html", ".htm") and p.name != "index.html":
-            files.append(_File(p.name, str(p), b"", p.stat().st_mtime))
+            files.append(_File(p.name, str(p), None, p.stat().st_mtime))
     if not files and index is None:
         raise IngestError(f"no .html pages in {path}; is this a Confluence HTML export?")
     return index, files
@@ -181,7 +181,7 @@ def read_html_export(
     space_key = space or info.space_key or path.stem
     for f in files:
         data = f.data
-        if not data:
+        if data is None:
             try:
                 size = os.path.getsize(f.display)
                 if size > max_page_bytes:

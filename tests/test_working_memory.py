@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 import socket
 import string
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -26,6 +28,7 @@ from context_core.errors import (
 )
 from context_core.gateway import Gateway
 from context_core.working_memory import (
+    AnchoredPlan,
     PlannedStep,
     SessionMemory,
     StepPlan,
@@ -38,6 +41,16 @@ def _sid() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
 
 
+class _Clock:
+    """A settable clock for ``WorkingMemory(now=...)``: plans age without sleeping."""
+
+    def __init__(self, t: float = 1_800_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
 class _Env:
     """A WorkingMemory on one server plus bookkeeping so every test cleans up after itself."""
 
@@ -45,7 +58,8 @@ class _Env:
         self.url = url
         self.client = redis.Redis.from_url(url, decode_responses=True)
         self.gateway = Gateway()
-        self.wm = WorkingMemory(self.client, self.gateway)
+        self.clock = _Clock()
+        self.wm = WorkingMemory(self.client, self.gateway, now=self.clock)
         self.sessions: list[SessionMemory] = []
         self.users: list[str] = []
 
@@ -133,18 +147,18 @@ def test_backend_errors_name_the_server() -> None:
 
 def test_step_and_api_round_trip(env: _Env) -> None:
     s = env.session()
-    t0 = time.time()
     key = s.put_step_result("diagnose", {"status": "ok", "readings": [1.5, 2.0], "n": 3})
     got = s.get_step_result("diagnose")
     assert got.key == key
     assert got.value == {"status": "ok", "readings": [1.5, 2.0], "n": 3}
-    assert t0 - 1 <= got.stored_at <= time.time() + 1
+    assert got.stored_at == env.clock.t  # stamped by the injected clock
     assert got.ttl_s is not None and 895 <= got.ttl_s <= 900
     assert env.client.type(key) == "hash"
 
     akey = s.put_api_response("/pumps", {"id": "pump-0042"}, {"pressure": 4.2})
     api = s.get_api_response("/pumps", {"id": "pump-0042"})
     assert (api.key, api.value) == (akey, {"pressure": 4.2})
+    assert api.stored_at == env.clock.t
     assert env.client.type(akey) == "string"
     bundle = s.fetch_bundle(["diagnose"], [("/pumps", {"id": "pump-0042"})])
     assert bundle[key].value == got.value and bundle[akey].value == {"pressure": 4.2}
@@ -215,6 +229,137 @@ def test_apply_plan_sets_and_extends_ttls(env: _Env) -> None:
     assert 898 <= s.ttl(s.key("step", "s4")) <= 900
     s.put_step_result("s1", {"out": "again"})
     assert 1198 <= s.ttl(s.key("step", "s1")) <= 1200
+
+
+def _step_ttl(env: _Env, sid: str, step: str) -> float:
+    """Seconds left on a step key, read by the test's own client (no view involved)."""
+    pttl = env.client.pttl(f"wm:{{{sid}}}:step:{step}")
+    assert pttl > 0, f"step {step} of {sid} missing or without TTL ({pttl})"
+    return pttl / 1000.0
+
+
+def test_plan_governs_writes_through_fresh_views_and_clients(env: _Env) -> None:
+    sid = env.session().session_id
+    env.wm.session(sid).apply_plan(_plan(600.0))  # a view used once, as the router does
+    # A second, fresh view on the same WorkingMemory knows the plan ...
+    env.wm.session(sid).put_step_result("s1", {"out": "fresh view"})
+    assert 1198 <= _step_ttl(env, sid, "s1") <= 1200
+    # ... and so does a second WorkingMemory on its own client (another service process).
+    other_client = redis.Redis.from_url(env.url, decode_responses=True)
+    try:
+        other = WorkingMemory(other_client, Gateway(), now=env.clock).session(sid)
+        other.put_step_result("s2", {"out": "other client"})
+        other.put_step_result("s3", {"out": "other client"})
+        other.put_step_result("s5", {"out": "nobody waits"})
+        other.put_step_result("extra", {"out": "not in plan"})
+        other.put_step_result("s4", {"out": "explicit"}, ttl_s=42)
+        assert other.current_plan() == env.wm.session(sid).current_plan()
+    finally:
+        other_client.close()
+    assert 1198 <= _step_ttl(env, sid, "s2") <= 1200
+    assert 23 <= _step_ttl(env, sid, "s3") <= 25  # s4 at 12.2 s x 2
+    assert 898 <= _step_ttl(env, sid, "s5") <= 900  # no dependent: default
+    assert 898 <= _step_ttl(env, sid, "extra") <= 900
+    assert 40 <= _step_ttl(env, sid, "s4") <= 42  # an explicit ttl_s wins
+    assert env.wm.session(sid).get_step_result("s2").value == {"out": "other client"}
+
+
+def test_plan_governs_a_write_from_another_process(env: _Env) -> None:
+    """The real deployment: plan applied here, step written by a separate interpreter."""
+    s = env.session()
+    env.clock.t = time.time()  # the other process uses the real clock
+    s.apply_plan(_plan(600.0))
+    code = (
+        "import sys, redis\n"
+        "from context_core.gateway import Gateway\n"
+        "from context_core.working_memory import WorkingMemory\n"
+        "c = redis.Redis.from_url(sys.argv[1], decode_responses=True)\n"
+        "WorkingMemory(c, Gateway()).session(sys.argv[2]).put_step_result('s1', {'by': 'p2'})\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, env.url, s.session_id],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert s.get_step_result("s1").value == {"by": "p2"}
+    # 1200 s minus however long the subprocess took to start; far from the 900 s default.
+    assert 1100 <= _step_ttl(env, s.session_id, "s1") <= 1200
+
+
+def test_plan_starts_shift_as_time_passes(env: _Env) -> None:
+    s = env.session()
+    t0 = env.clock.t
+    s.apply_plan(_plan(120.0), factor=3.0)
+    stored = s.current_plan()
+    assert stored is not None
+    assert (stored.applied_at, stored.factor) == (t0, 3.0)
+    assert stored.start_at["s3"] == t0 + 120.0  # absolute, not "120 s from whenever"
+    assert stored.until("s1") == t0 + 120.0 and stored.until("s5") is None
+
+    env.clock.t = t0 + 30.0
+    later = env.wm.session(s.session_id)
+    rel = later.current_plan().relative(env.clock())  # type: ignore[union-attr]
+    assert rel.steps["s3"].est_start_s == 90.0 and rel.steps["s2"].est_start_s == 0.0
+    assert rel.steps["s3"].depends_on == ("s1", "s2")
+    later.put_step_result("s1", {"v": 1})
+    assert 268 <= _step_ttl(env, s.session_id, "s1") <= 270  # (120 - 30) x 3
+
+    env.clock.t = t0 + 119.9  # s3 is nearly due: ceil(0.1 x 3) = 1 s
+    env.wm.session(s.session_id).put_step_result("s2", {"v": 2})
+    assert 0 < _step_ttl(env, s.session_id, "s2") <= 1
+    env.clock.t = t0 + 500.0  # overdue: clamped to 1 s, never 0 or negative
+    env.wm.session(s.session_id).put_step_result("s1", {"v": 3})
+    assert 0 < _step_ttl(env, s.session_id, "s1") <= 1
+
+    # Re-planning from the later time re-anchors it, and re-EXPIREs what exists.
+    env.clock.t = t0 + 1000.0
+    assert later.apply_plan(_plan(60.0)) == {"s1": 120, "s2": 120}
+    assert 118 <= _step_ttl(env, s.session_id, "s1") <= 120
+    assert s.current_plan().start_at["s3"] == t0 + 1060.0  # type: ignore[union-attr]
+
+
+def test_plan_key_lifetime_and_clear(env: _Env) -> None:
+    s = env.session()
+    plan_key = s.key("plan", "current")
+    s.apply_plan(_plan(120.0))  # longest TTL handed out 240 s < default: keep 900 s
+    assert env.client.type(plan_key) == "hash"
+    assert 898 <= s.ttl(plan_key) <= 900
+    s.apply_plan(_plan(3600.0))  # s1/s2 wait 2 h -> plan kept as long as their outputs
+    assert 7198 <= s.ttl(plan_key) <= 7200
+    s.put_step_result("s1", {"v": 1})
+    assert s.clear() == 2
+    assert env.client.exists(plan_key) == 0
+    assert s.current_plan() is None
+    s.put_step_result("s1", {"v": 1})  # no plan any more: default TTL
+    assert 898 <= _step_ttl(env, s.session_id, "s1") <= 900
+
+
+def test_plan_refuses_secret_looking_step_ids(env: _Env) -> None:
+    s = env.session()
+    for bad in ("sk_live_" + "a" * 24, "13812341234"):
+        plan = StepPlan.of(PlannedStep("s1"), PlannedStep(bad, ("s1",), 10.0))
+        with pytest.raises(ContextError, match="looks like a secret"):
+            s.apply_plan(plan)
+        assert s.current_plan() is None
+    with pytest.raises(ContextError, match="factor"):
+        s.apply_plan(_plan(10.0), factor=0.0)
+
+
+def test_anchored_plan_round_trip() -> None:
+    a = AnchoredPlan.anchor(_plan(120.0), now=1_800_000_000.5, factor=2.0)
+    h = a.to_hash()
+    assert h["until:s1"] == repr(1_800_000_120.5) and "until:s4" not in h
+    assert AnchoredPlan.from_hash(h) == a
+    assert AnchoredPlan.from_hash({}) is None
+    rel, orig = a.relative(1_800_000_000.5).steps, _plan(120.0).steps
+    assert {k: v.depends_on for k, v in rel.items()} == {k: v.depends_on for k, v in orig.items()}
+    # absolute epoch floats keep starts to within a microsecond (12.2 -> 12.20000005)
+    for k in orig:
+        assert rel[k].est_start_s == pytest.approx(orig[k].est_start_s, abs=1e-6)
+    at_now = {s: a.ttl(s, now=1_800_000_000.5, default_ttl_s=900) for s in a.start_at}
+    assert at_now == {s: ttl_from_plan(s, _plan(120.0), default_ttl_s=900) for s in a.start_at}
 
 
 # ---- series window -----------------------------------------------------------------------

@@ -6,11 +6,20 @@ legal on a cluster. Every key is built from a validated session id (:mod:`.keys`
 :class:`SessionMemory` (bound to one session) is the only door to them: there is no method
 taking a raw key for reading, so a session cannot read another's data.
 
-Why everything decays: L2 is minutes-long memory. The default TTL is 15 minutes; a step's
-output lives until the latest step that depends on it is expected to start, times two
-(:func:`ttl_from_plan`), and :meth:`SessionMemory.apply_plan` re-EXPIREs keys when the plan
-changes. Pending async tasks are the one exception: they have no TTL, since a forgotten task
-id is a lost task.
+Why everything decays: L2 is minutes-long memory. The default TTL is 15 minutes. A step's
+output lives until the latest step that depends on it is expected to start, times a safety
+factor (2 by default), and at least 1 s::
+
+    ttl = max(1, ceil((latest dependent's estimated start - now) * factor))
+
+:meth:`SessionMemory.apply_plan` stores the plan in Redis (``wm:{<sid>}:plan:current``) with
+*absolute* start times and the factor, and re-EXPIREs the outputs already written. A later
+:meth:`SessionMemory.put_step_result`, through any view in any process, reads that plan in
+the same Lua call as the write, so "now" is the time of the write, not of the plan. Steps
+outside the plan, or that nothing depends on, get the default TTL, as do all writes once
+the stored plan has expired (it is kept as long as the longest TTL it can give). Pending
+async tasks are the one exception: they have no TTL, since a forgotten task id is a lost
+task.
 
 Every write passes the sanitize gateway first (API responses through ``clean_response``, so
 they are also capped), so secrets never reach Redis.
@@ -22,10 +31,11 @@ Modules: :mod:`.keys` (key building, id validation), :mod:`.plan` (step plan and
 
 from context_core.working_memory.contract import TaskContract
 from context_core.working_memory.memory import Loaded, SessionMemory, WorkingMemory
-from context_core.working_memory.plan import PlannedStep, StepPlan, ttl_from_plan
+from context_core.working_memory.plan import AnchoredPlan, PlannedStep, StepPlan, ttl_from_plan
 from context_core.working_memory.preferences import Preference, Preferences
 
 __all__ = [
+    "AnchoredPlan",
     "Loaded",
     "PlannedStep",
     "Preference",

@@ -11,6 +11,12 @@ Value layout:
 * ``pending``  Set of task ids, no TTL (ident ``tasks``)
 * ``contract`` Hash ``current`` (``f:<name>`` JSON fields + ``_version``, ``_corrected``,
   ``_locked``, ``_updated_at``) and List ``history`` (one JSON snapshot per version)
+* ``plan``     Hash ``current``: the last applied plan with absolute start times
+  (:meth:`AnchoredPlan.to_hash`), kept as long as the longest TTL it hands out
+
+No view holds state beyond its session id: the router, the lifecycle handlers and each
+process of the HTTP service make a fresh ``wm.session(sid)`` per call, so anything a later
+call needs (the plan included) lives in Redis.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +55,7 @@ from context_core.working_memory.keys import (
     session_prefix,
     ttl_from_pttl,
 )
-from context_core.working_memory.plan import StepPlan, ttl_from_plan
+from context_core.working_memory.plan import STEP_PUT_LUA, AnchoredPlan, StepPlan
 from context_core.working_memory.preferences import Preferences
 
 __all__ = ["Loaded", "SessionMemory", "WorkingMemory"]
@@ -79,7 +85,8 @@ class WorkingMemory:
     """Factory for per-session and per-user views over one Redis client.
 
     The client must decode responses (``RedisProvider.client()`` gives one). Session views
-    are cheap; keep one per session so an applied plan is remembered for later writes.
+    are cheap and stateless: make one per call. ``now`` is the clock for stored timestamps
+    and plan arithmetic (injectable so tests can move time without sleeping).
     """
 
     def __init__(
@@ -89,6 +96,7 @@ class WorkingMemory:
         *,
         default_ttl_s: int = 900,
         series_window: int = 1000,
+        now: Callable[[], float] = time.time,
     ) -> None:
         if not client.connection_pool.connection_kwargs.get("decode_responses"):
             raise ConfigError(
@@ -105,7 +113,9 @@ class WorkingMemory:
         self._gateway = gateway
         self.default_ttl_s = int(default_ttl_s)
         self.series_window = int(series_window)
+        self._now = now
         self._contract_script = client.register_script(CONTRACT_LUA)
+        self._step_put_script = client.register_script(STEP_PUT_LUA)
         kw = client.connection_pool.connection_kwargs
         where = kw.get("path") or f"{kw.get('host', '?')}:{kw.get('port', '?')}"
         self.url = f"redis://{where}/{kw.get('db', 0)}"  # no password, safe to show
@@ -142,16 +152,15 @@ class WorkingMemory:
 class SessionMemory:
     """One session's working memory. Builds every key itself from its (read-only) session id.
 
-    ``plan`` is the last plan given to :meth:`apply_plan`; it is kept in-process, so keep one
-    ``SessionMemory`` per session to have later writes use the plan's TTLs.
+    A view keeps nothing but its session id: the plan given to :meth:`apply_plan` is stored
+    in Redis, so a step written later through any view, in any process, gets the plan's TTL.
     """
 
-    __slots__ = ("_gw", "_prefix", "_r", "_sid", "plan", "wm")
+    __slots__ = ("_gw", "_prefix", "_r", "_sid", "wm")
 
     def __init__(self, wm: WorkingMemory, session_id: str) -> None:
         self._sid = check_sid(session_id)
         self.wm = wm
-        self.plan: StepPlan | None = None
         self._prefix = session_prefix(session_id)
         self._r = wm._client
         self._gw = wm._gateway
@@ -195,7 +204,7 @@ class SessionMemory:
         """Store a cleaned, size-capped response; returns its key."""
         key = self.api_key(endpoint, params)
         data = self._gw.clean_response(response, where=f"L2.api {endpoint}")
-        body = canonical({"stored_at": time.time(), "data": data})
+        body = canonical({"stored_at": self.wm._now(), "data": data})
         with self.wm._guard(f"SET {key}"):
             self._r.set(key, body, ex=self._ttl(ttl_s))
         return key
@@ -216,8 +225,13 @@ class SessionMemory:
     def put_step_result(
         self, step_id: str, fields: Mapping[str, Any], *, ttl_s: int | None = None
     ) -> str:
-        """Replace the step's result hash. TTL: ``ttl_s``, else from the applied plan, else
-        the default."""
+        """Replace the step's result hash; returns its key.
+
+        TTL: ``ttl_s`` if given; else, when the session's stored plan has steps depending on
+        this one, ``(latest dependent's start - now) x factor`` (at least 1 s); else the
+        default. The plan is read inside the same Lua call as the write: one round trip,
+        and atomic with respect to a concurrent :meth:`apply_plan`.
+        """
         key = self.key("step", step_id)
         if not fields:
             raise ContextError(f"put_step_result({step_id!r}): fields must not be empty")
@@ -229,13 +243,14 @@ class SessionMemory:
             )
         cleaned = self._gw.clean(dict(fields), where=f"L2.step {step_id}")
         mapping = {k: canonical(v) for k, v in cleaned.items()}
-        mapping["_stored_at"] = repr(time.time())
-        if ttl_s is None and self.plan is not None and step_id in self.plan.steps:
-            ttl_s = ttl_from_plan(step_id, self.plan, default_ttl_s=self.wm.default_ttl_s)
+        now = self.wm._now()
+        mapping["_stored_at"] = repr(now)
+        explicit = "" if ttl_s is None else str(self._ttl(ttl_s))
+        args: list[str | int] = [repr(now), explicit, self.wm.default_ttl_s, step_id]
+        for field, value in mapping.items():
+            args += [field, value]
         with self.wm._guard(f"HSET {key}"):
-            pipe = self._r.pipeline(transaction=True)
-            pipe.delete(key).hset(key, mapping=mapping).expire(key, self._ttl(ttl_s))
-            pipe.execute()
+            self.wm._step_put_script(keys=[key, self._plan_key()], args=args)
         return key
 
     def get_step_result(self, step_id: str) -> Loaded:
@@ -368,24 +383,47 @@ class SessionMemory:
             return set(self._r.smembers(key))
 
     # ---- plans and TTLs -----------------------------------------------------------------
-    def apply_plan(self, plan: StepPlan, *, factor: float = 2.0) -> dict[str, int]:
-        """Remember ``plan`` and re-EXPIRE the stored outputs of its steps.
+    def _plan_key(self) -> str:
+        return self.key("plan", "current")
 
-        Returns ``{step_id: ttl_s}`` for the step results that exist (others are skipped;
-        they get the plan's TTL when written).
+    def apply_plan(self, plan: StepPlan, *, factor: float = 2.0) -> dict[str, int]:
+        """Store ``plan`` (replacing the previous one) and re-EXPIRE its steps' outputs.
+
+        The plan is stored with absolute start times (``now`` + ``est_start_s``) and the
+        factor, so later writes through any view get the TTL for the time *they* happen.
+        Plan, TTLs and EXPIREs change in one MULTI. Returns ``{step_id: ttl_s}`` for the
+        step results that exist (others get the plan's TTL when written).
         """
-        self.plan = plan
-        ttls = {
-            s: ttl_from_plan(s, plan, default_ttl_s=self.wm.default_ttl_s, factor=factor)
-            for s in plan.steps
-        }
-        keys = {s: self.key("step", s) for s in plan.steps}
-        with self.wm._guard("EXPIRE (apply_plan)"):
+        now = self.wm._now()
+        anchored = AnchoredPlan.anchor(plan, now=now, factor=factor)
+        default = self.wm.default_ttl_s
+        keys = {s: self.key("step", s) for s in plan.steps}  # validates every step id
+        ttls = {s: anchored.ttl(s, now=now, default_ttl_s=default) for s in plan.steps}
+        stored = anchored.to_hash()
+        # Ids and numbers only, but the write still passes the gateway; if it would change
+        # anything (an id that looks like a secret or a phone number) the plan is refused
+        # rather than stored inconsistent with the step keys.
+        if self._gw.clean(list(stored.items()), where="L2.plan") != list(stored.items()):
+            raise ContextError(
+                f"apply_plan: a step id of session {self.session_id!r} looks like a secret "
+                "or personal data; use neutral step ids such as 's1' or 'diagnose'"
+            )
+        plan_key = self._plan_key()
+        with self.wm._guard(f"apply_plan {plan_key}"):
             pipe = self._r.pipeline(transaction=True)
+            pipe.delete(plan_key).hset(plan_key, mapping=stored)
+            pipe.expire(plan_key, anchored.keep_s(now=now, default_ttl_s=default))
             for s, k in keys.items():
                 pipe.expire(k, ttls[s])
-            done = pipe.execute()
+            done = pipe.execute()[3:]
         return {s: ttls[s] for s, ok in zip(keys, done, strict=True) if ok}
+
+    def current_plan(self) -> AnchoredPlan | None:
+        """The stored plan (``None`` if none was applied or it expired); see
+        :meth:`AnchoredPlan.relative` for its starts as seconds from now."""
+        key = self._plan_key()
+        with self.wm._guard(f"HGETALL {key}"):
+            return AnchoredPlan.from_hash(self._r.hgetall(key))
 
     def ttl(self, key: str) -> float | None:
         """Seconds left on one of this session's keys; None = no expiry; miss raises."""
@@ -436,7 +474,7 @@ class SessionMemory:
                     int(expected_version),
                     encoded,
                     "1" if corrected else "0",
-                    repr(time.time()),
+                    repr(self.wm._now()),
                     self.wm.default_ttl_s,
                 ],
             )

@@ -1,19 +1,31 @@
 """The step dependency plan and the TTL rule it implies for step outputs.
 
 A step's output is only worth keeping until the last step that reads it has started; the
-plan says when that is expected, and :func:`ttl_from_plan` turns it into a TTL with a safety
-factor (plans slip).
+plan says when that is expected, and the rule turns it into a TTL with a safety factor
+(plans slip)::
+
+    ttl = max(1, ceil((latest dependent's estimated start - now) * factor))
+
+A step nobody depends on (or one outside the plan) gets the default TTL. The 1 s floor is
+for a dependent that is already due: it still needs the value, but not for long.
+
+The agent states a plan in *relative* time (:class:`StepPlan`, "s3 starts in 120 s"), which
+means nothing to a process reading it a minute later. So what is stored is an
+:class:`AnchoredPlan`: the same graph with *absolute* epoch start times and the factor, in
+one Hash per session. Any view, in any process, computes the remaining time from it, and
+:data:`STEP_PUT_LUA` applies the rule inside Redis, atomically with the step write.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from context_core.errors import ContextError
 
-__all__ = ["PlannedStep", "StepPlan", "ttl_from_plan"]
+__all__ = ["STEP_PUT_LUA", "AnchoredPlan", "PlannedStep", "StepPlan", "clamp_ttl", "ttl_from_plan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,4 +73,108 @@ def ttl_from_plan(step_id: str, plan: StepPlan, *, default_ttl_s: int, factor: f
     if not deps:
         return int(default_ttl_s)
     latest = max(s.est_start_s for s in deps)
-    return max(1, math.ceil(latest * factor))
+    return clamp_ttl(latest * factor)
+
+
+def clamp_ttl(seconds: float) -> int:
+    """Whole seconds, rounded up, at least 1 (EXPIRE with 0 or less would delete the key)."""
+    return max(1, math.ceil(seconds))
+
+
+@dataclass(frozen=True, slots=True)
+class AnchoredPlan:
+    """A :class:`StepPlan` pinned to the wall clock: what is stored for later writers.
+
+    ``start_at`` holds absolute epoch seconds, so the remaining time is right whoever reads
+    the plan and whenever; ``factor`` travels with it so every writer applies the same rule.
+    """
+
+    applied_at: float
+    factor: float
+    start_at: Mapping[str, float]
+    depends_on: Mapping[str, tuple[str, ...]]
+
+    @classmethod
+    def anchor(cls, plan: StepPlan, *, now: float, factor: float = 2.0) -> AnchoredPlan:
+        if not (math.isfinite(factor) and factor > 0):
+            raise ContextError(f"apply_plan: factor must be a positive number, got {factor}")
+        return cls(
+            applied_at=now,
+            factor=float(factor),
+            start_at={sid: now + s.est_start_s for sid, s in plan.steps.items()},
+            depends_on={sid: tuple(s.depends_on) for sid, s in plan.steps.items()},
+        )
+
+    def until(self, step_id: str) -> float | None:
+        """Absolute estimated start of the latest step depending on ``step_id``, if any."""
+        starts = [self.start_at[s] for s, deps in self.depends_on.items() if step_id in deps]
+        return max(starts) if starts else None
+
+    def ttl(self, step_id: str, *, now: float, default_ttl_s: int) -> int:
+        """The TTL rule at time ``now`` (mirrored in :data:`STEP_PUT_LUA`)."""
+        until = self.until(step_id)
+        if until is None:
+            return int(default_ttl_s)
+        return clamp_ttl((until - now) * self.factor)
+
+    def keep_s(self, *, now: float, default_ttl_s: int) -> int:
+        """How long to keep the stored plan: the longest TTL it can still hand out.
+
+        TTLs from the plan only shrink as time passes, so a plan kept this long outlives
+        every output it governs; never less than the default TTL, so a plan of short steps
+        is still there for the session's next writes.
+        """
+        ttls = [self.ttl(s, now=now, default_ttl_s=default_ttl_s) for s in self.start_at]
+        return max([int(default_ttl_s), *ttls])
+
+    def relative(self, now: float) -> StepPlan:
+        """The plan as seen at ``now``: estimated starts in seconds from then (may be < 0)."""
+        return StepPlan.of(
+            *(PlannedStep(s, self.depends_on[s], at - now) for s, at in self.start_at.items())
+        )
+
+    # ---- storage: Hash wm:{<sid>}:plan:current ------------------------------------------
+    def to_hash(self) -> dict[str, str]:
+        """``_applied_at``, ``_factor``, ``step:<id>`` = JSON ``[start_at, [deps]]``, and
+        ``until:<id>`` (latest dependent's start) for the Lua side of the rule."""
+        h = {"_applied_at": repr(self.applied_at), "_factor": repr(self.factor)}
+        for s, at in self.start_at.items():
+            h[f"step:{s}"] = json.dumps([at, list(self.depends_on[s])])
+            until = self.until(s)
+            if until is not None:
+                h[f"until:{s}"] = repr(until)
+        return h
+
+    @classmethod
+    def from_hash(cls, h: Mapping[str, str]) -> AnchoredPlan | None:
+        if "_factor" not in h:
+            return None
+        steps = {k[5:]: json.loads(v) for k, v in h.items() if k.startswith("step:")}
+        return cls(
+            applied_at=float(h["_applied_at"]),
+            factor=float(h["_factor"]),
+            start_at={s: float(v[0]) for s, v in steps.items()},
+            depends_on={s: tuple(v[1]) for s, v in steps.items()},
+        )
+
+
+# Write a step result with its TTL decided from the stored plan, atomically with the write
+# (so a concurrent apply_plan is either seen or re-EXPIREs the key after). Mirrors
+# AnchoredPlan.ttl: keep the two in step.
+# KEYS: 1 step hash, 2 plan hash.  ARGV: 1 now, 2 explicit ttl or '', 3 default ttl,
+# 4 step id, 5.. field, value pairs.  Returns the TTL set.
+STEP_PUT_LUA = """
+local ttl = tonumber(ARGV[2])
+if not ttl then
+  local plan = redis.call('HMGET', KEYS[2], '_factor', 'until:' .. ARGV[4])
+  if plan[1] and plan[2] then
+    ttl = math.max(1, math.ceil((tonumber(plan[2]) - tonumber(ARGV[1])) * tonumber(plan[1])))
+  else
+    ttl = tonumber(ARGV[3])
+  end
+end
+redis.call('DEL', KEYS[1])
+for i = 5, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('EXPIRE', KEYS[1], ttl)
+return ttl
+"""

@@ -7,7 +7,6 @@ own view type; like session data, every value passes the sanitize gateway before
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -53,7 +52,7 @@ class Preferences:
             raise ContextError(f"preference {pref_type!r}: confidence must be in [0, 1]")
         key = self.key(pref_type)
         cleaned = self._wm._gateway.clean(value, where=f"pref {pref_type}")
-        now = time.time()
+        now = self._wm._now()
         with self._wm._guard(f"HSET {key}"):
             self._wm._client.hset(
                 key,

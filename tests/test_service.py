@@ -20,7 +20,7 @@ from conftest import cleanup_keys
 
 from context_core.config import Settings, get_settings
 from context_core.service import create_app
-from context_core.service.auth import generate_keys
+from context_core.service.auth import generate_keys, hash_key, new_key
 
 AGENTS = ("agent-a", "agent-b")
 
@@ -60,10 +60,26 @@ def _keys(tmp: Path) -> tuple[Path, dict[str, str]]:
     return digests, json.loads(raws.read_text())
 
 
+def _acl_keys(tmp: Path) -> tuple[Path, dict[str, str]]:
+    """agent-a may read the shared 'fleet' namespace for diagnostics; agent-b may not."""
+    raw = {a: new_key() for a in AGENTS}
+    doc = {
+        "agent-a": {
+            "key_sha256": hash_key(raw["agent-a"]),
+            "namespaces": ["fleet"],
+            "purposes": ["diagnostics", "reporting"],
+        },
+        "agent-b": {"key_sha256": hash_key(raw["agent-b"]), "namespaces": [], "purposes": []},
+    }
+    path = tmp / "api_keys.json"
+    path.write_text(json.dumps(doc))
+    return path, raw
+
+
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("service")
-    keys_file, raw = _keys(tmp)
+    keys_file, raw = _acl_keys(tmp)
     settings = get_settings(
         data_dir=tmp / "ctx",
         reports_dir=tmp / "reports",
@@ -405,3 +421,102 @@ def test_redis_down_gives_a_fast_503_then_recovers(tmp_path: Path, session_id: s
             assert r.status_code == 404  # the data went with the server: said so, not a 500
     finally:
         server.stop()
+
+
+def test_keys_file_grants_reach_the_namespace_acl(
+    client: httpx.Client, session_id: str, svc: dict[str, Any], redis_url: str
+) -> None:
+    import redis as redis_lib
+
+    from context_core.gateway import Gateway
+    from context_core.namespaces import NamespaceRegistry
+
+    r = redis_lib.Redis.from_url(redis_url, decode_responses=True)
+    ns = NamespaceRegistry(r, Gateway())
+    writer = f"writer-{uuid.uuid4().hex[:8]}"
+    assert ns.acl("fleet")["agent-a"].purposes == frozenset({"diagnostics", "reporting"})
+    assert "agent-b" not in ns.acl("fleet")
+    ns.grant("fleet", writer, ["maintenance"], write=True)
+    ns.write("fleet", "baseline:PUMP", {"rms_mm_s": 3.2}, agent_id=writer, purpose="maintenance")
+
+    def route_as(key: str, sid: str) -> dict[str, Any]:
+        with httpx.Client(base_url=svc["url"], headers={"X-API-Key": key}, timeout=30) as c:
+            state = _start(c, sid)["state"]
+            state = _tool(
+                c, sid, state, type="tool_call", name="read_sensor", args={},
+                result={"rms_mm_s": 5.0}, device_id="PUMP-0042",
+                series={"PUMP-0042.vibration": [[time.time(), 5.0]]},
+            )["state"]  # fmt: skip
+            resp = c.post(
+                "/v1/context",
+                json={"session_id": sid, "step_intent": "compare_vibration", "state": state},
+            )
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    try:
+        granted = route_as(svc["keys"]["agent-a"], session_id)
+        ns_frags = [f for f in granted["fragments"] if f["layer"] == "NS"]
+        assert [f["content"] for f in ns_frags] == [{"rms_mm_s": 3.2}]
+        denied = route_as(svc["keys"]["agent-b"], f"{session_id}-b")
+        assert not [f for f in denied["fragments"] if f["layer"] == "NS"]
+    finally:
+        ns.revoke("fleet", writer)
+        r.delete(ns.kv_key("fleet", "baseline:PUMP"))
+        r.close()
+
+
+@pytest.mark.slow
+def test_ctx_serve_runs_on_embedded_defaults_with_a_printed_dev_key(tmp_path: Path) -> None:
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in {"CTX_REDIS_URL", "CTX_API_KEYS_FILE"}}
+    env.update(CTX_DATA_DIR=str(tmp_path / "ctx"), HF_HUB_OFFLINE="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from context_core.cli import app; app()", "serve",
+         "--port", str(port)],
+        env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        key = None
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 120
+        for line in proc.stderr:
+            m = re.search(r"X-API-Key: (\S+)", line)
+            if m:
+                key = m.group(1)
+                break
+            assert time.monotonic() < deadline, "no dev key printed within 120 s"
+        assert key is not None and key.startswith("ctxk_")
+        # keep draining the log so uvicorn never blocks on a full pipe
+        threading.Thread(target=proc.stderr.read, daemon=True).start()
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(200):  # the key is printed just before uvicorn binds the port
+            try:
+                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        body = {"user_id": "u", "user_query": "hello"}
+        assert httpx.post(f"{base}/v1/sessions", json=body).status_code == 401
+        r = httpx.post(f"{base}/v1/sessions", json=body, headers={"X-API-Key": key})
+        assert r.status_code == 201 and r.json()["state"]["user_query"] == "hello"
+    finally:
+        proc.terminate()
+        # uvicorn shuts down gracefully, then re-raises the signal it caught
+        assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+    import psutil
+
+    def cwd(p: psutil.Process) -> str:
+        try:
+            return p.cwd()
+        except psutil.Error:
+            return ""
+
+    leftovers = [p.pid for p in psutil.process_iter() if cwd(p).startswith(str(tmp_path))]
+    assert leftovers == [], "the embedded Valkey outlived `ctx serve`"

@@ -19,7 +19,12 @@ from conftest import cleanup_keys
 from context_core.confidence import ConfidencePolicy
 from context_core.config import Settings, get_settings
 from context_core.embedding import Encoder, load_encoder
-from context_core.errors import ContextMissError, ModelMismatchError
+from context_core.errors import (
+    AccessDeniedError,
+    ConfigError,
+    ContextMissError,
+    ModelMismatchError,
+)
 from context_core.gateway import Gateway
 from context_core.intents import IntentRegistry, IntentSpec, L2KeySpec, NsKeySpec
 from context_core.knowledge.edge import EdgeStore
@@ -533,3 +538,56 @@ def test_every_route_writes_one_valid_record(env: Env) -> None:
     assert [r["trace_id"] for r in recs] == [b.trace_id for b in bundles]
     for r in recs:
         validate_record(r)
+
+
+def test_required_namespace_denial_reraises_after_trace(env: Env) -> None:
+    ns_name = f"fleet-{uuid.uuid4().hex[:8]}"
+    reg = NamespaceRegistry(env.client, env.gateway)
+    reg.create(ns_name, ttl_s=60, acl={"diag": Grant(frozenset({"diagnostics"}))})
+    registry = IntentRegistry.from_dict(
+        {"must_share": {"namespaces": [[ns_name, "baseline:{device_prefix}", "audit", True]]}}
+    )
+    try:
+        router = env.router(namespaces=reg, registry=registry, knowledge=None)
+        with router, pytest.raises(AccessDeniedError, match="purpose 'audit' not granted"):
+            router.route(env.state(), "must_share", agent_id="diag")
+    finally:
+        cleanup_keys(env.redis_url, f"ns:{{{ns_name}}}:*")
+    (rec,) = env.traces()
+    assert rec["ns"]["denied"] == [f"{ns_name}/baseline:PUMP"]
+
+
+def test_no_knowledge_memory_degrades_intents_that_want_l3(env: Env) -> None:
+    with env.router(knowledge=None) as router:
+        b = router.route(env.state(), "default")
+        b2 = router.route(env.state(), "fetch_sensor_data")
+    assert b.degraded is True and b.by_layer("L3") == ()
+    assert b2.degraded is False
+    first, second = env.traces()
+    assert first["l3"]["error"] == "no knowledge memory configured"
+    assert second["l3"]["error"] is None
+
+
+def test_registry_from_data_and_validation() -> None:
+    reg = IntentRegistry.from_dict(
+        {
+            "inspect_seal": {
+                "l1_fields": ["user_query"],
+                "l2_keys": [["step", "{prev_step}", True], ["api", "{endpoint}"]],
+                "l3": True,
+                "l3_query": "{device_prefix} seal leak",
+                "l3_sections": ["{device_prefix}"],
+            }
+        }
+    )
+    spec = reg.get("inspect_seal")
+    assert [k.required for k in spec.l2_keys] == [True, False]
+    assert spec.required_keys == (L2KeySpec("step", "{prev_step}", True),)
+    assert reg.get("no_such_intent").name == "default"
+    assert {"fetch_sensor_data", "call_api", "compare_vibration", "generate_report"} <= set(
+        reg.names()
+    )
+    with pytest.raises(ConfigError, match="unknown L1 field"):
+        IntentSpec(name="bad", l1_fields=("password",))
+    with pytest.raises(ConfigError, match="L2 key kind 'blob' unknown"):
+        IntentRegistry.from_dict({"bad": {"l2_keys": [["blob", "x"]]}})

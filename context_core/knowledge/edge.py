@@ -50,6 +50,7 @@ from context_core.knowledge.store import (
     IndexStatus,
     PointRecord,
     Range,
+    Vector,
     check_model,
     check_point_id,
     parse_filter,
@@ -75,6 +76,12 @@ _OPEN: dict[Path, _OpenShard] = {}
 _OPEN_LOCK = threading.RLock()
 
 
+def _any_values(c: AnyOf) -> list[str] | list[int]:
+    if all(isinstance(v, str) for v in c.values):
+        return [str(v) for v in c.values]
+    return [int(v) for v in c.values]
+
+
 def _to_edge_filter(conditions: list[Condition]) -> Any:
     import qdrant_edge as qe
 
@@ -85,7 +92,7 @@ def _to_edge_filter(conditions: list[Condition]) -> Any:
         if isinstance(c, Equals):
             must.append(qe.FieldCondition(key=c.key, match=qe.MatchValue(c.value)))
         elif isinstance(c, AnyOf):
-            must.append(qe.FieldCondition(key=c.key, match=qe.MatchAny(list(c.values))))
+            must.append(qe.FieldCondition(key=c.key, match=qe.MatchAny(_any_values(c))))
         elif isinstance(c, Range):
             must.append(
                 qe.FieldCondition(
@@ -297,7 +304,7 @@ class EdgeStore:
     def search(
         self,
         name: str,
-        vector: Sequence[float],
+        vector: Vector,
         *,
         limit: int = 3,
         filter: Filter | None = None,

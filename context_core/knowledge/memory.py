@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from context_core.errors import InvalidStoreRequestError, SessionDataInKnowledgeError
-from context_core.knowledge.store import Filter, Hit, PointRecord, VectorStore
+from context_core.knowledge.store import Filter, Hit, PointRecord, Vector, VectorStore
 
 if TYPE_CHECKING:  # pragma: no cover
     from context_core.config import Settings
@@ -122,7 +122,7 @@ class KnowledgeMemory:
 
     def search_vector(
         self,
-        vector: Sequence[float],
+        vector: Vector,
         *,
         section: str | None = None,
         limit: int | None = None,

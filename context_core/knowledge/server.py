@@ -38,6 +38,7 @@ from context_core.knowledge.store import (
     IndexStatus,
     PointRecord,
     Range,
+    Vector,
     check_model,
     check_point_id,
     parse_filter,
@@ -50,6 +51,12 @@ T = TypeVar("T")
 _UPSERT_BATCH = 512
 
 
+def _any_values(c: AnyOf) -> list[str] | list[int]:
+    if all(isinstance(v, str) for v in c.values):
+        return [str(v) for v in c.values]
+    return [int(v) for v in c.values]
+
+
 def _to_filter(conditions: list[Condition]) -> Any:
     from qdrant_client import models
 
@@ -60,7 +67,7 @@ def _to_filter(conditions: list[Condition]) -> Any:
         if isinstance(c, Equals):
             must.append(models.FieldCondition(key=c.key, match=models.MatchValue(value=c.value)))
         elif isinstance(c, AnyOf):
-            must.append(models.FieldCondition(key=c.key, match=models.MatchAny(any=list(c.values))))
+            must.append(models.FieldCondition(key=c.key, match=models.MatchAny(any=_any_values(c))))
         elif isinstance(c, Range):
             must.append(
                 models.FieldCondition(
@@ -237,7 +244,7 @@ class QdrantServerStore:
     def search(
         self,
         name: str,
-        vector: Sequence[float],
+        vector: Vector,
         *,
         limit: int = 3,
         filter: Filter | None = None,

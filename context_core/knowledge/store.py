@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+import numpy as np
+
 from context_core.errors import InvalidStoreRequestError, ModelMismatchError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,6 +39,7 @@ __all__ = [
     "IndexStatus",
     "PointRecord",
     "Range",
+    "Vector",
     "VectorStore",
     "check_model",
     "open_store",
@@ -45,6 +48,8 @@ __all__ = [
 ]
 
 Filter = Mapping[str, Any]
+# A plain list of floats or a numpy row (what Encoder.encode returns); both are accepted.
+Vector = Sequence[float] | np.ndarray
 
 # Payload fields with an index in every collection, and their kind. Filters on these stay fast
 # at 100k points; filters on other fields still work but scan.
@@ -78,7 +83,7 @@ def point_id(source: str, chunk_index: int) -> str:
 @dataclass(frozen=True, slots=True)
 class PointRecord:
     id: str
-    vector: Sequence[float] | None
+    vector: Vector | None
     payload: dict[str, Any] = field(default_factory=dict)
 
 
@@ -205,7 +210,7 @@ def check_model(
     )
 
 
-def vector_list(vector: Sequence[float], *, collection: str, dim: int) -> list[float]:
+def vector_list(vector: Vector, *, collection: str, dim: int) -> list[float]:
     """A plain list of floats of the collection's dimension (numpy rows welcome)."""
     tolist = getattr(vector, "tolist", None)
     values: list[float] = tolist() if callable(tolist) else [float(x) for x in vector]
@@ -240,7 +245,7 @@ class VectorStore(Protocol):
     def search(
         self,
         name: str,
-        vector: Sequence[float],
+        vector: Vector,
         *,
         limit: int = 3,
         filter: Filter | None = None,

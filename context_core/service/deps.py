@@ -12,7 +12,7 @@ import secrets
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -37,6 +37,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 STATE_KEY = "svc:state-signing-key"
+RedisClient = redis.Redis  # alias: the Services field named ``redis`` shadows the module
 
 
 def fail_fast_client(url: str, *, decode_responses: bool = True) -> redis.Redis:
@@ -146,8 +147,8 @@ class Services:
 
     settings: Settings
     provider: Any
-    redis: redis.Redis
-    redis_bin: redis.Redis  # raw bytes: the query-embedding cache
+    redis: RedisClient
+    redis_bin: RedisClient  # raw bytes: the query-embedding cache
     gateway: Any
     wm: Any
     store: Any
@@ -161,7 +162,6 @@ class Services:
     owners: OwnerBinding
     metrics: ServiceMetrics
     state_key: bytes
-    state_key_fetched: float = field(default_factory=time.monotonic)
 
     def intents(self) -> list[str]:
         return list(self.registry.names())

@@ -6,8 +6,8 @@ Each package is imported in its own interpreter: Locust monkey-patches the stand
 
 from __future__ import annotations
 
-import pkgutil
 import os
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path

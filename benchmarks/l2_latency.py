@@ -1,16 +1,19 @@
-"""L1+L2 context-bundle latency, L1 instance size, and the series-window write cost.
+"""L1+L2 context-bundle latency, plan-aware step writes, L1 size, series-window writes.
 
-Three measurements, each with a baseline from the same run:
+Four measurements, each with a baseline from the same run:
 
 1. **Bundle load** (10k iterations by default): advance an L1 state, then fetch one step
    result hash and one API response of the session from L2, as one pipelined round trip
    (``SessionMemory.fetch_bundle``) and as two separate calls. Baseline: a bare PING on the
    same connection (the loopback floor), and the reference design's 22 ms figure; target
    p99 <= 1 ms. Rows for the system Redis and for the embedded Valkey.
-2. **Bytes per L1 instance**: :class:`SessionState` (frozen, slots) against a plain
+2. **Step write under a stored plan** (``SessionMemory.put_step_result``: one Lua call that
+   reads the session's plan and writes the hash with the plan's TTL) against the write it
+   replaced: gateway clean + MULTI of DEL, HSET, EXPIRE with a TTL from an in-process plan.
+3. **Bytes per L1 instance**: :class:`SessionState` (frozen, slots) against a plain
    dataclass with the same fields, 10k instances sharing the same field values, measured
    with ``tracemalloc`` (and ``sys.getsizeof`` of one instance + its ``__dict__``).
-3. **Series window**: ZADD + ZREMRANGEBYRANK against LPUSH + LTRIM, both in one MULTI per
+4. **Series window**: ZADD + ZREMRANGEBYRANK against LPUSH + LTRIM, both in one MULTI per
    point, keeping a 1,000-point window on the same connection.
 
 Run: ``python -m benchmarks.l2_latency [--iterations N] [--redis-url URL] [--no-valkey]``.
@@ -111,7 +114,72 @@ def _bundle_rows(label: str, url: str, iterations: int) -> list[dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------------------
-# 2. bytes per L1 instance
+# 2. step writes under a stored plan
+# --------------------------------------------------------------------------------------
+
+
+def _write_rows(label: str, url: str, iterations: int) -> list[dict[str, Any]]:
+    import json
+
+    from context_core.gateway import Gateway
+    from context_core.working_memory import PlannedStep, StepPlan, WorkingMemory, ttl_from_plan
+
+    client = redis.Redis.from_url(url, decode_responses=True)
+    gw = Gateway()
+    sm = WorkingMemory(client, gw).session(f"bench-{uuid.uuid4().hex[:10]}")
+    plan = StepPlan.of(PlannedStep("diagnose"), PlannedStep("report", ("diagnose",), 300.0))
+    fields = {
+        "status": "ok",
+        "device": "pump-0042",
+        "readings": [round(4.0 + i / 10, 2) for i in range(20)],
+        "summary": "pressure drifts up after each restart; seal suspected",
+    }
+    old_key = sm.key("step", "baseline")
+    try:
+        applied = time.time()
+        sm.apply_plan(plan)
+
+        def multi_in_process_plan() -> None:
+            cleaned = gw.clean(fields, where="bench")
+            mapping = {
+                k: json.dumps(v, sort_keys=True, separators=(",", ":")) for k, v in cleaned.items()
+            }
+            mapping["_stored_at"] = repr(time.time())
+            ttl = ttl_from_plan("diagnose", plan, default_ttl_s=900)
+            pipe = client.pipeline(transaction=True)
+            pipe.delete(old_key).hset(old_key, mapping=mapping).expire(old_key, ttl)
+            pipe.execute()
+
+        def lua_stored_plan() -> None:
+            sm.put_step_result("diagnose", fields)
+
+        base = summarize_ms(time_calls(multi_in_process_plan, iterations))
+        new = summarize_ms(time_calls(lua_stored_plan, iterations))
+        ttl = client.ttl(sm.key("step", "diagnose"))
+        # The stored plan ages with the run: the last write got (300 s - elapsed) x 2.
+        expected = (300.0 - (time.time() - applied)) * 2
+        assert abs(ttl - expected) <= 3, f"step TTL {ttl}, expected ~{expected:.0f} s from the plan"
+        return [
+            {
+                "server": label,
+                "write": what,
+                "n": iterations,
+                "p50_ms": st["p50_ms"],
+                "p99_ms": st["p99_ms"],
+                "p99 vs baseline": st["p99_ms"] / base["p99_ms"],
+            }
+            for what, st in (
+                ("MULTI DEL+HSET+EXPIRE, in-process plan (baseline)", base),
+                ("put_step_result: Lua, plan read from Redis", new),
+            )
+        ]
+    finally:
+        sm.clear()
+        client.close()
+
+
+# --------------------------------------------------------------------------------------
+# 3. bytes per L1 instance
 # --------------------------------------------------------------------------------------
 
 
@@ -177,7 +245,7 @@ def _memory_rows(n: int) -> list[dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------------------
-# 3. series window write cost
+# 4. series window write cost
 # --------------------------------------------------------------------------------------
 
 
@@ -280,6 +348,7 @@ def main(argv: list[str]) -> int:
             print("no server to measure", file=sys.stderr)
             return 1
         bundle = [r for label, url in servers for r in _bundle_rows(label, url, args.iterations)]
+        writes = [r for label, url in servers for r in _write_rows(label, url, args.iterations)]
         series = [
             r for label, url in servers for r in _series_rows(label, url, args.series_ops, 1000)
         ]
@@ -289,6 +358,7 @@ def main(argv: list[str]) -> int:
     memory = _memory_rows(args.instances)
 
     print_table("L1 + L2 context bundle load (loopback)", bundle)
+    print_table("Step writes under a stored plan", writes)
     print_table("Bytes per L1 instance", memory)
     print_table("Series window writes (1,000 points)", series)
     body = (
@@ -296,6 +366,9 @@ def main(argv: list[str]) -> int:
         f"response of the session ({args.iterations:,} iterations per row). Baselines: PING on "
         f"the same connection and the reference design's {REFERENCE_MS:g} ms.\n\n"
         + markdown_table(bundle)
+        + f"\nStep writes with a plan applied ({args.iterations:,} per row; the output's "
+        "TTL comes from the plan, 300 s x 2):\n\n"
+        + markdown_table(writes)
         + f"\nBytes per L1 instance ({args.instances:,} instances, same field values, "
         "tracemalloc):\n\n"
         + markdown_table(memory)

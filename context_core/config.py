@@ -19,9 +19,7 @@ __all__ = ["Settings", "get_settings"]
 class Settings(BaseSettings):
     """Every knob of the platform. Each field maps to ``CTX_<FIELD NAME>``."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="CTX_", env_file=None, extra="ignore", frozen=True
-    )
+    model_config = SettingsConfigDict(env_prefix="CTX_", env_file=None, extra="ignore", frozen=True)
 
     # --- storage locations -------------------------------------------------------------
     data_dir: Path = Field(Path("./.ctx"), description="Embedded stores, traces, caches.")

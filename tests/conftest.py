@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,7 +36,7 @@ def _reachable(url: str) -> bool:
         ok = bool(c.ping())
         c.close()
         return ok
-    except (redis.RedisError, OSError, socket.error):
+    except (redis.RedisError, OSError):
         return False
 
 

@@ -24,12 +24,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import unquote
 
-from lxml import etree, html
+from lxml import etree
 
 from context_core.errors import IngestError
 from context_core.ingest.dates import find_date
 from context_core.ingest.model import DateSource, Page, Quarantined, compute_content_hash
-from context_core.ingest.render import normalise_line, render_sections
+from context_core.ingest.render import element_text, normalise_line, render_sections
 
 __all__ = [
     "DEFAULT_MAX_PAGE_BYTES",
@@ -42,6 +42,45 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_PAGE_BYTES = 5 * 1024 * 1024
+
+
+def _parse_html(data: bytes) -> etree._Element:
+    """Plain lxml.etree HTML parse (lxml.html's element classes cost ~2x on large exports)."""
+    root = etree.fromstring(data, parser=etree.HTMLParser(encoding="utf-8"))
+    if root is None:
+        raise etree.ParserError("Document is empty")
+    return root
+
+
+@dataclass(slots=True)
+class _Index:
+    """One walk over a page: elements by id and the few classes the reader looks up."""
+
+    ids: dict[str, etree._Element]
+    classes: dict[str, list[etree._Element]]
+
+    @classmethod
+    def build(cls, root: etree._Element, wanted: tuple[str, ...]) -> _Index:
+        ids: dict[str, etree._Element] = {}
+        classes: dict[str, list[etree._Element]] = {w: [] for w in wanted}
+        for el in root.iter():
+            ident = el.get("id")
+            if ident is not None:
+                ids.setdefault(ident, el)
+            c = el.get("class")
+            if c and any(w in c for w in wanted):
+                for name in c.split():
+                    if name in classes:
+                        classes[name].append(el)
+        return cls(ids, classes)
+
+
+def _by_class(root: etree._Element, cls: str, *, below: bool = False) -> list[etree._Element]:
+    """Elements whose class list contains ``cls`` (in the document, or only below ``root``)."""
+    scope = ".//" if below else "//"
+    expr = f"{scope}*[contains(concat(' ', normalize-space(@class), ' '), $c)]"
+    return list(root.xpath(expr, c=f" {cls} "))
+
 
 _PAGE_FILE = re.compile(r"(?:^|_)(\d+)\.html?$", re.IGNORECASE)
 # Confluence writes this placeholder for whiteboards/databases it cannot export.
@@ -74,13 +113,13 @@ def _page_id(name: str) -> str | None:
 
 def read_export_info(index_html: bytes) -> ExportInfo:
     """Parse index.html: space key/name from the details table and the page tree."""
-    root = html.document_fromstring(index_html, parser=html.HTMLParser(encoding="utf-8"))
+    root = _parse_html(index_html)
     details: dict[str, str] = {}
     for tr in root.iter("tr"):
         ths, tds = tr.findall("th"), tr.findall("td")
         if ths and tds:
-            details[normalise_line(ths[0].text_content()).lower()] = normalise_line(
-                tds[0].text_content()
+            details[normalise_line(element_text(ths[0])).lower()] = normalise_line(
+                element_text(tds[0])
             )
     tree: dict[str, str | None] = {}
     titles: dict[str, str] = {}
@@ -95,7 +134,7 @@ def read_export_info(index_html: bytes) -> ExportInfo:
             pid = _page_id(a.get("href", "")) if a is not None else None
             if pid:
                 tree[pid] = parent
-                titles[pid] = normalise_line(a.text_content())
+                titles[pid] = normalise_line(element_text(a))
                 if home_id is None and any(
                     "home_page" in (img.get("src") or "") for img in li.findall("img")
                 ):
@@ -103,9 +142,9 @@ def read_export_info(index_html: bytes) -> ExportInfo:
             for sub in li.findall("ul"):
                 visit(sub, pid or parent)
 
-    for section in root.find_class("pageSection"):
+    for section in _by_class(root, "pageSection"):
         h2 = section.find(".//h2")
-        if h2 is not None and "available pages" in h2.text_content().lower():
+        if h2 is not None and "available pages" in element_text(h2).lower():
             for ul in section.findall("ul"):
                 visit(ul, None)
     if home_id is None:
@@ -232,21 +271,21 @@ def parse_export_page(
     except UnicodeDecodeError as e:
         return Quarantined(source_path, f"not valid UTF-8 at byte {e.start}")
     try:
-        root = html.document_fromstring(data, parser=html.HTMLParser(encoding="utf-8"))
-    except (etree.ParserError, ValueError) as e:
+        root = _parse_html(data)
+    except (etree.LxmlError, ValueError) as e:
         return Quarantined(source_path, f"unparseable HTML: {e}")
-    title_el = root.get_element_by_id("title-text", None)
-    raw_title = normalise_line(title_el.text_content()) if title_el is not None else ""
+    idx = _Index.build(root, ("pageSection", "page-metadata"))
+    title_el = idx.ids.get("title-text")
+    raw_title = normalise_line(element_text(title_el)) if title_el is not None else ""
     title = _strip_space(raw_title, info.space_name)
     if not title:
         return Quarantined(source_path, "malformed page: no #title-text (no page title)")
-    body = root.get_element_by_id("main-content", None)
+    body = idx.ids.get("main-content")
     if body is None:
         return Quarantined(source_path, "empty body: no #main-content (a folder-only page?)")
-    body_text = normalise_line(body.text_content()).lower()
+    body_text = normalise_line(element_text(body)).lower()
     if body_text == _UNSUPPORTED_PLACEHOLDER or (
-        body_text.startswith(_UNSUPPORTED_PLACEHOLDER)
-        and root.get_element_by_id("main-content-2", None) is not None
+        body_text.startswith(_UNSUPPORTED_PLACEHOLDER) and idx.ids.get("main-content-2") is not None
     ):
         return Quarantined(
             source_path, "unsupported content: whiteboard/database placeholder, not a page"
@@ -254,8 +293,8 @@ def parse_export_page(
     sections = render_sections(body)
     if not sections:
         return Quarantined(source_path, "empty body: #main-content has no text")
-    ancestors, ancestor_ids = _breadcrumbs(root, info)
-    author, updated_at, date_source = _metadata(root, mtime, source_path)
+    ancestors, ancestor_ids = _breadcrumbs(idx, info)
+    author, updated_at, date_source = _metadata(idx, mtime, source_path)
     return Page(
         page_id=page_id,
         title=title,
@@ -264,7 +303,7 @@ def parse_export_page(
         author=author,
         updated_at=updated_at,
         sections=tuple(sections),
-        attachments=_attachments(root),
+        attachments=_attachments(idx),
         source_path=source_path,
         content_hash=compute_content_hash(title, sections),
         ancestor_ids=ancestor_ids,
@@ -280,13 +319,13 @@ def _strip_space(raw_title: str, space_name: str | None) -> str:
     return raw_title
 
 
-def _breadcrumbs(root: etree._Element, info: ExportInfo) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _breadcrumbs(idx: _Index, info: ExportInfo) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Ancestor titles and ids, dropping the space link (index.html) and the space home.
 
     The home is recognised from index.html (its tree icon) or, without an index, as the first
     page crumb, which is where Confluence always puts it.
     """
-    crumbs = root.get_element_by_id("breadcrumbs", None)
+    crumbs = idx.ids.get("breadcrumbs")
     if crumbs is None:
         return (), ()
     items: list[tuple[str, str]] = []
@@ -294,7 +333,7 @@ def _breadcrumbs(root: etree._Element, info: ExportInfo) -> tuple[tuple[str, ...
         href = a.get("href", "")
         if href.endswith("index.html"):
             continue
-        items.append((_page_id(href) or "", normalise_line(a.text_content())))
+        items.append((_page_id(href) or "", normalise_line(element_text(a))))
     if items and (items[0][0] == info.home_id or info.home_id is None):
         items = items[1:]
     items = [(pid, t) for pid, t in items if t]
@@ -304,15 +343,14 @@ def _breadcrumbs(root: etree._Element, info: ExportInfo) -> tuple[tuple[str, ...
 _BY = re.compile(r"\(unlicensed\)", re.IGNORECASE)
 
 
-def _metadata(
-    root: etree._Element, mtime: float, source: str
-) -> tuple[str | None, datetime, DateSource]:
-    meta = next(iter(root.find_class("page-metadata")), None)
+def _metadata(idx: _Index, mtime: float, source: str) -> tuple[str | None, datetime, DateSource]:
+    meta = next(iter(idx.classes["page-metadata"]), None)
     author: str | None = None
     text = ""
     if meta is not None:
-        text = normalise_line(meta.text_content())
-        names = [normalise_line(_BY.sub("", s.text_content())) for s in meta.find_class("author")]
+        text = normalise_line(element_text(meta))
+        spans = _by_class(meta, "author", below=True)
+        names = [normalise_line(_BY.sub("", element_text(s))) for s in spans]
         names = [n for n in names if n]
         author = names[-1] if names else None  # "last modified by" comes second
     dt = find_date(text) if text else None
@@ -326,15 +364,15 @@ def _metadata(
     return author, datetime.fromtimestamp(mtime, tz=UTC), "mtime"
 
 
-def _attachments(root: etree._Element) -> tuple[str, ...]:
+def _attachments(idx: _Index) -> tuple[str, ...]:
     names: list[str] = []
-    for section in root.find_class("pageSection"):
+    for section in idx.classes["pageSection"]:
         h = section.find(".//h2")
-        if h is None or "attachments" not in (h.get("id") or h.text_content().lower()):
+        if h is None or "attachments" not in (h.get("id") or element_text(h).lower()):
             continue
         for a in section.iter("a"):
             if "attachments/" in (a.get("href") or ""):
-                n = normalise_line(a.text_content())
+                n = normalise_line(element_text(a))
                 if n and n not in names:
                     names.append(n)
     return tuple(names)

@@ -12,11 +12,13 @@ scripts and styles are dropped.
 
 from __future__ import annotations
 
+import re
+
 from lxml import etree
 
 from context_core.ingest.model import Section
 
-__all__ = ["inline_lines", "normalise_line", "render_sections", "table_rows"]
+__all__ = ["element_text", "inline_lines", "normalise_line", "render_sections", "table_rows"]
 
 _HEADINGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
 _BLOCKS = frozenset(
@@ -102,13 +104,13 @@ _PANEL_LABELS = {
     "warning": "Warning",
     "tip": "Tip",
 }
-_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"), None)
+_INVISIBLE = re.compile("[\u200b\u200c\u200d\u2060\ufeff\u00ad]")
 
 
 def normalise_line(text: str) -> str:
     """Whitespace normalisation used everywhere: drop zero-width characters, collapse every
     run of Unicode whitespace (incl. NBSP) to one space, strip the ends."""
-    return " ".join(text.translate(_INVISIBLE).split())
+    return " ".join(_INVISIBLE.sub("", text).split())
 
 
 def _classes(el: etree._Element) -> set[str]:
@@ -116,7 +118,7 @@ def _classes(el: etree._Element) -> set[str]:
     return set(c.split()) if c else set()
 
 
-def _text(el: etree._Element) -> str:
+def element_text(el: etree._Element) -> str:
     """All text below ``el`` (works for lxml.html and plain lxml.etree elements)."""
     return "".join(el.itertext())
 
@@ -193,7 +195,7 @@ class _Renderer:
         if cls & _SKIP_CLASSES or el.get("id") in _SKIP_IDS:
             return
         if tag in _HEADINGS and not self.headings_as_text:
-            title = normalise_line(_text(el))
+            title = normalise_line(element_text(el))
             if title:
                 self.start_section(_HEADINGS[tag], title)
             return
@@ -212,7 +214,7 @@ class _Renderer:
             self._panel(el, cls)
             return
         if "expand-control" in cls:  # the expand title: keep it as its own line
-            self.add_line(_text(el))
+            self.add_line(element_text(el))
             return
         if tag == "li":
             self.flush()
@@ -233,11 +235,11 @@ class _Renderer:
         header = ""
         for h in el.iter():
             if isinstance(h.tag, str) and "codeHeader" in _classes(h):
-                header = normalise_line(_text(h))
+                header = normalise_line(element_text(h))
                 break
         pre = el if _local(el.tag) == "pre" else next(el.iter("pre"), el)
         label = f"Code ({header}):" if header else "Code:"
-        body = [normalise_line(line) for line in _text(pre).splitlines()]
+        body = [normalise_line(line) for line in element_text(pre).splitlines()]
         body = [b for b in body if b]
         if body:
             self.add_line(label)
@@ -285,15 +287,12 @@ def table_rows(table: etree._Element) -> list[str]:
     Nested tables are rendered inside their cell, flattened.
     """
     rows: list[etree._Element] = []
-    for tr in table.iter():
-        if not isinstance(tr.tag, str) or _local(tr.tag) != "tr":
-            continue
-        # skip rows of nested tables: their closest table ancestor is not ``table``
-        anc = tr.getparent()
-        while anc is not None and _local(str(anc.tag)) != "table":
-            anc = anc.getparent()
-        if anc is table:
-            rows.append(tr)
+    for child in table:  # rows sit directly below the table or its thead/tbody/tfoot
+        tag = _local(child.tag) if isinstance(child.tag, str) else ""
+        if tag == "tr":
+            rows.append(child)
+        elif tag in ("thead", "tbody", "tfoot"):
+            rows.extend(tr for tr in child if isinstance(tr.tag, str) and _local(tr.tag) == "tr")
     header: list[str] | None = None
     used: set[int] = set()  # header columns that labelled at least one value
     lines: list[str] = []

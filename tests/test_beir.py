@@ -64,7 +64,9 @@ def test_calibrate_beir_cranfield_subset(cranfield: Path, settings) -> None:
 
 
 @pytest.mark.slow
-def test_calibrate_sample_against_the_ingested_sample_export(settings) -> None:
+def test_calibrate_sample_against_the_ingested_sample_export(
+    settings, redis_url: str, session_id: str
+) -> None:
     pipeline = pytest.importorskip("context_core.ingest.pipeline")
     from context_core.confidence import ConfidencePolicy
     from evaluation.beir import SAMPLE_EVAL_DIR, calibrate_sample
@@ -80,3 +82,46 @@ def test_calibrate_sample_against_the_ingested_sample_export(settings) -> None:
     assert (policy.accept, policy.skip) == (r.accept, r.skip)
     assert run.installed_path == settings.resolved_thresholds_path
     assert (settings.reports_dir / "calibration_report.md").is_file()
+
+    # The router labels L3 hits with the calibrated pair, not the defaults.
+    import redis
+    from conftest import cleanup_keys
+
+    from context_core.embedding import load_encoder
+    from context_core.gateway import Gateway
+    from context_core.knowledge.edge import EdgeStore
+    from context_core.knowledge.memory import KnowledgeMemory
+    from context_core.router import ContextRouter
+    from context_core.session import SessionState
+    from context_core.traces import TraceWriter
+    from context_core.working_memory import WorkingMemory
+
+    gw = Gateway()
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    store = EdgeStore(settings.qdrant_dir)
+    km = KnowledgeMemory(store, load_encoder(settings), settings, gw)
+    km.ensure_collections()  # hot_knowledge too: the router searches both
+    state = SessionState.start(session_id, "u", "pump vibration", gateway=gw).advance(
+        current_step=1, last_device_id="PUMP-0042"
+    )
+    query = "At what vibration level must a centrifugal pump be stopped?"
+    labels = {}
+    try:
+        for name, pol in (("default", ConfidencePolicy()), ("calibrated", policy)):
+            router = ContextRouter(
+                wm=WorkingMemory(client, gw), knowledge=km, policy=pol,
+                tracer=TraceWriter(settings.traces_dir, gateway=gw), l3_timeout_ms=120_000,
+            )  # fmt: skip
+            with router:
+                bundle = router.route(state, "default", params={"query": query})
+            labels[name] = {f.source: (f.relevance, f.label) for f in bundle.by_layer("L3")}
+    finally:
+        store.close()
+        client.close()
+        cleanup_keys(redis_url, f"wm:{{{session_id}}}:*")
+    assert labels["calibrated"]
+    for score, label in labels["calibrated"].values():
+        assert label == policy.label(score)
+    # calibrated accept (~0.49) is far below the 0.72 default: more hits become confident
+    n_conf = {k: sum(lab == "confident" for _, lab in v.values()) for k, v in labels.items()}
+    assert n_conf["calibrated"] > n_conf["default"]

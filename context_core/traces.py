@@ -199,6 +199,8 @@ class TraceWriter:
         self.traces_dir = Path(traces_dir)
         self._gateway = gateway
         self._lock = threading.Lock()
+        self._fd: int | None = None  # O_APPEND descriptor of the current day's file
+        self._fd_path: Path | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, gateway: Gateway | None = None) -> TraceWriter:
@@ -238,14 +240,33 @@ class TraceWriter:
         validate_record(rec)
         day = dt.datetime.fromisoformat(rec["ts"]).astimezone(dt.UTC).date()
         line = (json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-        path = trace_file(self.traces_dir, day)
         with self._lock:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-            try:
-                os.write(fd, line)
-            finally:
-                os.close(fd)
+            # Keep the day's descriptor open (a route is hot path); reopen when the day
+            # changes or the file was removed/rotated under us.
+            path = self._fd_path
+            if path is None or path.stem[-10:] != day.isoformat():
+                path = trace_file(self.traces_dir, day)
+            if self._fd is None or self._fd_path != path or not path.exists():
+                self._close_fd()
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+                self._fd_path = path
+            os.write(self._fd, line)
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd, self._fd_path = None, None
+
+    def close(self) -> None:
+        """Close the open trace file (writing again reopens it)."""
+        with self._lock:
+            self._close_fd()
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            os.close(fd)
 
 
 def _as_utc(value: dt.datetime | dt.date | None, *, end: bool) -> dt.datetime | None:

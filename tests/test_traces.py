@@ -181,3 +181,14 @@ def test_corrupt_line_names_file_and_line(tmp_path: Path) -> None:
     with pytest.raises(DataValidationError, match="traces-2026-03-01") as exc:
         list(read_traces(tmp_path))
     assert exc.value.failures[0].startswith("line 2")
+
+
+def test_writer_reopens_a_removed_file(tmp_path: Path) -> None:
+    writer = TraceWriter(tmp_path, gateway=Gateway())
+    writer.write_route(route_record())
+    (path,) = tmp_path.glob("*.jsonl")
+    path.unlink()  # e.g. a cleanup job removed today's file
+    writer.write_route(route_record(step=7))
+    writer.close()
+    writer.write_route(route_record(step=8))
+    assert [r["step"] for r in read_traces(tmp_path)] == [7, 8]

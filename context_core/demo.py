@@ -68,7 +68,7 @@ def _cite(bundle: ContextBundle) -> str:
 
 
 def _l3_pages(bundle: ContextBundle) -> str:
-    pages = [str(f.content.get("page", "")) for f in bundle.by_layer("L3")]
+    pages = dict.fromkeys(str(f.content.get("page", "")) for f in bundle.by_layer("L3"))
     return ", ".join(p for p in pages if p) or "no manual page above threshold"
 
 

@@ -31,6 +31,7 @@ def session_demo(
     """
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from context_core.config import get_settings
     from context_core.demo import DemoStep, bundle_rows, run_demo
@@ -53,11 +54,14 @@ def session_demo(
         )
         table = Table(title=title, title_justify="left", show_lines=False, expand=False)
         for col in ("layer", "source", "label", "conf", "age h", "content"):
-            table.add_column(col, overflow="fold" if col == "source" else "ellipsis")
+            if col == "source":
+                table.add_column(col, overflow="fold")
+            else:
+                table.add_column(col, no_wrap=True, overflow="ellipsis")
         for row in bundle_rows(b, width=width):
-            table.add_row(*row)
+            table.add_row(*(Text(cell) for cell in row))  # content is data, never markup
         console.print(table)
-        console.print(f"[dim]agent output:[/] {s.output}\n")
+        console.print(Text("agent output: ", style="dim") + Text(s.output + "\n"))
 
     with console.status("loading the embedding model and opening the stores..."):
         from context_core.embedding import load_encoder

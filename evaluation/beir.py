@@ -294,6 +294,7 @@ def _finish(
     n_truncated: int = 0,
 ) -> CalibrationRun:
     """Store labels, validate, calibrate, write thresholds and the report."""
+    from context_core.confidence import ConfidencePolicy
     from evaluation.calibration import (
         Provenance,
         calibrate,
@@ -303,6 +304,7 @@ def _finish(
     from evaluation.labels import load_labels
     from evaluation.report import write_calibration_report
 
+    current = ConfidencePolicy.load(settings)  # what the router uses now, before any --install
     reports = Path(settings.reports_dir)
     labels_csv = reports / f"{report_name}_labels.csv"
     labels_csv.parent.mkdir(parents=True, exist_ok=True)
@@ -318,7 +320,7 @@ def _finish(
     installed = None
     if install:
         installed = write_thresholds(result, settings.resolved_thresholds_path, prov)
-    change = compare_with_current(result, None, settings.accept_threshold, settings.skip_threshold)
+    change = compare_with_current(result, None, current.accept, current.skip)
     paths = write_calibration_report(
         result,
         reports,

@@ -94,7 +94,7 @@ def plot_precision_recall_vs_threshold(ax: Axes, result: CalibrationResult) -> A
 
 def plot_score_histograms(ax: Axes, result: CalibrationResult, *, bins: int = 40) -> Axes:
     """Similarity distributions of relevant vs irrelevant hits, thresholds overlaid."""
-    edges = np.linspace(float(result.scores.min()), float(result.scores.max()), bins + 1)
+    edges = np.linspace(float(result.scores.min()), float(result.scores.max()), bins + 1).tolist()
     ax.hist(result.scores[result.labels == 0], bins=edges, alpha=0.6, color="0.55",
             label=f"irrelevant (n={result.n_neg})")  # fmt: skip
     ax.hist(result.scores[result.labels == 1], bins=edges, alpha=0.6, color="#2166ac",

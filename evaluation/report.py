@@ -320,7 +320,11 @@ def write_health_report(
             )
     if snap.cer is not None and snap.cer.overall.n_steps:
         wow = snap.cer.week_over_week[-1]
-        change = "" if wow.change is None else f"{wow.change * 100:+.1f} pp week over week"
+        change = (
+            "no earlier week in the period"
+            if wow.change is None
+            else f"{wow.change * 100:+.1f} pp week over week"
+        )
         lines.append(
             f"| router | CER ({snap.cer.overall.n_steps} steps) | "
             f"{_pct(snap.cer.overall.cer)} | {change} |"

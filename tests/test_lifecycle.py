@@ -11,7 +11,7 @@ import pytest
 import redis
 from conftest import cleanup_keys
 
-from context_core.config import get_settings
+from context_core.config import Settings, get_settings
 from context_core.embedding import load_encoder
 from context_core.errors import ContextError, ContractLockedError, UnknownEventError
 from context_core.gateway import Gateway
@@ -231,3 +231,52 @@ def test_goal_achieved_promotes_confirmed_answers_to_hot(env: Env, knowledge_env
     assert point.payload["section"] == "PUMP"
     assert point.payload["expires_at"] > time.time() + 71 * 3600
     assert env.session_id not in str(point.payload)
+
+
+def test_scripted_demo_session_runs_every_layer(settings: Settings, redis_url: str) -> None:
+    """The README's session-demo, on an empty knowledge base: L1+L2+NS still flow, traces exist."""
+    from context_core.demo import AGENT, run_demo
+    from context_core.traces import read_traces
+
+    starts: list[int | None] = []
+    result = run_demo(settings, on_start=starts.append)
+    sid = result.session_id
+    try:
+        assert starts == [0]  # empty knowledge_main is reported before the first step
+        assert [s.intent for s in result.steps] == [
+            "fetch_sensor_data",
+            "compare_vibration",
+            "call_api",
+            "generate_report",
+        ]
+        assert [e for e, _ in result.events] == [
+            "session_start",
+            "tool_call",
+            "tool_call",
+            "tool_call",
+            "user_correction",
+            "goal_achieved",
+        ]
+        compare = result.steps[1].bundle
+        assert f"L2:wm:{{{sid}}}:series:PUMP-0042.vibration" in compare.sources
+        assert "NS:ns:{fleet}:kv:baseline:PUMP" in compare.sources
+        report = result.steps[3].bundle
+        assert report.sources[4:6] == (
+            f"L2:wm:{{{sid}}}:step:2",
+            f"L2:wm:{{{sid}}}:contract:current",
+        )
+        assert report.fragments[5].content["version"] == 2  # the user's correction
+        assert report.fragments[5].content["corrected"] is True
+        routes = list(read_traces(settings.traces_dir, kind="route"))
+        outputs = list(read_traces(settings.traces_dir, kind="step_output"))
+        assert [r["trace_id"] for r in routes] == [s.bundle.trace_id for s in result.steps]
+        assert [o["trace_id"] for o in outputs] == [r["trace_id"] for r in routes]
+        assert all(r["agent_id"] == AGENT for r in routes)
+        (hot_id,) = result.events[-1][1]["hot_ids"]
+        assert hot_id
+    finally:
+        cleanup_keys(redis_url, f"wm:{{{sid}}}:*")
+        c = redis.Redis.from_url(redis_url)
+        c.delete("ns:{fleet}:kv:baseline:PUMP")
+        c.hdel("ns:{fleet}:acl", AGENT, "fleet-etl")
+        c.close()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import shutil
 import tempfile
 import time
@@ -204,6 +205,7 @@ def main(argv: list[str]) -> int:
                 l3_frags["uncached"] += len(b.by_layer("L3"))
 
         gc.collect()
+        load_before = os.getloadavg()[0]
         print("timing routes ...", flush=True)
         t_l2, t_raw, t_cached = map(
             summarize_ms, _interleaved([l2_only, raw_l3, cached], args.routes)
@@ -247,7 +249,14 @@ def main(argv: list[str]) -> int:
         ]
         facts = [
             {"figure": "points / dim / model", "value": f"{args.points:,} / 384 / minilm"},
-            {"figure": "collection build (upsert + HNSW)", "value": f"{build_s:.0f} s"},
+            {
+                "figure": "collection build (upsert + HNSW)",
+                "value": f"{build_s:.0f} s" if build_s else f"reused from {data_dir}",
+            },
+            {
+                "figure": "load average (1 min) before / after timing, 2 cores",
+                "value": f"{load_before:.1f} / {os.getloadavg()[0]:.1f}",
+            },
             {
                 "figure": "L3 fragments per route (cached / uncached)",
                 "value": f"{l3_frags['cached'] / args.routes:.1f} / "

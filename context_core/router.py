@@ -320,42 +320,7 @@ class ContextRouter:
             future.cancel()
         t_l3 = time.perf_counter()
 
-        hits_trace: list[dict[str, Any]] = []
-        l3_frags: list[Fragment] = []
-        for hit in outcome.hits:
-            label = self.policy.label(hit.score)
-            # KnowledgeMemory merges unexpired hot points in; only they carry expires_at.
-            coll = self.hot_collection if "expires_at" in hit.payload else self.l3_collection
-            src = f"L3:{coll}:{hit.id}"
-            hits_trace.append(
-                {
-                    "id": hit.id,
-                    "score": float(hit.score),
-                    "label": label,
-                    "source": str(hit.payload.get("source", "")),
-                    "section": hit.payload.get("section"),
-                }
-            )
-            if label == "below_skip":
-                continue
-            l3_frags.append(
-                Fragment(
-                    layer="L3",
-                    source=src,
-                    content={
-                        "text": hit.payload.get("text", ""),
-                        "title": hit.payload.get("title", ""),
-                        "heading_path": list(hit.payload.get("heading_path", []) or []),
-                        "page": hit.payload.get("source", ""),
-                    },
-                    relevance=round(float(hit.score), 4),
-                    freshness_hours=_hours_since(_hit_timestamp(hit.payload), now),
-                    confidence=round(float(hit.score), 4),
-                    label=label,
-                    note="" if label == "confident" else LOW_CONFIDENCE_NOTE,
-                )
-            )
-            used["l3" if label == "confident" else "l3_reference"].append(hit.id)
+        l3_frags, hits_trace = self._label_hits(outcome.hits, now, used)
         fragments += l3_frags
 
         total_ms = (time.perf_counter() - t0) * 1000.0
@@ -470,6 +435,49 @@ class ContextRouter:
             return _L3Outcome(error=f"{type(e).__name__}: {e}", ms=(time.perf_counter() - t) * 1e3)
         hits = sorted(best.values(), key=lambda h: h.score, reverse=True)
         return _L3Outcome(hits=hits, ms=(time.perf_counter() - t) * 1000.0)
+
+    def _label_hits(
+        self, hits: list[Hit], now: float, used: dict[str, Any]
+    ) -> tuple[list[Fragment], list[dict[str, Any]]]:
+        """Label every hit; keep confident and low-confidence ones as fragments."""
+        frags: list[Fragment] = []
+        traced: list[dict[str, Any]] = []
+        for hit in hits:
+            label = self.policy.label(hit.score)
+            payload = hit.payload
+            traced.append(
+                {
+                    "id": hit.id,
+                    "score": float(hit.score),
+                    "label": label,
+                    "source": str(payload.get("source", "")),
+                    "section": payload.get("section"),
+                }
+            )
+            if label == "below_skip":
+                continue
+            # KnowledgeMemory merges unexpired hot points in; only they carry expires_at.
+            coll = self.hot_collection if "expires_at" in payload else self.l3_collection
+            score = round(float(hit.score), 4)
+            frags.append(
+                Fragment(
+                    layer="L3",
+                    source=f"L3:{coll}:{hit.id}",
+                    content={
+                        "text": payload.get("text", ""),
+                        "title": payload.get("title", ""),
+                        "heading_path": list(payload.get("heading_path", []) or []),
+                        "page": payload.get("source", ""),
+                    },
+                    relevance=score,
+                    freshness_hours=_hours_since(_hit_timestamp(payload), now),
+                    confidence=score,
+                    label=label,
+                    note="" if label == "confident" else LOW_CONFIDENCE_NOTE,
+                )
+            )
+            used["l3" if label == "confident" else "l3_reference"].append(hit.id)
+        return frags, traced
 
     @staticmethod
     def _l1(

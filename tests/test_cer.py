@@ -130,6 +130,7 @@ def test_compute_cer_reads_trace_files_written_by_the_trace_writer(tmp_path: Pat
             w.write_route(rec)
         else:
             w.record_output(rec["trace_id"], rec["session_id"], rec["step"], rec["output"])
+    w.close()
     rep = compute_cer(tmp_path / "traces", accept=ACCEPT)
     assert rep.overall.n_steps == 6 and rep.overall.n_effective == 2
     rep = compute_cer(tmp_path / "traces", accept=ACCEPT, since=dt.date(2026, 11, 30))

@@ -127,6 +127,7 @@ def test_health_report_is_idempotent_per_day_and_tracks_growth(
     w.write_route(_route("t1", f"{day1}T09:00:00+00:00", 0.9))
     w.record_output("t1", "s-h", 1, "PUMP-0042 handled per SOP-1")
     w.write_route(_route("t2", f"{day2}T00:00:00+00:00", 0.3))
+    w.close()
     c = redis.Redis.from_url(redis_url, decode_responses=True)
     store = EdgeStore(settings.qdrant_dir)
     try:

@@ -119,3 +119,75 @@ def test_export_candidates_writes_an_annotation_sheet(tmp_path: Path) -> None:
     assert len(rows) == 6 and rows[0]["point_id"] == "pum-0" and rows[3]["query_id"] == "b"
     assert rows[1]["similarity"] == "0.8" and rows[0]["label"] == ""
     assert rows[0]["text"].startswith("line one line two") and len(rows[0]["text"]) == 300
+
+
+# --- CLI ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_url: str) -> Path:
+    monkeypatch.setenv("CTX_DATA_DIR", str(tmp_path / "ctx"))
+    monkeypatch.setenv("CTX_REPORTS_DIR", str(tmp_path / "reports"))
+    monkeypatch.setenv("CTX_REDIS_URL", redis_url)
+    return tmp_path
+
+
+def test_cli_calibrate_rejects_a_bad_file_and_writes_thresholds_for_a_good_one(
+    cli_env: Path,
+) -> None:
+    from typer.testing import CliRunner
+
+    from context_core.cli import app
+
+    rows = _rows(40)
+    for r in rows:
+        r["similarity"] = 0.8 if r["label"] else 0.3
+    rows[6]["label"] = 2
+    runner = CliRunner()
+    bad = runner.invoke(app, ["eval", "calibrate", str(_write_csv(cli_env / "bad.csv", rows))])
+    assert bad.exit_code == 1
+    assert "row 7 (query_id=q1, point_id=p6): label=2 is not 0 or 1" in bad.output
+    assert not (cli_env / "reports" / "thresholds.json").exists()
+
+    rows[6]["label"] = 0
+    good = runner.invoke(
+        app, ["eval", "calibrate", str(_write_csv(cli_env / "ok.csv", rows)), "--n-boot", "20"]
+    )
+    assert good.exit_code == 0, good.output
+    doc = json.loads((cli_env / "reports" / "thresholds.json").read_text())
+    assert (doc["accept"], doc["skip"]) == (0.8, 0.8)
+    assert (cli_env / "reports" / "calibration_report.md").is_file()
+
+
+def test_cli_export_candidates_on_a_real_collection(cli_env: Path) -> None:
+    from typer.testing import CliRunner
+
+    from context_core.cli import app
+    from context_core.config import get_settings
+    from context_core.embedding import load_encoder
+    from context_core.knowledge.edge import EdgeStore
+    from context_core.knowledge.store import PointRecord, point_id
+
+    settings = get_settings()
+    texts = {"sop-1": "Pump vibration limits per ISO 10816-3: stop above 7.1 mm/s.",
+             "sop-2": "Fan belt tension and alignment procedure.",
+             "sop-3": "Compressor oil change interval is 4000 hours."}  # fmt: skip
+    enc = load_encoder(settings)
+    with EdgeStore(settings.qdrant_dir) as store:
+        store.create_collection(settings.collection_main, dim=enc.dim, model=enc.name)
+        vecs = enc.encode(list(texts.values()))
+        store.upsert(settings.collection_main, [
+            PointRecord(point_id(src, 0), v.tolist(), {"source": src, "section": "PUMP",
+                                                       "text": t})
+            for (src, t), v in zip(texts.items(), vecs, strict=True)
+        ])  # fmt: skip
+    q = cli_env / "q.jsonl"
+    q.write_text('{"query_id": "v", "query": "when must a vibrating pump be stopped"}\n')
+    out = cli_env / "cand.csv"
+    res = CliRunner().invoke(app, ["eval", "export-candidates", str(q), "--k", "2",
+                                   "--out", str(out)])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
+    assert rows[0]["source"] == "sop-1" and len(rows) == 2
+    assert rows[0]["label"] == "" and float(rows[0]["similarity"]) > float(rows[1]["similarity"])

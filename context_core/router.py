@@ -20,7 +20,10 @@ Per route:
 5. L3 hits are labelled by the :class:`ConfidencePolicy`: confident hits are used,
    low-confidence hits are passed with the note "for reference; real-time data wins", and
    when every hit is below skip L3 is left out entirely.
-6. One trace record is appended (schema in :mod:`context_core.traces`).
+6. One trace record is appended (schema in :mod:`context_core.traces`): ``l2.required``
+   names the keys the spec requires (the others were optional), and each fragment carries
+   its citable tokens (:func:`context_core.traces.fragment_cites`) so CER can check that the
+   output used it without the trace storing the values.
 
 Fragment provenance: ``source`` is ``"L1:session.<field>"``, ``"L2:<redis key>"``,
 ``"L3:<collection>:<point id>"`` or ``"NS:<redis key>"``. L1/L2/NS fragments are exact-key
@@ -53,7 +56,7 @@ from context_core.intents import (
     fill,
     template_fields,
 )
-from context_core.traces import TraceWriter, new_trace_id
+from context_core.traces import TraceWriter, fragment_cites, new_trace_id
 
 if TYPE_CHECKING:
     from context_core.knowledge.memory import KnowledgeMemory
@@ -273,6 +276,7 @@ class ContextRouter:
         sm = self.wm.session(state.session_id)
         l2_trace: dict[str, list[str]] = {
             "requested": [],
+            "required": [],
             "found": [],
             "missing": [],
             "expired": [],
@@ -365,6 +369,7 @@ class ContextRouter:
                         "source": f.source,
                         "confidence": f.confidence,
                         "label": f.label,
+                        "cites": fragment_cites(f.layer, f.source, f.content),
                     }
                     for f in fragments
                 ],
@@ -505,6 +510,13 @@ class ContextRouter:
             used["l1"].append(name)
         return out
 
+    @staticmethod
+    def _request(l2_trace: dict[str, list[str]], key: str, key_spec: L2KeySpec) -> None:
+        """Trace a requested key; ``required`` tells CER which misses are loading failures."""
+        l2_trace["requested"].append(key)
+        if key_spec.required:
+            l2_trace["required"].append(key)
+
     def _l2_one(
         self,
         sm: SessionMemory,
@@ -518,7 +530,7 @@ class ContextRouter:
             ident = fill(key_spec.ident, values)
         except TemplateParamError as e:
             key = f"wm:{{{sm.session_id}}}:{key_spec.kind}:<{key_spec.ident}>"
-            l2_trace["requested"].append(key)
+            self._request(l2_trace, key, key_spec)
             l2_trace["missing"].append(key)
             return None, ContextMissError(key, str(e))
         if key_spec.kind == "api":
@@ -526,7 +538,7 @@ class ContextRouter:
             key = sm.api_key(ident, api_params)
         else:
             key = sm.key(key_spec.kind, ident)
-        l2_trace["requested"].append(key)
+        self._request(l2_trace, key, key_spec)
         content: Any
         stored_at: float | None
         try:

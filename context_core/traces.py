@@ -7,41 +7,69 @@ and an invalid record raises instead of leaving a line evaluation would trip ove
 Files: ``<CTX_DATA_DIR>/traces/traces-YYYY-MM-DD.jsonl`` (UTC date of the record). Two kinds
 of record share a file:
 
-``kind = "route"`` (written by :class:`context_core.router.ContextRouter` on every route)::
+``kind = "route"`` (written by :class:`context_core.router.ContextRouter` on every route),
+schema 2::
 
-    {"schema": 1, "kind": "route", "trace_id": "<uuid4 hex>", "ts": "<ISO-8601 UTC>",
+    {"schema": 2, "kind": "route", "trace_id": "<uuid4 hex>", "ts": "<ISO-8601 UTC>",
      "session_id": str, "step": int, "intent": str, "agent_id": str | null,
-     "l2": {"requested": [key], "found": [key], "missing": [key], "expired": [key]},
+     "l2": {"requested": [key], "required": [key], "found": [key], "missing": [key],
+            "expired": [key]},
      "l3": {"requested": bool, "query": str (gateway-cleaned), "used": bool,
             "error": str | null,
             "hits": [{"id", "score", "label", "source", "section"}]},
      "ns": {"requested": [ref], "found": [ref], "denied": [ref]},
-     "fragments": [{"layer": "L1"|"L2"|"L3"|"NS", "source", "confidence", "label"}],
+     "fragments": [{"layer": "L1"|"L2"|"L3"|"NS", "source", "confidence", "label",
+                    "cites": [str]}],
      "degraded": bool,
      "timings_ms": {"l1", "l2", "l3", "total"}}
 
-``l2`` keys are full Redis keys (``wm:{<sid>}:<kind>:<id>``); ``expired`` lists keys this
-router had found earlier in the same session and now misses (so evaluation can tell decay from
-never-written); a key is in ``missing`` whenever absent, expired or not. ``ns`` refs are
-``"<namespace>/<key>"``. ``l3.hits`` lists every hit with its label, including the ones dropped
-as below skip; ``l3.used`` says whether any L3 fragment reached the bundle.
+``l2`` keys are full Redis keys (``wm:{<sid>}:<kind>:<id>``). ``required`` is the subset of
+``requested`` the intent *requires* (``L2KeySpec.required``); the other requested keys were
+asked for opportunistically (a cached API response, the sensor series before it was fetched)
+and their absence is not a loading failure. ``expired`` lists keys this router had found
+earlier in the same session and now misses (so evaluation can tell decay from never-written);
+a key is in ``missing`` whenever absent, expired or not. ``ns`` refs are
+``"<namespace>/<key>"``. ``l3.hits`` lists every hit with its label, including the ones
+dropped as below skip; ``l3.used`` says whether any L3 fragment reached the bundle.
+
+``fragments[].cites`` are the fragment's **citable tokens**: what an output that used the
+fragment would repeat, so CER can check use from the trace alone (see
+:func:`fragment_cites`). At most 16 short tokens per fragment, never whole values or free
+text: the fragment's key or point id (what the bundle's ``context_used`` lists), the L3 page
+id and title, and from the content only whitespace-free pieces that contain a digit
+(``PUMP-0042``, ``2026-08-14``, ``10816-3``) and numbers rounded to two decimals (``5.27``;
+integers below 100 and epoch timestamps are left out as too common to be evidence). Plain
+words are never tokens. Every token passes the sanitize gateway again when the record is
+written; a token the gateway redacts or masks is dropped.
+Why plain tokens and not hashes: the tokens are low-entropy (device ids, small numbers), so
+an unsalted hash would be reversed by enumeration and only pretend to protect them, while
+plain tokens let a failing step's report say what it could have cited. The step output,
+stored next to the route record, already carries the same kind of values.
+
+Schema 1 (the first version, still valid and still read by evaluation) has no
+``l2.required`` and no ``fragments[].cites``; CER treats every requested key of a schema-1
+record as required. ``TraceWriter.write_route`` stamps a record that names no schema with
+the schema its ``l2`` block follows: 2 when it has ``required``, else 1.
 
 ``kind = "step_output"`` (written by :meth:`TraceWriter.record_output` once the agent has
-produced the step's output, so CER can check the context was *used*)::
+produced the step's output, so CER can check the context was *used*; the same shape in both
+schemas)::
 
-    {"schema": 1, "kind": "step_output", "trace_id", "ts", "session_id", "step", "output": str}
+    {"schema": 2, "kind": "step_output", "trace_id", "ts", "session_id", "step", "output": str}
 
-Query text and step outputs pass the sanitize gateway before they touch disk.
+Query text, citable tokens and step outputs pass the sanitize gateway before they touch disk.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
+import re
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -55,16 +83,21 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SCHEMA_VERSION",
+    "SUPPORTED_SCHEMAS",
     "RouteTrace",
+    "RouteTraceV1",
     "StepOutputTrace",
     "TraceWriter",
+    "citable_tokens",
+    "fragment_cites",
     "new_trace_id",
     "read_traces",
     "trace_file",
     "validate_record",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+SUPPORTED_SCHEMAS = (1, 2)
 FILE_PREFIX = "traces-"
 
 
@@ -72,11 +105,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-class L2Trace(_Strict):
+class L2TraceV1(_Strict):
     requested: list[str]
     found: list[str]
     missing: list[str]
     expired: list[str]
+
+
+class L2Trace(L2TraceV1):
+    required: list[str]
 
 
 class L3Hit(_Strict):
@@ -101,11 +138,15 @@ class NsTrace(_Strict):
     denied: list[str]
 
 
-class FragmentTrace(_Strict):
+class FragmentTraceV1(_Strict):
     layer: Literal["L1", "L2", "L3", "NS"]
     source: str
     confidence: float
     label: str
+
+
+class FragmentTrace(FragmentTraceV1):
+    cites: list[str]
 
 
 class Timings(_Strict):
@@ -116,9 +157,9 @@ class Timings(_Strict):
 
 
 class RouteTrace(_Strict):
-    """One routing decision (``kind = "route"``)."""
+    """One routing decision (``kind = "route"``), schema 2."""
 
-    schema_: Literal[1] = Field(alias="schema")
+    schema_: Literal[2] = Field(alias="schema")
     kind: Literal["route"]
     trace_id: str = Field(min_length=1)
     ts: str
@@ -134,10 +175,18 @@ class RouteTrace(_Strict):
     timings_ms: Timings
 
 
-class StepOutputTrace(_Strict):
-    """The agent's output for a routed step (``kind = "step_output"``)."""
+class RouteTraceV1(RouteTrace):
+    """A schema-1 route record: no ``l2.required``, no ``fragments[].cites``."""
 
-    schema_: Literal[1] = Field(alias="schema")
+    schema_: Literal[1] = Field(alias="schema")  # type: ignore[assignment]
+    l2: L2TraceV1  # type: ignore[assignment]
+    fragments: list[FragmentTraceV1]  # type: ignore[assignment]
+
+
+class StepOutputTrace(_Strict):
+    """The agent's output for a routed step (``kind = "step_output"``), both schemas."""
+
+    schema_: Literal[1, 2] = Field(alias="schema")
     kind: Literal["step_output"]
     trace_id: str = Field(min_length=1)
     ts: str
@@ -146,30 +195,136 @@ class StepOutputTrace(_Strict):
     output: str
 
 
-_MODELS: dict[str, type[_Strict]] = {"route": RouteTrace, "step_output": StepOutputTrace}
+_MODELS: dict[tuple[str, int], type[_Strict]] = {
+    ("route", 2): RouteTrace,
+    ("route", 1): RouteTraceV1,
+    ("step_output", 2): StepOutputTrace,
+    ("step_output", 1): StepOutputTrace,
+}
+_KINDS = ("route", "step_output")
 
 
 def validate_record(record: dict[str, Any]) -> None:
-    """Raise :class:`DataValidationError` naming the bad fields if ``record`` breaks the schema."""
+    """Raise :class:`DataValidationError` naming the bad fields if ``record`` breaks its schema.
+
+    The record's own ``"schema"`` (1 or 2) picks the model; both stay readable.
+    """
     kind = record.get("kind")
-    model = _MODELS.get(kind) if isinstance(kind, str) else None
-    if model is None:
+    if kind not in _KINDS:
         raise DataValidationError(
             "trace record has no valid 'kind'",
-            [f"kind={kind!r}; expected one of {sorted(_MODELS)}"],
+            [f"kind={kind!r}; expected one of {sorted(_KINDS)}"],
+        )
+    version = record.get("schema")
+    model = _MODELS.get((str(kind), version)) if type(version) is int else None
+    if model is None:
+        raise DataValidationError(
+            f"{kind} trace record has an unknown schema",
+            [f"schema={version!r}; expected one of {list(SUPPORTED_SCHEMAS)}"],
         )
     try:
         model.model_validate(record)
         dt.datetime.fromisoformat(record["ts"])
     except ValidationError as e:
         raise DataValidationError(
-            f"{kind} trace record breaks schema {SCHEMA_VERSION}",
+            f"{kind} trace record breaks schema {version}",
             [f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()],
         ) from e
     except ValueError as e:
         raise DataValidationError(
-            f"{kind} trace record breaks schema {SCHEMA_VERSION}", [f"ts: {e}"]
+            f"{kind} trace record breaks schema {version}", [f"ts: {e}"]
         ) from e
+
+
+# --- citable tokens ------------------------------------------------------------------------
+
+MAX_CITES = 16  # per fragment: enough for the ids and leading numbers, bounded record size
+_MAX_TOKEN = 64
+_MAX_TITLE = 80
+_EPOCH_LIKE = 1e9  # numbers this large are timestamps: nobody cites them
+_SPLIT = re.compile(r"[\s,;()\[\]{}\"'<>|=]+")
+_STRIP = ".:/-_"
+
+
+def _number_token(value: float) -> str | None:
+    """A number as an output would print it; None when it is too common to be evidence.
+
+    Integers need three digits (``12`` is everywhere), decimals two significant digits
+    (``0.5`` likewise); epoch-sized numbers are timestamps nobody cites.
+    """
+    if not math.isfinite(value) or abs(value) >= _EPOCH_LIKE:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        return str(value) if abs(value) >= 100 else None
+    text = f"{value:.2f}".rstrip("0").rstrip(".")
+    significant = text.lstrip("-").lstrip("0.").replace(".", "")
+    return text if len(significant) >= 2 else None
+
+
+def _text_tokens(text: str) -> Iterator[str]:
+    """Identifier-like pieces of a string: whitespace-free, 3..64 chars, containing a digit."""
+    for raw in _SPLIT.split(text):
+        tok = raw.strip(_STRIP)
+        if 3 <= len(tok) <= _MAX_TOKEN and any(c.isdigit() for c in tok):
+            yield tok
+
+
+def _walk_tokens(value: Any, depth: int = 0) -> Iterator[str]:
+    if depth > 8 or value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int | float):
+        tok = _number_token(value)
+        if tok is not None:
+            yield tok
+    elif isinstance(value, str):
+        yield from _text_tokens(value)
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from _walk_tokens(v, depth + 1)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _walk_tokens(v, depth + 1)
+
+
+def citable_tokens(value: Any, *, limit: int = MAX_CITES) -> list[str]:
+    """Tokens of ``value`` an output citing it would repeat (first ``limit``, de-duplicated).
+
+    Strings give their identifier-like pieces that contain a digit (so plain words never
+    count), numbers give their value rounded to two decimals; mappings and sequences are
+    walked in order. Epoch-sized numbers and one- or two-character numbers are left out.
+    """
+    return _take(_walk_tokens(value), limit)
+
+
+def _take(tokens: Iterable[str], limit: int) -> list[str]:
+    out: dict[str, None] = {}
+    for tok in tokens:
+        if len(out) >= limit:
+            break
+        out.setdefault(tok, None)
+    return list(out)
+
+
+def fragment_cites(layer: str, source: str, content: Any, *, limit: int = MAX_CITES) -> list[str]:
+    """The citable tokens of one bundle fragment (stored as ``fragments[].cites``).
+
+    L2/NS: the Redis key, then tokens of the value. L3: the point id, the page id and the
+    title, then tokens of the chunk text. L1: tokens of the value only (a field name such as
+    ``session.user_query`` is not evidence of use).
+    """
+    head: list[str] = []
+    body: Any = content
+    if layer in ("L2", "NS"):
+        head.append(source.partition(":")[2])
+    elif layer == "L3":
+        head.append(source.rpartition(":")[2])
+        if isinstance(content, Mapping):
+            head += [str(content.get("page") or ""), str(content.get("title") or "")]
+            body = content.get("text", "")
+    head = [h for h in head if h and len(h) <= _MAX_TITLE]
+    return _take([*head, *_walk_tokens(body)], limit)
 
 
 def new_trace_id() -> str:
@@ -213,15 +368,28 @@ class TraceWriter:
     def write_route(self, record: dict[str, Any]) -> dict[str, Any]:
         """Validate and append one ``route`` record (``l3.query`` is cleaned here)."""
         rec = dict(record)
-        rec.setdefault("schema", SCHEMA_VERSION)
+        l2 = rec.get("l2")
+        legacy = isinstance(l2, Mapping) and "required" not in l2
+        rec.setdefault("schema", 1 if legacy else SCHEMA_VERSION)
         rec.setdefault("kind", "route")
         rec.setdefault("ts", utc_now_iso())
         l3 = dict(rec.get("l3") or {})
         if isinstance(l3.get("query"), str):
             l3["query"] = self.clean_query(l3["query"])
         rec["l3"] = l3
+        frags = rec.get("fragments")
+        if isinstance(frags, list) and any(isinstance(f, Mapping) and "cites" in f for f in frags):
+            rec["fragments"] = [self._clean_cites(f) for f in frags]
         self._append(rec)
         return rec
+
+    def _clean_cites(self, frag: Any) -> Any:
+        """Cites pass the gateway again; a token it changes (redacts, masks) is dropped."""
+        if not isinstance(frag, Mapping) or not isinstance(frag.get("cites"), list):
+            return frag
+        cleaned = self._gateway.clean(list(frag["cites"]), where="trace.fragments.cites")
+        keep = [t for t, c in zip(frag["cites"], cleaned, strict=True) if t == c]
+        return {**frag, "cites": keep}
 
     def record_output(self, trace_id: str, session_id: str, step: int, output: str) -> None:
         """Append the agent's output for the step routed under ``trace_id``."""

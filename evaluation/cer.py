@@ -4,25 +4,41 @@ CER = steps whose context was correctly **loaded** AND correctly **used** / all 
 
 Loaded (from the ``route`` record, schema in :mod:`context_core.traces`):
 
-* every requested L2 key was found: none is in ``l2.missing`` (a key also listed in
-  ``l2.expired`` is reported as expired: it existed earlier in the session and decayed before
-  the step needed it), and
+* every **required** L2 key was found: none of ``l2.required`` is in ``l2.missing`` (a key
+  also listed in ``l2.expired`` is reported as expired: it existed earlier in the session and
+  decayed before the step needed it). Keys the intent only asked for opportunistically
+  (requested but not required, e.g. the sensor series before it was fetched, a cached API
+  response) are not loading failures: a miss becomes an info note on the verdict
+  (``l2_optional_missing`` / ``l2_optional_expired``). Schema-1 records have no
+  ``l2.required``; there every requested key counts as required, as it did then.
 * when the intent asked for L3 (``l3.requested``): no L3 error and at least one hit scoring at
   or above ``accept``.
 
 Used (from the ``step_output`` record with the same ``trace_id``): a rule-based matcher finds
-a value of the step's context in the agent's output. A :class:`UseRule` is a regex
-(case-sensitive unless it says ``(?i)``; comparing with the output ignores case and spacing); with
-``require_in_context`` (default) it first collects the pattern's matches in the step's context
-(L3 query, hit sources and sections, fragment sources, namespace refs, plus any
-``context_values`` the caller passes, e.g. a bundle's ``context_used``) and is satisfied when the
-output cites one of them. A rule whose pattern finds nothing in the context does not apply.
-With ``require_in_context=False`` the rule is satisfied by any match in the output (e.g. "cites
-some ISO standard"). The built-in rule ``cites_source`` is satisfied when the output names a
-source of a confident L3 hit or any passed context value. A step is used when at least one
-applicable rule is satisfied.
+a value of the step's context in the agent's output. The step's context, as the trace carries
+it: the L3 query, hit sources and sections, fragment sources, namespace refs, each fragment's
+citable tokens (``fragments[].cites``, schema 2: its key or point id, ids and rounded numbers
+from its value), plus any ``context_values`` the caller passes (e.g. a bundle's
+``context_used``). L3 fragments below ``accept`` and hits below ``accept`` give no citable
+values: citing a for-reference chunk is not evidence the trusted context was used.
 
-Every verdict carries reasons, so a failing step says why (``l2_expired: wm:{s}:step:x``).
+A :class:`UseRule` is a regex (case-sensitive unless it says ``(?i)``; comparing with the
+output ignores case and spacing); with ``require_in_context`` (default) it first collects the
+pattern's matches in the step's context and is satisfied when the output cites one of them. A
+rule whose pattern finds nothing in the context does not apply. With
+``require_in_context=False`` the rule is satisfied by any match in the output (e.g. "cites
+some ISO standard"). The built-in rule ``cites_source`` is satisfied when the output contains
+one of the citable values as a whole token (``3.4`` does not match inside ``13.45``). A step
+is used when at least one applicable rule is satisfied.
+
+A step whose output cites none of its context fails with ``not_cited`` (naming the rules it
+was checked by). A step whose context holds nothing citable at all (no rule applies and no
+citable value exists) fails with ``not_checkable``: it stays in the denominator, as issue
+#5 defines CER over all steps, and :attr:`Rate.n_not_checkable` counts such steps so a low
+CER from uncheckable steps can be told apart from one caused by unused context.
+
+Every verdict carries reasons, so a failing step says why (``l2_expired: wm:{s}:step:x``),
+and info ``notes`` that explain without failing it.
 """
 
 from __future__ import annotations
@@ -72,6 +88,7 @@ class UseRule:
 
 
 CITES_SOURCE = "cites_source"
+NOT_CHECKABLE = "not_checkable"
 
 DEFAULT_RULES: tuple[UseRule, ...] = (
     UseRule("standard", r"\b(?:ISO|IEC|API|ANSI|DIN|GB/T|GB)\s?\d{3,5}(?:[-.:]\d+)*"),
@@ -127,6 +144,11 @@ class StepVerdict:
     step: int = 0
     ts: str = ""
     rules_matched: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # info only (e.g. an optional L2 key missing): not failures
+
+    @property
+    def checkable(self) -> bool:
+        return not any(r.startswith(NOT_CHECKABLE) for r in self.reasons)
 
     @property
     def effective(self) -> bool:
@@ -151,16 +173,26 @@ def _norm(text: str) -> str:
     return " ".join(text.casefold().split())
 
 
-def _loaded_reasons(route: Mapping[str, Any], accept: float) -> list[str]:
+def _loaded_reasons(route: Mapping[str, Any], accept: float) -> tuple[list[str], list[str]]:
+    """(failure reasons, info notes) for the loading half of the verdict."""
     reasons: list[str] = []
+    notes: list[str] = []
     l2 = route.get("l2") or {}
+    requested = list(l2.get("requested") or ())
+    # Schema 1 has no "required": every requested key was treated as required then.
+    required = set(l2["required"]) if "required" in l2 else set(requested)
     expired = set(l2.get("expired") or ())
     missing = set(l2.get("missing") or ())
     found = set(l2.get("found") or ())
-    for key in l2.get("requested") or ():
-        if key in expired:
+    for key in requested:
+        if key in found and key not in missing:
+            continue
+        if key not in required:
+            state = "expired" if key in expired else "missing"
+            notes.append(f"l2_optional_{state}: {key} (optional for this intent; not a failure)")
+        elif key in expired:
             reasons.append(f"l2_expired: {key} expired before the step loaded it")
-        elif key in missing or key not in found:
+        else:
             reasons.append(f"l2_missing: {key} was never found")
     l3 = route.get("l3") or {}
     if l3.get("requested"):
@@ -173,7 +205,7 @@ def _loaded_reasons(route: Mapping[str, Any], accept: float) -> list[str]:
             best = max(float(h["score"]) for h in hits)
             if best < accept:
                 reasons.append(f"l3_below_accept: best hit {best:.3f} < accept {accept:.3f}")
-    return reasons
+    return reasons, notes
 
 
 def _context_texts(
@@ -189,11 +221,16 @@ def _context_texts(
             citable.append(str(h["source"]))
     for frag in route.get("fragments") or []:
         texts.append(str(frag.get("source") or ""))
+        cites = [str(c) for c in frag.get("cites") or ()]
+        if frag.get("layer") == "L3" and float(frag.get("confidence", 0.0)) < accept:
+            continue  # for reference only: not what the step should rely on
+        texts += cites
+        citable += cites
     texts += [str(r) for r in (route.get("ns") or {}).get("found") or []]
     for value in _flatten(extra or {}):
         texts.append(value)
         citable.append(value)
-    return [t for t in texts if t], [c for c in citable if len(c.strip()) >= 3]
+    return [t for t in texts if t], list(dict.fromkeys(c for c in citable if len(c.strip()) >= 3))
 
 
 def _flatten(value: Any) -> Iterable[str]:
@@ -238,13 +275,27 @@ def _used(
             matched.append(rule.name)
     if citable:
         applicable.append(CITES_SOURCE)
-        if any(_norm(c) in out for c in citable):
+        if any(_cited(_norm(c), out) for c in citable):
             matched.append(CITES_SOURCE)
     if matched:
         return True, [], matched
     if not applicable:
-        return False, ["not_checkable: no rule found a citable value in this step's context"], []
-    return False, [f"not_cited: output cites nothing checked by {', '.join(applicable)}"], []
+        return (
+            False,
+            [
+                f"{NOT_CHECKABLE}: the step's context holds nothing citable (no id, key "
+                "or number in the trace), so use cannot be shown; counted as not used"
+            ],
+            [],
+        )
+    shown = ", ".join(citable[:5]) + (", ..." if len(citable) > 5 else "")
+    hint = f" (citable: {shown})" if citable else ""
+    return False, [f"not_cited: output cites nothing checked by {', '.join(applicable)}{hint}"], []
+
+
+def _cited(value: str, output: str) -> bool:
+    """``value`` occurs in ``output`` as a whole token (not inside a longer word or number)."""
+    return re.search(rf"(?<![\w.]){re.escape(value)}(?![\w]|\.\w)", output) is not None
 
 
 def judge_steps(
@@ -270,7 +321,7 @@ def judge_steps(
     verdicts = []
     for route in routes:
         tid = str(route["trace_id"])
-        load_reasons = _loaded_reasons(route, accept)
+        load_reasons, notes = _loaded_reasons(route, accept)
         out = "\n".join(outputs[tid]) if tid in outputs else None
         used, use_reasons, matched = _used(
             route, out, rules, accept, (context_values or {}).get(tid)
@@ -286,6 +337,7 @@ def judge_steps(
                 step=int(route.get("step", 0)),
                 ts=str(route.get("ts", "")),
                 rules_matched=tuple(matched),
+                notes=tuple(notes),
             )
         )
     return verdicts
@@ -300,6 +352,7 @@ class Rate:
     n_loaded: int
     n_used: int
     n_effective: int
+    n_not_checkable: int = 0  # steps with nothing citable in their context (counted as failed)
 
     @property
     def cer(self) -> float:
@@ -312,6 +365,7 @@ class Rate:
             "n_loaded": self.n_loaded,
             "n_used": self.n_used,
             "n_effective": self.n_effective,
+            "n_not_checkable": self.n_not_checkable,
             "cer": cer,
         }
 
@@ -322,6 +376,7 @@ def _rate(verdicts: Sequence[StepVerdict]) -> Rate:
         n_loaded=sum(v.loaded for v in verdicts),
         n_used=sum(v.used for v in verdicts),
         n_effective=sum(v.effective for v in verdicts),
+        n_not_checkable=sum(not v.checkable for v in verdicts),
     )
 
 
@@ -352,6 +407,7 @@ class CerReport:
     week_over_week: tuple[WeekChange, ...]
     failure_reasons: Mapping[str, int]
     verdicts: tuple[StepVerdict, ...] = field(repr=False)
+    info_notes: Mapping[str, int] = field(default_factory=dict)  # e.g. optional L2 misses
 
     @property
     def failures(self) -> tuple[StepVerdict, ...]:
@@ -368,10 +424,11 @@ class CerReport:
                 {"week": w.week, "cer": w.cer, "change": w.change} for w in self.week_over_week
             ],
             "failure_reasons": dict(self.failure_reasons),
+            "info_notes": dict(self.info_notes),
             "failures": [
                 {"trace_id": v.trace_id, "session_id": v.session_id, "intent": v.intent,
                  "step": v.step, "ts": v.ts, "loaded": v.loaded, "used": v.used,
-                 "reasons": list(v.reasons)}
+                 "reasons": list(v.reasons), "notes": list(v.notes)}
                 for v in self.failures
             ],
         }  # fmt: skip
@@ -387,6 +444,7 @@ def cer_report(verdicts: Sequence[StepVerdict]) -> CerReport:
         wow.append(WeekChange(week, rate.cer, None if prev is None else rate.cer - prev))
         prev = rate.cer
     reasons = Counter(r.split(":", 1)[0] for v in vs for r in v.reasons)
+    notes = Counter(n.split(":", 1)[0] for v in vs for n in v.notes)
     return CerReport(
         overall=_rate(vs),
         by_intent=_group(vs, lambda v: v.intent),
@@ -397,6 +455,7 @@ def cer_report(verdicts: Sequence[StepVerdict]) -> CerReport:
         week_over_week=tuple(wow),
         failure_reasons=dict(reasons.most_common()),
         verdicts=vs,
+        info_notes=dict(notes.most_common()),
     )
 
 

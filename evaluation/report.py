@@ -196,6 +196,12 @@ def cer_markdown(
         f"**CER {_pct(o.cer if o.n_steps else None)}** (accept threshold {accept:.3f}).",
         "",
     ]
+    if o.n_not_checkable:
+        lines += [
+            f"{o.n_not_checkable} step(s) had nothing citable in their context (`not_checkable`); "
+            "they count as not used.",
+            "",
+        ]
     if report.week_over_week:
         lines += ["| ISO week | steps | CER | change vs previous week |", "|---|---:|---:|---:|"]
         for w in report.week_over_week:
@@ -220,6 +226,13 @@ def cer_markdown(
         for v in report.failures[:top]:
             reasons = "; ".join(v.reasons).replace("|", "\\|")
             lines.append(f"| `{v.trace_id[:12]}` | {v.intent} | {v.step} | {reasons} |")
+        lines.append("")
+    if report.info_notes:
+        lines.append(
+            "Info, not failures: "
+            + ", ".join(f"`{k}` × {v}" for k, v in report.info_notes.items())
+            + " (keys an intent asks for opportunistically; only required keys must load)."
+        )
         lines.append("")
     if png_name:
         lines += [f"![CER per intent]({png_name})", ""]

@@ -109,13 +109,15 @@ def test_l3_error_and_intent_scoped_rules() -> None:
     (v,) = judge_steps(recs, accept=ACCEPT, rules=(rule,))
     assert v.used and v.rules_matched == ("has_window",)
     (v,) = judge_steps([dict(recs[0], intent="diagnose"), recs[1]], accept=ACCEPT, rules=(rule,))
-    assert not v.used and v.reasons == ("not_cited: output cites nothing checked by cites_source",)
+    assert not v.used and v.reasons == (
+        "not_cited: output cites nothing checked by cites_source (citable: zzz-page)",
+    )
 
 
 def test_context_values_feed_the_default_rule() -> None:
     recs = [route("c1", l3=False, hits=(), query=""), output("c1", "window 14:00-14:30 applies")]
     (v,) = judge_steps(recs, accept=ACCEPT, rules=())
-    assert not v.used and v.reasons[0].startswith("not_checkable")
+    assert not v.used and v.reasons[0].startswith("not_checkable: the step's context holds")
     (v,) = judge_steps(recs, accept=ACCEPT, rules=(),
                        context_values={"c1": {"alert": {"window": "14:00-14:30"}}})  # fmt: skip
     assert v.used and v.effective
@@ -145,3 +147,117 @@ def test_rules_file(tmp_path: Path) -> None:
     p.write_text('[{"name": "bad", "pattern": "("}]')
     with pytest.raises(ValueError, match="rule 1: use rule 'bad': invalid regex"):
         load_rules(p)
+
+
+# --- schema 2: required vs optional keys, citable tokens -------------------------------------
+
+
+def route_v2(tid: str, *, requested: tuple[str, ...], required: tuple[str, ...],
+             missing: tuple[str, ...] = (), expired: tuple[str, ...] = (),
+             fragments: list[dict[str, Any]] | None = None, intent: str = "fetch_sensor_data",
+             **kw: Any) -> dict[str, Any]:  # fmt: skip
+    rec = route(tid, requested=requested, missing=missing, expired=expired, l3=False, hits=(),
+                query="", intent=intent, **kw)  # fmt: skip
+    rec["schema"] = 2
+    rec["l2"]["required"] = list(required)
+    rec["fragments"] = fragments or []
+    return rec
+
+
+def frag(layer: str, source: str, cites: list[str], confidence: float = 1.0) -> dict[str, Any]:
+    label = "exact" if layer != "L3" else "confident"
+    return {"layer": layer, "source": source, "confidence": confidence, "label": label,
+            "cites": cites}  # fmt: skip
+
+
+SERIES = "wm:{s1}:series:PUMP-0042.vibration"
+CONTRACT = "wm:{s1}:contract:current"
+
+
+def test_only_required_keys_decide_loading_optional_misses_are_notes() -> None:
+    contract = frag("L2", f"L2:{CONTRACT}", [CONTRACT, "PUMP-0042"])
+    recs = [
+        # the series is optional here (not fetched yet): loaded, with an info note
+        route_v2("o1", requested=(SERIES, CONTRACT), required=(), missing=(SERIES,),
+                 fragments=[contract]),
+        output("o1", "Fetching PUMP-0042 under the contract."),
+        # the same miss when the intent requires the series: a loading failure
+        route_v2("o2", requested=(SERIES, CONTRACT), required=(SERIES,), missing=(SERIES,),
+                 fragments=[contract]),
+        output("o2", "Fetching PUMP-0042 under the contract."),
+        # an optional key that had been there and decayed: still only a note
+        route_v2("o3", requested=(SERIES, CONTRACT), required=(), missing=(SERIES,),
+                 expired=(SERIES,), fragments=[contract]),
+        output("o3", "PUMP-0042"),
+    ]  # fmt: skip
+    v = {x.trace_id: x for x in judge_steps(recs, accept=ACCEPT)}
+    assert v["o1"].effective and v["o1"].reasons == ()
+    assert v["o1"].notes == (f"l2_optional_missing: {SERIES} (optional for this intent; not a "
+                             "failure)",)  # fmt: skip
+    assert not v["o2"].loaded and v["o2"].used
+    assert v["o2"].reasons == (f"l2_missing: {SERIES} was never found",)
+    assert v["o3"].effective and v["o3"].notes[0].startswith(f"l2_optional_expired: {SERIES}")
+    rep = cer_report(list(v.values()))
+    assert rep.overall.cer == pytest.approx(2 / 3)
+    assert rep.failure_reasons == {"l2_missing": 1}
+    assert rep.info_notes == {"l2_optional_missing": 1, "l2_optional_expired": 1}
+    assert rep.to_dict()["info_notes"] == rep.info_notes
+
+
+def test_schema_1_records_treat_every_requested_key_as_required() -> None:
+    rec = route_v2("s1", requested=(SERIES, CONTRACT), required=(), missing=(SERIES,))
+    del rec["l2"]["required"]
+    rec["schema"] = 1
+    rec["l3"]["query"] = "PUMP-0042 vibration"  # schema 1: no cites; device_id rule applies
+    (v,) = judge_steps([rec, output("s1", "PUMP-0042")], accept=ACCEPT)
+    assert not v.loaded and v.reasons == (f"l2_missing: {SERIES} was never found",)
+    assert v.notes == ()
+
+
+def test_fragment_cites_show_use_as_whole_tokens() -> None:
+    series = frag("L2", f"L2:{SERIES}", [SERIES, "5.27", "2.3"])
+    low = frag("L3", "L3:knowledge_main:p-low", ["p-low", "9999", "ISO 7919"], confidence=0.6)
+    recs = [
+        route_v2("u1", requested=(SERIES,), required=(SERIES,), fragments=[series, low],
+                 intent="compare"),
+        output("u1", "RMS is 5.27 mm/s now."),
+        # 15.27 / 5.275 contain 5.27 but are other numbers: not a citation
+        route_v2("u2", requested=(SERIES,), required=(SERIES,), fragments=[series, low],
+                 intent="compare"),
+        output("u2", "RMS went from 15.27 to 5.275 mm/s."),
+        # citing only the below-accept L3 chunk is not evidence of using the trusted context
+        route_v2("u3", requested=(SERIES,), required=(SERIES,), fragments=[series, low],
+                 intent="compare"),
+        output("u3", "The manual page p-low says 9999 hours."),
+        # the key itself, as the bundle's context_used lists it, is a citation
+        route_v2("u4", requested=(SERIES,), required=(SERIES,), fragments=[series],
+                 intent="compare"),
+        output("u4", f"sources: {SERIES}"),
+    ]  # fmt: skip
+    v = {x.trace_id: x for x in judge_steps(recs, accept=ACCEPT, rules=())}
+    assert v["u1"].effective and v["u1"].rules_matched == ("cites_source",)
+    assert not v["u2"].used
+    assert v["u2"].reasons == (
+        f"not_cited: output cites nothing checked by cites_source (citable: {SERIES}, 5.27, 2.3)",
+    )
+    assert not v["u3"].used and v["u3"].reasons[0].startswith("not_cited")
+    assert v["u4"].effective
+
+
+def test_a_step_with_nothing_citable_is_not_checkable_and_counts_as_failed() -> None:
+    recs = [
+        route_v2("n1", requested=(), required=(), fragments=[frag("L1", "L1:session.step", [])]),
+        output("n1", "Done."),
+        route_v2("n2", requested=(CONTRACT,), required=(),
+                 fragments=[frag("L2", f"L2:{CONTRACT}", [CONTRACT])]),
+        output("n2", "Done."),
+    ]  # fmt: skip
+    v = {x.trace_id: x for x in judge_steps(recs, accept=ACCEPT, rules=())}
+    assert v["n1"].loaded and not v["n1"].used and not v["n1"].checkable
+    assert v["n1"].reasons[0].startswith("not_checkable:")
+    assert v["n2"].checkable and v["n2"].reasons[0].startswith("not_cited:")
+    rep = cer_report(list(v.values()))
+    # in the denominator: CER is over all steps (issue #5), uncheckable ones counted apart
+    assert (rep.overall.n_steps, rep.overall.n_effective, rep.overall.n_not_checkable) == (2, 0, 1)
+    assert rep.overall.to_dict()["n_not_checkable"] == 1
+    assert rep.failure_reasons == {"not_checkable": 1, "not_cited": 1}

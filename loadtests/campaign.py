@@ -38,6 +38,7 @@ __all__ = ["CampaignConfig", "CampaignResult", "run_campaign"]
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 AGENTS = ("loadtest-0", "loadtest-1", "loadtest-2", "loadtest-3")
+FLEET_PURPOSES = ("diagnostics", "reporting")
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 SAMPLE_EXPORT = Path(__file__).resolve().parents[1] / "context_core/sample_data/confluence/EQM"
 
@@ -169,7 +170,11 @@ def run_campaign(
             raw_keys = cfg.keys_file
             _wait_ready(url, None, 10.0)
         else:
-            digests, raw_keys = generate_keys(run_dir / "keys", AGENTS)
+            # The built-in intents read the shared "fleet" namespace; grant it, so the
+            # campaign measures reads rather than ACL denials (each one audited and logged).
+            digests, raw_keys = generate_keys(
+                run_dir / "keys", AGENTS, namespaces=["fleet"], purposes=FLEET_PURPOSES
+            )
             data_dir = work / "service-data"  # kept between runs: the knowledge index
             if cfg.seed_knowledge:
                 notes.append(_seed_knowledge(settings, data_dir, run_dir, say))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -140,6 +141,8 @@ def _gx_context() -> tuple[Any, Any]:
     if "context" not in _STATE:
         # Must be set before GX reads its config: no usage statistics leave this machine.
         os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+        # GX logs its set-up (temp docs dirs, registry notes) at INFO: noise in a job's log.
+        logging.getLogger("great_expectations").setLevel(logging.WARNING)
         import great_expectations as gx
         from great_expectations.data_context.types.base import ProgressBarsConfig
 

@@ -167,3 +167,14 @@ def test_refresh_keeps_merged_answers_and_run_merge(cfg: Settings, minilm: Encod
         assert (s.chunks_written, s.chunks_deleted) == (0, 0)
         assert store.count(cfg.collection_main) == n_main + 1
         assert store.count(cfg.collection_main, filter={"merged_from": cfg.collection_hot}) == 1
+
+
+def test_cli_hot_merge_on_an_empty_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from context_core.cli import app
+
+    monkeypatch.setenv("CTX_DATA_DIR", str(tmp_path / "ctx"))
+    res = CliRunner().invoke(app, ["hot-merge"])
+    assert res.exit_code == 0, res.output
+    assert "'merged': 0" in res.output and "'expired': 0" in res.output

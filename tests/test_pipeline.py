@@ -123,7 +123,7 @@ def test_first_run_writes_every_chunk_with_full_payload(
     assert (s.pages_seen, s.pages_new, s.pages_quarantined) == (5, 4, 1)
     assert (s.pages_changed, s.pages_unchanged, s.pages_deleted, s.chunks_deleted) == (0,) * 4
     assert s.chunks_written == len(points) > 4  # the long pages need several chunks
-    assert set(s.seconds) == {"parse", "chunk", "validate", "embed", "upsert"}
+    assert set(s.seconds) == {"parse", "chunk", "validate", "embed", "upsert"}  # model given
 
     by_source: dict[str, list[dict[str, Any]]] = {}
     for pid, p in points.items():

@@ -21,6 +21,7 @@ from context_core.config import Settings, get_settings
 from context_core.embedding import Encoder, load_encoder
 from context_core.errors import (
     AccessDeniedError,
+    CollectionNotFoundError,
     ConfigError,
     ContextMissError,
     ModelMismatchError,
@@ -29,11 +30,12 @@ from context_core.gateway import Gateway
 from context_core.intents import IntentRegistry, IntentSpec, L2KeySpec, NsKeySpec
 from context_core.knowledge.edge import EdgeStore
 from context_core.knowledge.memory import KnowledgeMemory
-from context_core.knowledge.store import Filter, Hit, PointRecord, point_id
+from context_core.knowledge.server import QdrantServerStore
+from context_core.knowledge.store import Filter, Hit, PointRecord, VectorStore, point_id
 from context_core.namespaces import Grant, NamespaceRegistry
 from context_core.router import LOW_CONFIDENCE_NOTE, ContextBundle, ContextRouter
 from context_core.session import SessionState
-from context_core.traces import TraceWriter, read_traces, validate_record
+from context_core.traces import TraceWriter, fragment_cites, read_traces, validate_record
 from context_core.working_memory import SessionMemory, WorkingMemory
 
 UPDATED = dt.datetime(2026, 11, 1, 8, 0, tzinfo=dt.UTC)
@@ -209,6 +211,14 @@ def test_fetch_sensor_data_bundle(env: Env) -> None:
     ]
     (rec,) = env.traces()
     assert rec["l3"] == {"requested": False, "query": "", "hits": [], "used": False, "error": None}
+    assert rec["l2"]["required"] == []  # both keys are optional for this intent
+    cites = {f["source"]: f["cites"] for f in rec["fragments"]}
+    assert cites["L1:session.last_device_id"] == ["PUMP-0042"]
+    assert cites["L1:session.current_step"] == []
+    assert cites[f"L2:wm:{{{sid}}}:series:PUMP-0042.vibration"] == [
+        f"wm:{{{sid}}}:series:PUMP-0042.vibration",
+        "4.2",
+    ]
 
 
 def test_call_api_bundle_uses_cached_response(env: Env) -> None:
@@ -299,14 +309,25 @@ def test_generate_report_bundle_exact_provenance(env: Env) -> None:
     assert rec["intent"] == "generate_report" and rec["step"] == 2
     assert rec["l2"] == {
         "requested": [f"wm:{{{sid}}}:step:1", f"wm:{{{sid}}}:contract:current"],
+        "required": [f"wm:{{{sid}}}:step:1"],
         "found": [f"wm:{{{sid}}}:step:1"],
         "missing": [f"wm:{{{sid}}}:contract:current"],
         "expired": [],
     }
     assert rec["fragments"] == [
-        {"layer": f.layer, "source": f.source, "confidence": f.confidence, "label": f.label}
+        {
+            "layer": f.layer,
+            "source": f.source,
+            "confidence": f.confidence,
+            "label": f.label,
+            "cites": fragment_cites(f.layer, f.source, f.content),
+        }
         for f in b.fragments
     ]
+    step_cites = rec["fragments"][3]["cites"]
+    assert step_cites == [f"wm:{{{sid}}}:step:1", "5.1"]  # key + value; "bearing wear" is words
+    top_cites = next(f["cites"] for f in rec["fragments"] if f["source"] == top.source)
+    assert top_cites[:3] == [_pid(1), "page-1", "Pump maintenance report template"]
     assert rec["l3"]["used"] is True and rec["l3"]["error"] is None
     # generate_report searches the device's section and the report templates, merged by score
     assert [h["section"] for h in rec["l3"]["hits"]].count("Report Templates") == 1
@@ -468,6 +489,10 @@ def test_required_template_value_missing(env: Env) -> None:
     # compare_vibration needs a device for its series key; none in L1, none in params.
     with env.router() as router, pytest.raises(ContextMissError, match="needs 'device'"):
         router.route(env.state(device=None), "compare_vibration")
+    (rec,) = env.traces()
+    placeholder = f"wm:{{{env.session_id}}}:series:<{{device}}.vibration>"
+    assert rec["l2"]["required"] == [placeholder]
+    assert rec["l2"]["missing"] == [placeholder, f"wm:{{{env.session_id}}}:step:1"]
 
 
 def test_expired_key_is_traced_as_expired(env: Env) -> None:
@@ -591,3 +616,97 @@ def test_registry_from_data_and_validation() -> None:
         IntentSpec(name="bad", l1_fields=("password",))
     with pytest.raises(ConfigError, match="L2 key kind 'blob' unknown"):
         IntentRegistry.from_dict({"bad": {"l2_keys": [["blob", "x"]]}})
+
+
+# --- a missing hot collection ----------------------------------------------------------------
+
+
+def _main_only(backend: str, settings: Settings, encoder: Encoder) -> VectorStore:
+    store: VectorStore
+    if backend == "edge":
+        store = EdgeStore(settings.qdrant_dir)
+    else:
+        store = QdrantServerStore.connect(":memory:")
+    store.create_collection(settings.collection_main, dim=encoder.dim, model=encoder.name)
+    store.upsert(settings.collection_main, _points(encoder))
+    return store
+
+
+@pytest.mark.parametrize("backend", ["edge", "server"])
+def test_missing_hot_collection_means_no_hot_hits(
+    backend: str, env: Env, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = get_settings(data_dir=tmp_path / f"main-only-{backend}", redis_url=env.redis_url)
+    store = _main_only(backend, settings, env.knowledge.encoder)
+    km = KnowledgeMemory(store, env.knowledge.encoder, settings, env.gateway)
+    try:
+        assert km.stats() == {"knowledge_main": len(KNOWLEDGE), "hot_knowledge": None}
+        hits = km.search(KNOWLEDGE[0][2], section="PUMP")
+        assert hits[0].id == _pid(0) and hits[0].score > 0.99
+        assert km.search(KNOWLEDGE[3][2], section="FAN")[0].id == _pid(3)
+        warned = [r for r in caplog.records if "hot collection 'hot_knowledge'" in r.message]
+        assert len(warned) == 1  # once per instance, not per query
+        # asking for the hot collection by name is still an error
+        with pytest.raises(CollectionNotFoundError, match="'hot_knowledge'"):
+            km.search("pump", collection=settings.collection_hot)
+        with env.router(knowledge=km) as router:
+            b = router.route(env.state(), "default", params={"query": KNOWLEDGE[0][2]})
+    finally:
+        store.close()
+    assert b.degraded is False
+    assert b.by_layer("L3")[0].source == f"L3:knowledge_main:{_pid(0)}"
+    rec = env.traces()[0]
+    assert rec["l3"]["error"] is None and rec["l3"]["used"] is True
+
+
+def test_missing_main_collection_still_degrades_with_a_clear_error(
+    env: Env, tmp_path: Path
+) -> None:
+    settings = get_settings(data_dir=tmp_path / "empty", redis_url=env.redis_url)
+    store = EdgeStore(settings.qdrant_dir)
+    store.create_collection(settings.collection_hot, dim=384, model=env.knowledge.encoder.name)
+    km = KnowledgeMemory(store, env.knowledge.encoder, settings, env.gateway)
+    try:
+        with pytest.raises(CollectionNotFoundError, match="'knowledge_main' does not exist"):
+            km.search("pump vibration")
+        with env.router(knowledge=km) as router:
+            b = router.route(env.state(), "default")
+    finally:
+        store.close()
+    assert b.degraded is True and b.by_layer("L3") == ()
+    error = env.traces()[0]["l3"]["error"]
+    assert error.startswith("CollectionNotFoundError: collection 'knowledge_main' does not exist")
+    assert "ensure_collections or the knowledge refresh job" in error
+
+
+# --- the traces feed CER ---------------------------------------------------------------------
+
+
+def test_router_traces_give_cer_what_it_needs(env: Env) -> None:
+    """Optional misses do not fail loading; outputs are judged against the traced cites."""
+    from evaluation.cer import cer_report, judge_steps
+
+    sid = env.session_id
+    sm = env.sm()
+    sm.update_contract({"device": "PUMP-0042"}, expected_version=0)
+    with env.router() as router:
+        fetch = router.route(env.state(step=0), "fetch_sensor_data")  # series not fetched yet
+        env.tracer.record_output(fetch.trace_id, sid, 0, "Fetching the series for PUMP-0042.")
+        sm.add_series_point("PUMP-0042.vibration", time.time(), 5.27)
+        sm.put_step_result("0", {"rms_mm_s": 5.27})
+        compare = router.route(env.state(step=1), "compare_vibration")
+        env.tracer.record_output(compare.trace_id, sid, 1, "RMS 5.27 mm/s is above the alarm.")
+        silent = router.route(env.state(step=1), "compare_vibration")
+        env.tracer.record_output(silent.trace_id, sid, 1, "Looks bad, replace something.")
+    v = {x.trace_id: x for x in judge_steps(env.traces(), accept=ConfidencePolicy().accept)}
+    series_key = f"wm:{{{sid}}}:series:PUMP-0042.vibration"
+    assert v[fetch.trace_id].effective
+    assert v[fetch.trace_id].notes == (
+        f"l2_optional_missing: {series_key} (optional for this intent; not a failure)",
+    )
+    assert v[compare.trace_id].used and v[compare.trace_id].rules_matched == ("cites_source",)
+    assert not v[silent.trace_id].used
+    assert v[silent.trace_id].reasons[-1].startswith("not_cited: output cites nothing checked by")
+    rep = cer_report(list(v.values()))
+    assert rep.overall.n_not_checkable == 0
+    assert rep.info_notes == {"l2_optional_missing": 1}

@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from context_core.errors import InvalidStoreRequestError, SessionDataInKnowledgeError
+from context_core.errors import (
+    CollectionNotFoundError,
+    InvalidStoreRequestError,
+    SessionDataInKnowledgeError,
+)
 from context_core.knowledge.store import Filter, Hit, PointRecord, Vector, VectorStore
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -30,6 +35,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from context_core.gateway import Gateway
 
 __all__ = ["FORBIDDEN_KEYS", "KnowledgeMemory", "find_session_keys", "hot_point_id"]
+
+log = logging.getLogger(__name__)
 
 # Compared after lower-casing and dropping "_", "-", "." and spaces: "sessionId", "User-ID"...
 FORBIDDEN_KEYS = frozenset({"sessionid", "userid", "sid", "uid"})
@@ -92,6 +99,7 @@ class KnowledgeMemory:
         self.main = settings.collection_main
         self.hot = settings.collection_hot
         self._clock = clock
+        self._warned_no_hot = False
 
     def ensure_collections(self) -> None:
         """Create both collections for this encoder; a different recorded model is an error."""
@@ -114,6 +122,10 @@ class KnowledgeMemory:
         unexpired hot points are merged in unless ``include_hot`` is False or the collection
         asked for *is* the hot one. ``section`` filters on the payload field (the router passes
         the device-id prefix, e.g. "PUMP").
+
+        A missing hot collection means "no hot hits" (nothing was confirmed yet, or a scratch
+        setup only built main); a missing main collection, or the hot one asked for by name,
+        raises :class:`CollectionNotFoundError`.
         """
         vector = self.encoder.encode_query(query)
         return self.search_vector(
@@ -140,9 +152,24 @@ class KnowledgeMemory:
             hits.extend(self.store.search(main, vector, limit=k, filter=base or None))
         if include_hot or main == self.hot:
             hot_filter: Filter = {**base, "expires_at": {"gt": self._clock()}}
-            hits.extend(self.store.search(self.hot, vector, limit=k, filter=hot_filter))
+            try:
+                hits.extend(self.store.search(self.hot, vector, limit=k, filter=hot_filter))
+            except CollectionNotFoundError:
+                if main == self.hot:
+                    raise
+                self._no_hot_collection(main)
         hits.sort(key=lambda h: h.score, reverse=True)
         return hits[:k]
+
+    def _no_hot_collection(self, main: str) -> None:
+        if not self._warned_no_hot:  # once per instance: this is the query hot path
+            self._warned_no_hot = True
+            log.warning(
+                "hot collection %r does not exist; searching %r only (ensure_collections "
+                "creates it)",
+                self.hot,
+                main,
+            )
 
     def stats(self) -> dict[str, int | None]:
         """Points per collection (None = collection absent), for the health report."""

@@ -61,7 +61,11 @@ class DemoResult:
 
 
 def _cite(bundle: ContextBundle) -> str:
-    """What a well-behaved agent appends: the keys and point ids it relied on."""
+    """What a well-behaved agent appends: the keys and point ids it relied on.
+
+    CER counts these as use (they are the fragments' citable tokens in the trace), next to
+    the values the output repeats (device id, readings, limits, dates).
+    """
     used = bundle.context_used
     refs = [*used.get("l2", []), *used.get("ns", []), *used.get("l3", [])]
     return "sources: " + ", ".join(refs) if refs else "sources: session state only"
@@ -170,8 +174,16 @@ def run_demo(
             contract={"device": DEVICE, "report_length": "short"},
             device_id=DEVICE,
         )
-        # Step 0: what do we already know about the sensors? (nothing yet: optional misses)
-        step(state, "fetch_sensor_data", lambda b: f"Fetching vibration for {DEVICE}.")
+        # Step 0: what do we already know about the sensors? (nothing yet: the series is an
+        # optional miss, the contract is there.) The agent names the device and the contract.
+        step(
+            state,
+            "fetch_sensor_data",
+            lambda b: (
+                f"No vibration series cached for {DEVICE} yet; fetching the last 1h under "
+                f"the task contract. {_cite(b)}"
+            ),
+        )
         now = time.time()
         series = [(now - 60 * (11 - i), round(2.3 + 0.27 * i, 2)) for i in range(12)]
         state = event(
@@ -203,7 +215,9 @@ def run_demo(
         step(
             state,
             "call_api",
-            lambda b: f"Calling maintenance/history for {DEVICE}. {_cite(b)}",
+            lambda b: (
+                f"No cached maintenance/history response for {DEVICE}; calling the API. {_cite(b)}"
+            ),
             endpoint="maintenance/history",
             api_params=history_args,
         )

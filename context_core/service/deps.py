@@ -169,6 +169,7 @@ class Services:
     def close(self) -> None:
         for what, fn in (
             ("router", self.router.close),
+            ("trace writer", getattr(self.tracer, "close", None)),
             ("vector store", getattr(self.store, "close", None)),
             ("redis client", self.redis.close),
             ("redis client (bytes)", self.redis_bin.close),

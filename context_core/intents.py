@@ -26,7 +26,9 @@ Required vs optional, the rule used by the built-ins: a key is **required** when
 not produce a correct output without it (comparing vibration needs the series; a report needs
 the previous step's findings). A required miss raises ``ContextMissError`` after the trace is
 written. Everything merely helpful (a cached API response that can be re-fetched, the task
-contract, shared baselines) is **optional**: a miss is traced and the route goes on.
+contract, shared baselines) is **optional**: a miss is traced and the route goes on. The
+trace record names the required keys in ``l2.required``; CER judges loading on those alone
+(an optional miss is reported as information, not as a failed step).
 
 L3 sections: ``l3_sections`` lists section filters (templates); one search per section with the
 same query embedding, hits merged by score. A template that fills to "" means "no filter".

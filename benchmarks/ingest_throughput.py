@@ -4,10 +4,13 @@ What is measured, all in one process on the same export and the same chunk texts
 
 1. **First run, end to end** (``run_refresh`` into a fresh Qdrant Edge store: parse, chunk,
    GX validation, embed, upsert, HNSW build): pages/s and chunks/s, plus seconds per stage.
-2. **Baseline: raw encode** of exactly the chunk texts the run stored, one
-   ``SentenceTransformer.encode`` call (batch size ``CTX_EMBED_BATCH_SIZE``), right after the
-   first run. Target: pipeline chunks/s >= 0.9 x raw chunks/s. ``--raw-runs 2`` times it
-   again after the re-run and averages (slower, steadier on a shared machine).
+2. **Baseline: raw encode** of exactly the chunk texts the run stores (taken from a dry plan,
+   checked against the stored points), one ``SentenceTransformer.encode`` call (batch size
+   ``CTX_EMBED_BATCH_SIZE``), timed before the first run; ``--raw-runs 2`` (default) times it
+   again after the re-run and averages, bracketing the pipeline against the shared machine's
+   drift. Target: pipeline chunks/s >= 0.9 x raw chunks/s. Also reported: the share of the
+   first run spent outside embedding, which bounds the ratio at equal encode speed and does
+   not depend on the machine's load.
 3. **Unchanged re-run**: the same export again (nothing to embed). Target: <= 5 % of the first
    run's time.
 4. **Peak RSS** of the process (``ru_maxrss``), with the model loaded.
@@ -54,7 +57,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--export", type=Path, default=DEFAULT_EXPORT)
     parser.add_argument("--model", default="minilm")
-    parser.add_argument("--raw-runs", type=int, choices=(1, 2), default=1)
+    parser.add_argument("--raw-runs", type=int, choices=(1, 2), default=2)
     args = parser.parse_args(argv)
     if not args.export.is_dir():
         print(f"skipped: export {args.export} is absent (only in the project workspace)")
@@ -64,7 +67,7 @@ def main(argv: list[str]) -> int:
 
     from context_core.config import get_settings
     from context_core.embedding import load_encoder
-    from context_core.ingest.pipeline import run_refresh
+    from context_core.ingest.pipeline import plan_refresh, run_refresh
     from context_core.knowledge.edge import EdgeStore
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_ingest_"))
@@ -77,20 +80,26 @@ def main(argv: list[str]) -> int:
         load_s = time.perf_counter() - t0
         encoder.encode(["warm-up sentence for the benchmark"] * 8)
 
+        # The chunk texts, known before any write: a plan on an empty scratch store.
+        with EdgeStore(tmp / "scratch") as scratch:
+            plan = plan_refresh(args.export, settings=settings, store=scratch, encoder=encoder)
+        texts = [pt["payload"]["text"] for pt in plan.points]
+        raws = [_raw_encode_seconds(encoder, texts, settings.embed_batch_size)]
+
         with EdgeStore(settings.qdrant_dir) as store:
             t0 = time.perf_counter()
             first = run_refresh(
                 args.export, settings=settings, store=store, encoder=encoder, progress=False
             )
             first_s = time.perf_counter() - t0
-            texts = [r.payload["text"] for r in store.scroll(settings.collection_main)]
-            raw_a = _raw_encode_seconds(encoder, texts, settings.embed_batch_size)
+            stored = sorted(r.payload["text"] for r in store.scroll(settings.collection_main))
+            if stored != sorted(texts):
+                raise SystemExit("the run stored other texts than the plan: baseline invalid")
             t0 = time.perf_counter()
             again = run_refresh(
                 args.export, settings=settings, store=store, encoder=encoder, progress=False
             )
             rerun_s = time.perf_counter() - t0
-        raws = [raw_a]
         if args.raw_runs == 2:
             raws.append(_raw_encode_seconds(encoder, texts, settings.embed_batch_size))
         raw_s = sum(raws) / len(raws)
@@ -136,9 +145,12 @@ def main(argv: list[str]) -> int:
     ]
     print_table("Ingest throughput", rows)
     print_table("Seconds per stage", stages)
+    outside = 1.0 - first.seconds["embed"] / first_s
     verdict = (
         f"pipeline/raw = {ratio:.2f} ({'meets' if ratio >= TARGET_RATIO else 'misses'} the "
-        f">= {TARGET_RATIO} target); re-run = {rerun_ratio:.1%} of the first run "
+        f">= {TARGET_RATIO} target); time outside embedding = {outside:.1%} of the first run "
+        f"(so pipeline/raw <= {1 - outside:.2f} at equal encode speed); "
+        f"re-run = {rerun_ratio:.1%} of the first run "
         f"({'meets' if rerun_ratio <= TARGET_RERUN else 'misses'} the <= 5 % target); "
         f"peak RSS {_peak_rss_mb():,.0f} MB; model load {load_s:.1f} s (not in the timings)."
     )

@@ -271,3 +271,19 @@ def test_cli_ingest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bad = runner.invoke(app, ["ingest", str(tmp_path / "nope")])
     assert bad.exit_code != 0
     assert "does not exist" in bad.output
+
+
+def test_page_quarantined_later_keeps_its_last_good_chunks(
+    tmp_path: Path, cfg: Settings, minilm: Encoder
+) -> None:
+    pages = base_pages()
+    export = write_export(tmp_path / "export", pages)
+    with EdgeStore(cfg.qdrant_dir) as store:
+        run_refresh(export, settings=cfg, store=store, encoder=minilm, progress=False)
+        before = _points(store)
+        pages["202"] = ("Bearing noise", "PUMP", "")  # the page broke in the new export
+        write_export(export, pages)
+        s = run_refresh(export, settings=cfg, store=store, encoder=minilm, progress=False)
+        after = _points(store)
+    assert (s.pages_quarantined, s.pages_deleted, s.chunks_deleted) == (2, 0, 0)
+    assert after == before

@@ -141,10 +141,13 @@ def _gx_context() -> tuple[Any, Any]:
     if "context" not in _STATE:
         # Must be set before GX reads its config: no usage statistics leave this machine.
         os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
-        # GX logs its set-up (temp docs dirs, registry notes) at INFO: noise in a job's log.
-        logging.getLogger("great_expectations").setLevel(logging.WARNING)
         import great_expectations as gx
         from great_expectations.data_context.types.base import ProgressBarsConfig
+
+        # GX logs its set-up (temp docs dirs, registry notes) at INFO, and one of its modules
+        # pins its own logger to INFO: noise in a job's log. Set after import, on purpose.
+        for name in ("great_expectations", "great_expectations.data_context.types.base"):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
         context = gx.get_context(mode="ephemeral")
         # tqdm bars on every validation would drown the CLI's own rich progress bars.

@@ -81,7 +81,7 @@ class ConfidencePolicy:
         """Read a thresholds file; on any problem log a warning and return ``fallback``."""
         fallback = fallback or cls()
         if not path.exists():
-            log.info("no thresholds file at %s; using %s", path, fallback.source)
+            log.debug("no thresholds file at %s; using %s", path, fallback.source)
             return fallback
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
@@ -91,7 +91,7 @@ class ConfidencePolicy:
         if problem:
             return _fallback(fallback, path, problem)
         policy = cls(accept=float(raw["accept"]), skip=float(raw["skip"]), source=str(path))
-        log.info("confidence thresholds accept=%.4f skip=%.4f from %s", *policy.pair, path)
+        log.debug("confidence thresholds accept=%.4f skip=%.4f from %s", *policy.pair, path)
         return policy
 
     @property

@@ -123,7 +123,10 @@ def _load_model(spec: ModelSpec, device: str) -> SentenceTransformer:
         source = spec.resolve()
         try:
             from sentence_transformers import SentenceTransformer
+            from transformers.utils import logging as hf_logging
 
+            # The weight-loading progress bar is noise in job logs; load errors still raise.
+            hf_logging.disable_progress_bar()
             model = SentenceTransformer(source, device=device, local_files_only=True)
         except Exception as e:  # the loader raises OSError, ValueError, HF errors...
             raise ModelLoadError(

@@ -31,6 +31,12 @@ class Settings(BaseSettings):
     )
     wm_default_ttl_s: int = Field(900, gt=0, description="Default L2 TTL (15 min).")
     wm_series_window: int = Field(1000, gt=0, description="Points kept per sensor series.")
+    wm_min_ttl_s: int = Field(
+        60,
+        gt=0,
+        description="Floor of a plan-derived step TTL: an output whose dependent is already "
+        "due or overdue still lives this long, so a late agent finds its input.",
+    )
 
     # --- L3 knowledge memory (Qdrant) ---------------------------------------------------
     qdrant_url: str | None = Field(

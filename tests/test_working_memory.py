@@ -11,12 +11,14 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from context_core.config import get_settings
 from context_core.errors import (
     AccessDeniedError,
     BackendUnavailableError,
@@ -27,6 +29,7 @@ from context_core.errors import (
     VersionConflictError,
 )
 from context_core.gateway import Gateway
+from context_core.redis_conn import RedisProvider
 from context_core.working_memory import (
     AnchoredPlan,
     PlannedStep,
@@ -201,12 +204,25 @@ def _plan(s3_start: float) -> StepPlan:
 
 def test_ttl_from_plan_arithmetic() -> None:
     plan = _plan(120.0)
-    got = {s: ttl_from_plan(s, plan, default_ttl_s=900) for s in plan.steps}
+    got = {s: ttl_from_plan(s, plan, default_ttl_s=900, min_ttl_s=1) for s in plan.steps}
     assert got == {"s1": 240, "s2": 240, "s3": 25, "s4": 900, "s5": 900}
     assert ttl_from_plan("s1", plan, default_ttl_s=900, factor=3.0) == 360
-    assert ttl_from_plan("s3", _plan(0.0), default_ttl_s=60) == 25  # s4 still waits on s3
+    # s4 (12.2 s x 2 = 25 s) still waits on s3
+    assert ttl_from_plan("s3", _plan(0.0), default_ttl_s=60, min_ttl_s=1) == 25
     due_now = StepPlan.of(PlannedStep("a"), PlannedStep("b", ("a",), 0.0))
-    assert ttl_from_plan("a", due_now, default_ttl_s=900) == 1
+    assert ttl_from_plan("a", due_now, default_ttl_s=900, min_ttl_s=1) == 1
+
+
+def test_ttl_floor_arithmetic() -> None:
+    """max(min_ttl, ceil(remaining x factor)): the default floor is 60 s, and configurable."""
+    plan = _plan(120.0)
+    got = {s: ttl_from_plan(s, plan, default_ttl_s=900) for s in plan.steps}
+    assert got == {"s1": 240, "s2": 240, "s3": 60, "s4": 900, "s5": 900}  # 25 s -> floor
+    overdue = StepPlan.of(PlannedStep("a"), PlannedStep("b", ("a",), -300.0))
+    assert ttl_from_plan("a", overdue, default_ttl_s=900) == 60
+    assert ttl_from_plan("a", overdue, default_ttl_s=900, min_ttl_s=7) == 7
+    assert ttl_from_plan("s1", plan, default_ttl_s=900, min_ttl_s=300) == 300  # floor > 240
+    assert ttl_from_plan("s5", plan, default_ttl_s=900, min_ttl_s=5000) == 900  # no dependent
     with pytest.raises(ContextError, match="unknown step"):
         StepPlan.of(PlannedStep("b", ("nope",), 1.0))
 
@@ -216,9 +232,10 @@ def test_apply_plan_sets_and_extends_ttls(env: _Env) -> None:
     for step in ("s1", "s2", "s3"):
         s.put_step_result(step, {"out": step})
     applied = s.apply_plan(_plan(120.0))
-    assert applied == {"s1": 240, "s2": 240, "s3": 25}  # s4/s5 have no stored output
+    # s4/s5 have no stored output; s3's 12.2 s x 2 = 25 s is raised to the 60 s floor
+    assert applied == {"s1": 240, "s2": 240, "s3": 60}
     assert 238 <= s.ttl(s.key("step", "s1")) <= 240
-    assert 23 <= s.ttl(s.key("step", "s3")) <= 25
+    assert 58 <= s.ttl(s.key("step", "s3")) <= 60
     # The plan slips: s3 now starts in 10 minutes -> s1 and s2 must live 20 minutes.
     applied = s.apply_plan(_plan(600.0))
     assert applied["s1"] == applied["s2"] == 1200
@@ -257,7 +274,7 @@ def test_plan_governs_writes_through_fresh_views_and_clients(env: _Env) -> None:
     finally:
         other_client.close()
     assert 1198 <= _step_ttl(env, sid, "s2") <= 1200
-    assert 23 <= _step_ttl(env, sid, "s3") <= 25  # s4 at 12.2 s x 2
+    assert 58 <= _step_ttl(env, sid, "s3") <= 60  # s4 at 12.2 s x 2 = 25 -> 60 s floor
     assert 898 <= _step_ttl(env, sid, "s5") <= 900  # no dependent: default
     assert 898 <= _step_ttl(env, sid, "extra") <= 900
     assert 40 <= _step_ttl(env, sid, "s4") <= 42  # an explicit ttl_s wins
@@ -306,18 +323,62 @@ def test_plan_starts_shift_as_time_passes(env: _Env) -> None:
     later.put_step_result("s1", {"v": 1})
     assert 268 <= _step_ttl(env, s.session_id, "s1") <= 270  # (120 - 30) x 3
 
-    env.clock.t = t0 + 119.9  # s3 is nearly due: ceil(0.1 x 3) = 1 s
+    env.clock.t = t0 + 119.9  # s3 is nearly due: ceil(0.1 x 3) = 1 s -> the 60 s floor
     env.wm.session(s.session_id).put_step_result("s2", {"v": 2})
-    assert 0 < _step_ttl(env, s.session_id, "s2") <= 1
-    env.clock.t = t0 + 500.0  # overdue: clamped to 1 s, never 0 or negative
+    assert 58 <= _step_ttl(env, s.session_id, "s2") <= 60
+    env.clock.t = t0 + 500.0  # overdue: the late s3 still finds s1 for a minute
     env.wm.session(s.session_id).put_step_result("s1", {"v": 3})
-    assert 0 < _step_ttl(env, s.session_id, "s1") <= 1
+    assert 58 <= _step_ttl(env, s.session_id, "s1") <= 60
 
     # Re-planning from the later time re-anchors it, and re-EXPIREs what exists.
     env.clock.t = t0 + 1000.0
     assert later.apply_plan(_plan(60.0)) == {"s1": 120, "s2": 120}
     assert 118 <= _step_ttl(env, s.session_id, "s1") <= 120
     assert s.current_plan().start_at["s3"] == t0 + 1060.0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("env_value", "floor"), [(None, 60), ("7", 7)])
+def test_ttl_floor_from_settings_keeps_an_overdue_input(
+    any_redis: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    env_value: str | None,
+    floor: int,
+) -> None:
+    """CTX_WM_MIN_TTL_S reaches both copies of the rule (Lua write, Python apply_plan)."""
+    if env_value is None:
+        monkeypatch.delenv("CTX_WM_MIN_TTL_S", raising=False)
+    else:
+        monkeypatch.setenv("CTX_WM_MIN_TTL_S", env_value)
+    settings = get_settings(data_dir=tmp_path / "ctx", redis_url=any_redis)
+    assert settings.wm_min_ttl_s == floor
+    with RedisProvider(settings) as provider:
+        wm = WorkingMemory.from_settings(settings, provider, Gateway())
+        assert wm.min_ttl_s == floor
+        s = wm.session(_sid())
+        try:
+            # "report" was due 5 minutes ago and has not run yet: its input must survive.
+            overdue = StepPlan.of(PlannedStep("fetch"), PlannedStep("report", ("fetch",), -300.0))
+            s.apply_plan(overdue)
+            s.put_step_result("fetch", {"rms": 4.7})  # Lua copy of the rule
+            ttl = s.ttl(s.key("step", "fetch"))
+            assert ttl is not None and floor - 2 <= ttl <= floor
+            assert s.apply_plan(overdue) == {"fetch": floor}  # Python copy of the rule
+            s.put_step_result("other", {"v": 1})  # no dependent: default TTL, not the floor
+            assert 898 <= (s.ttl(s.key("step", "other")) or 0) <= 900
+        finally:
+            s.clear()
+
+
+def test_min_ttl_must_be_positive(any_redis: str) -> None:
+    c = redis.Redis.from_url(any_redis, decode_responses=True)
+    try:
+        with pytest.raises(ConfigError, match="CTX_WM_MIN_TTL_S"):
+            WorkingMemory(c, Gateway(), min_ttl_s=0)
+    finally:
+        c.close()
+    with pytest.raises(ConfigError, match="CTX_WM_MIN_TTL_S"):
+        get_settings(wm_min_ttl_s=0)
 
 
 def test_plan_key_lifetime_and_clear(env: _Env) -> None:

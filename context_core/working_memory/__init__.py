@@ -8,9 +8,14 @@ taking a raw key for reading, so a session cannot read another's data.
 
 Why everything decays: L2 is minutes-long memory. The default TTL is 15 minutes. A step's
 output lives until the latest step that depends on it is expected to start, times a safety
-factor (2 by default), and at least 1 s::
+factor (2 by default), and at least a floor ``min_ttl_s`` (``CTX_WM_MIN_TTL_S``, 60 s)::
 
-    ttl = max(1, ceil((latest dependent's estimated start - now) * factor))
+    ttl = max(min_ttl_s, ceil((latest dependent's estimated start - now) * factor))
+
+The floor exists because agents run late: when a dependent is due or overdue the remaining
+time is ~0 or negative, yet that late step needs the value right now. The same rule runs in
+Python (:meth:`AnchoredPlan.ttl`, used by ``apply_plan``) and in Lua (:data:`STEP_PUT_LUA`,
+used by ``put_step_result``); an explicit ``ttl_s`` bypasses it.
 
 :meth:`SessionMemory.apply_plan` stores the plan in Redis (``wm:{<sid>}:plan:current``) with
 *absolute* start times and the factor, and re-EXPIREs the outputs already written. A later

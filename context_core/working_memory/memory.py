@@ -55,7 +55,12 @@ from context_core.working_memory.keys import (
     session_prefix,
     ttl_from_pttl,
 )
-from context_core.working_memory.plan import STEP_PUT_LUA, AnchoredPlan, StepPlan
+from context_core.working_memory.plan import (
+    DEFAULT_MIN_TTL_S,
+    STEP_PUT_LUA,
+    AnchoredPlan,
+    StepPlan,
+)
 from context_core.working_memory.preferences import Preferences
 
 __all__ = ["Loaded", "SessionMemory", "WorkingMemory"]
@@ -96,6 +101,7 @@ class WorkingMemory:
         *,
         default_ttl_s: int = 900,
         series_window: int = 1000,
+        min_ttl_s: int = DEFAULT_MIN_TTL_S,
         now: Callable[[], float] = time.time,
     ) -> None:
         if not client.connection_pool.connection_kwargs.get("decode_responses"):
@@ -103,16 +109,17 @@ class WorkingMemory:
                 "WorkingMemory needs a redis client with decode_responses=True "
                 "(RedisProvider.client() returns one)"
             )
-        if default_ttl_s <= 0 or series_window <= 0:
+        if default_ttl_s <= 0 or series_window <= 0 or min_ttl_s <= 0:
             raise ConfigError(
-                "CTX_WM_DEFAULT_TTL_S and CTX_WM_SERIES_WINDOW must be positive, got "
-                f"{default_ttl_s} and {series_window}"
+                "CTX_WM_DEFAULT_TTL_S, CTX_WM_SERIES_WINDOW and CTX_WM_MIN_TTL_S must be "
+                f"positive, got {default_ttl_s}, {series_window} and {min_ttl_s}"
             )
         # Any: redis-py's stubs type replies as bytes | str whatever decode_responses says.
         self._client: Any = client
         self._gateway = gateway
         self.default_ttl_s = int(default_ttl_s)
         self.series_window = int(series_window)
+        self.min_ttl_s = int(min_ttl_s)
         self._now = now
         self._contract_script = client.register_script(CONTRACT_LUA)
         self._step_put_script = client.register_script(STEP_PUT_LUA)
@@ -129,6 +136,7 @@ class WorkingMemory:
             gateway,
             default_ttl_s=settings.wm_default_ttl_s,
             series_window=settings.wm_series_window,
+            min_ttl_s=settings.wm_min_ttl_s,
         )
 
     def session(self, session_id: str) -> SessionMemory:
@@ -228,7 +236,8 @@ class SessionMemory:
         """Replace the step's result hash; returns its key.
 
         TTL: ``ttl_s`` if given; else, when the session's stored plan has steps depending on
-        this one, ``(latest dependent's start - now) x factor`` (at least 1 s); else the
+        this one, ``(latest dependent's start - now) x factor`` (at least the floor
+        ``min_ttl_s``); else the
         default. The plan is read inside the same Lua call as the write: one round trip,
         and atomic with respect to a concurrent :meth:`apply_plan`.
         """
@@ -246,7 +255,8 @@ class SessionMemory:
         now = self.wm._now()
         mapping["_stored_at"] = repr(now)
         explicit = "" if ttl_s is None else str(self._ttl(ttl_s))
-        args: list[str | int] = [repr(now), explicit, self.wm.default_ttl_s, step_id]
+        wm = self.wm
+        args: list[str | int] = [repr(now), explicit, wm.default_ttl_s, step_id, wm.min_ttl_s]
         for field, value in mapping.items():
             args += [field, value]
         with self.wm._guard(f"HSET {key}"):
@@ -396,9 +406,11 @@ class SessionMemory:
         """
         now = self.wm._now()
         anchored = AnchoredPlan.anchor(plan, now=now, factor=factor)
-        default = self.wm.default_ttl_s
+        default, floor = self.wm.default_ttl_s, self.wm.min_ttl_s
         keys = {s: self.key("step", s) for s in plan.steps}  # validates every step id
-        ttls = {s: anchored.ttl(s, now=now, default_ttl_s=default) for s in plan.steps}
+        ttls = {
+            s: anchored.ttl(s, now=now, default_ttl_s=default, min_ttl_s=floor) for s in plan.steps
+        }
         stored = anchored.to_hash()
         # Ids and numbers only, but the write still passes the gateway; if it would change
         # anything (an id that looks like a secret or a phone number) the plan is refused
@@ -412,7 +424,7 @@ class SessionMemory:
         with self.wm._guard(f"apply_plan {plan_key}"):
             pipe = self._r.pipeline(transaction=True)
             pipe.delete(plan_key).hset(plan_key, mapping=stored)
-            pipe.expire(plan_key, anchored.keep_s(now=now, default_ttl_s=default))
+            pipe.expire(plan_key, anchored.keep_s(now=now, default_ttl_s=default, min_ttl_s=floor))
             for s, k in keys.items():
                 pipe.expire(k, ttls[s])
             done = pipe.execute()[3:]

@@ -2,12 +2,13 @@
 
 A step's output is only worth keeping until the last step that reads it has started; the
 plan says when that is expected, and the rule turns it into a TTL with a safety factor
-(plans slip)::
+(plans slip) and a floor (``min_ttl_s``, ``CTX_WM_MIN_TTL_S``, 60 s by default)::
 
-    ttl = max(1, ceil((latest dependent's estimated start - now) * factor))
+    ttl = max(min_ttl_s, ceil((latest dependent's estimated start - now) * factor))
 
-A step nobody depends on (or one outside the plan) gets the default TTL. The 1 s floor is
-for a dependent that is already due: it still needs the value, but not for long.
+A step nobody depends on (or one outside the plan) gets the default TTL. The floor is for a
+dependent that is due or already overdue: agents run late, and the late one needs the
+value *now*; a 1 s TTL would hand it a miss instead.
 
 The agent states a plan in *relative* time (:class:`StepPlan`, "s3 starts in 120 s"), which
 means nothing to a process reading it a minute later. So what is stored is an
@@ -25,7 +26,18 @@ from dataclasses import dataclass
 
 from context_core.errors import ContextError
 
-__all__ = ["STEP_PUT_LUA", "AnchoredPlan", "PlannedStep", "StepPlan", "clamp_ttl", "ttl_from_plan"]
+__all__ = [
+    "DEFAULT_MIN_TTL_S",
+    "STEP_PUT_LUA",
+    "AnchoredPlan",
+    "PlannedStep",
+    "StepPlan",
+    "clamp_ttl",
+    "ttl_from_plan",
+]
+
+#: Default floor of a plan-derived TTL (``Settings.wm_min_ttl_s``).
+DEFAULT_MIN_TTL_S = 60
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,22 +75,31 @@ class StepPlan:
         return [s for s in self.steps.values() if step_id in s.depends_on]
 
 
-def ttl_from_plan(step_id: str, plan: StepPlan, *, default_ttl_s: int, factor: float = 2.0) -> int:
+def ttl_from_plan(
+    step_id: str,
+    plan: StepPlan,
+    *,
+    default_ttl_s: int,
+    factor: float = 2.0,
+    min_ttl_s: int = DEFAULT_MIN_TTL_S,
+) -> int:
     """Seconds ``step_id``'s output must live: latest dependent's est. start x ``factor``.
 
     With no dependent step the output has nobody waiting for it: ``default_ttl_s``. The
-    result is rounded up and at least 1 s (a dependent already due still needs the value).
+    result is rounded up and at least ``min_ttl_s`` (a dependent that is due or overdue
+    still needs the value, and may be running late).
     """
     deps = plan.dependents(step_id)
     if not deps:
         return int(default_ttl_s)
     latest = max(s.est_start_s for s in deps)
-    return clamp_ttl(latest * factor)
+    return clamp_ttl(latest * factor, min_ttl_s)
 
 
-def clamp_ttl(seconds: float) -> int:
-    """Whole seconds, rounded up, at least 1 (EXPIRE with 0 or less would delete the key)."""
-    return max(1, math.ceil(seconds))
+def clamp_ttl(seconds: float, min_ttl_s: int = 1) -> int:
+    """Whole seconds, rounded up, at least ``min_ttl_s`` and never below 1 (EXPIRE with 0
+    or less would delete the key)."""
+    return max(1, int(min_ttl_s), math.ceil(seconds))
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,21 +131,26 @@ class AnchoredPlan:
         starts = [self.start_at[s] for s, deps in self.depends_on.items() if step_id in deps]
         return max(starts) if starts else None
 
-    def ttl(self, step_id: str, *, now: float, default_ttl_s: int) -> int:
+    def ttl(
+        self, step_id: str, *, now: float, default_ttl_s: int, min_ttl_s: int = DEFAULT_MIN_TTL_S
+    ) -> int:
         """The TTL rule at time ``now`` (mirrored in :data:`STEP_PUT_LUA`)."""
         until = self.until(step_id)
         if until is None:
             return int(default_ttl_s)
-        return clamp_ttl((until - now) * self.factor)
+        return clamp_ttl((until - now) * self.factor, min_ttl_s)
 
-    def keep_s(self, *, now: float, default_ttl_s: int) -> int:
+    def keep_s(self, *, now: float, default_ttl_s: int, min_ttl_s: int = DEFAULT_MIN_TTL_S) -> int:
         """How long to keep the stored plan: the longest TTL it can still hand out.
 
         TTLs from the plan only shrink as time passes, so a plan kept this long outlives
         every output it governs; never less than the default TTL, so a plan of short steps
         is still there for the session's next writes.
         """
-        ttls = [self.ttl(s, now=now, default_ttl_s=default_ttl_s) for s in self.start_at]
+        ttls = [
+            self.ttl(s, now=now, default_ttl_s=default_ttl_s, min_ttl_s=min_ttl_s)
+            for s in self.start_at
+        ]
         return max([int(default_ttl_s), *ttls])
 
     def relative(self, now: float) -> StepPlan:
@@ -162,19 +188,20 @@ class AnchoredPlan:
 # (so a concurrent apply_plan is either seen or re-EXPIREs the key after). Mirrors
 # AnchoredPlan.ttl: keep the two in step.
 # KEYS: 1 step hash, 2 plan hash.  ARGV: 1 now, 2 explicit ttl or '', 3 default ttl,
-# 4 step id, 5.. field, value pairs.  Returns the TTL set.
+# 4 step id, 5 min ttl (the floor), 6.. field, value pairs.  Returns the TTL set.
 STEP_PUT_LUA = """
 local ttl = tonumber(ARGV[2])
 if not ttl then
   local plan = redis.call('HMGET', KEYS[2], '_factor', 'until:' .. ARGV[4])
   if plan[1] and plan[2] then
-    ttl = math.max(1, math.ceil((tonumber(plan[2]) - tonumber(ARGV[1])) * tonumber(plan[1])))
+    local left = (tonumber(plan[2]) - tonumber(ARGV[1])) * tonumber(plan[1])
+    ttl = math.max(1, tonumber(ARGV[5]), math.ceil(left))
   else
     ttl = tonumber(ARGV[3])
   end
 end
 redis.call('DEL', KEYS[1])
-for i = 5, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('EXPIRE', KEYS[1], ttl)
 return ttl
 """

@@ -18,9 +18,11 @@ by the health report, and each one is implemented by exactly one handler below.
 "Low priority" L2 data is what can be fetched again (raw API responses, sensor series); step
 results, the contract and pending tasks are the session's own work and keep their TTLs.
 
-TTL changes use ``EXPIRE ... LT`` (Redis 7 / Valkey) on keys matched by the session's own hash
-tag pattern: a TTL is only ever shortened, and no value is read, so this stays within the
-"a session only touches its own keys" rule of :mod:`context_core.working_memory`.
+TTL changes and deletion go through the session's own view
+(:meth:`SessionMemory.expire_all` with ``only_shorten=True``, i.e. ``EXPIRE ... LT``, and
+:meth:`SessionMemory.clear`), which find the keys in the session's key index: a TTL is only
+ever shortened, no value is read, nothing here builds a key pattern or scans the keyspace,
+so an event costs O(keys of this session) whatever else lives in Redis.
 """
 
 from __future__ import annotations
@@ -33,16 +35,11 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-import redis
-
-from context_core.errors import (
-    BackendUnavailableError,
-    ConfigError,
-    ContextError,
-    UnknownEventError,
-)
+from context_core.errors import ConfigError, ContextError, UnknownEventError
 
 if TYPE_CHECKING:
+    import redis
+
     from context_core.config import Settings
     from context_core.gateway import Gateway
     from context_core.knowledge.memory import KnowledgeMemory
@@ -133,13 +130,17 @@ class EventResult:
 
 
 class LifecycleManager:
-    """Applies lifecycle events. ``handle`` returns the new state; ``apply`` adds effects."""
+    """Applies lifecycle events. ``handle`` returns the new state; ``apply`` adds effects.
+
+    Every L2 effect goes through ``wm.session(sid)``. ``client`` is accepted for existing
+    callers and ignored: the manager no longer touches Redis itself.
+    """
 
     def __init__(
         self,
         *,
         wm: WorkingMemory,
-        client: redis.Redis,
+        client: redis.Redis | None = None,
         gateway: Gateway,
         knowledge: KnowledgeMemory | None = None,
         overflow_keep_pairs: int = 3,
@@ -158,7 +159,6 @@ class LifecycleManager:
         self.wm = wm
         self.gateway = gateway
         self.knowledge = knowledge
-        self._r = client
         self.overflow_keep_pairs = overflow_keep_pairs
         self.low_priority_ttl_s = low_priority_ttl_s
         self.goal_grace_s = goal_grace_s
@@ -182,12 +182,9 @@ class LifecycleManager:
         wm: WorkingMemory,
         knowledge: KnowledgeMemory | None = None,
     ) -> LifecycleManager:
-        return cls(
-            wm=wm,
-            client=provider.client(decode_responses=True),
-            gateway=gateway,
-            knowledge=knowledge,
-        )
+        """The manager with default knobs. ``settings`` and ``provider`` are kept in the
+        signature for callers; L2 is reached through ``wm`` only."""
+        return cls(wm=wm, gateway=gateway, knowledge=knowledge)
 
     # --- dispatch ---------------------------------------------------------------------
     @staticmethod
@@ -224,33 +221,6 @@ class LifecycleManager:
     # --- helpers ----------------------------------------------------------------------
     def _sm(self, state: SessionState) -> SessionMemory:
         return self.wm.session(state.session_id)
-
-    def _session_keys(self, session_id: str, kinds: Sequence[str] | None) -> list[str]:
-        patterns = (
-            [f"wm:\\{{{session_id}\\}}:{k}:*" for k in kinds]
-            if kinds
-            else [f"wm:\\{{{session_id}\\}}:*"]
-        )
-        keys: list[str] = []
-        for p in patterns:
-            keys.extend(self._r.scan_iter(match=p, count=500))
-        return keys
-
-    def _shorten(self, session_id: str, kinds: Sequence[str] | None, ttl_s: int) -> list[str]:
-        """EXPIRE ... LT on the session's keys of ``kinds``; returns the keys shortened."""
-        try:
-            keys = self._session_keys(session_id, kinds)
-            if not keys:
-                return []
-            pipe = self._r.pipeline(transaction=False)
-            for k in keys:
-                pipe.expire(k, ttl_s, lt=True)
-            done = pipe.execute()
-        except redis.RedisError as e:
-            raise BackendUnavailableError(
-                f"could not shorten TTLs of session {session_id!r}: {e}"
-            ) from e
-        return sorted(k for k, ok in zip(keys, done, strict=True) if ok)
 
     # --- handlers ---------------------------------------------------------------------
     def _session_start(
@@ -348,7 +318,7 @@ class LifecycleManager:
         keep = self.overflow_keep_pairs if keep_pairs is None else keep_pairs
         new = state.keep_last_trace_items(keep)
         ttl = low_priority_ttl_s or self.low_priority_ttl_s
-        shortened = self._shorten(state.session_id, LOW_PRIORITY_KINDS, ttl)
+        shortened = self._sm(state).expire_all(ttl, only_shorten=True, kinds=LOW_PRIORITY_KINDS)
         return EventResult(
             LifecycleEvent.CONTEXT_OVERFLOW,
             new,
@@ -384,7 +354,7 @@ class LifecycleManager:
                     confirmed=True,
                 )
             )
-        expiring = self._shorten(state.session_id, None, grace_s or self.goal_grace_s)
+        expiring = self._sm(state).expire_all(grace_s or self.goal_grace_s, only_shorten=True)
         return EventResult(
             LifecycleEvent.GOAL_ACHIEVED, state, {"hot_ids": hot_ids, "expiring": expiring}
         )

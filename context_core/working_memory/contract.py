@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from context_core.working_memory.index import INDEX_ADD_LUA
+
 __all__ = ["CONTRACT_LUA", "TaskContract", "contract_from_hash"]
 
 
@@ -27,9 +29,11 @@ class TaskContract:
 
 
 # Atomic optimistic update of a task contract (one round trip, no WATCH retries inside).
-# KEYS: 1 contract hash, 2 history list.  ARGV: 1 expected version, 2 JSON object of
-# field -> JSON-encoded value, 3 corrected "1"/"0", 4 now, 5 ttl seconds.
-CONTRACT_LUA = """
+# KEYS: 1 contract hash, 2 history list, 3 session key index.  ARGV: 1 expected version,
+# 2 JSON object of field -> JSON-encoded value, 3 corrected "1"/"0", 4 now, 5 ttl seconds.
+CONTRACT_LUA = (
+    INDEX_ADD_LUA
+    + """
 local cur = tonumber(redis.call('HGET', KEYS[1], '_version') or '0')
 if redis.call('HGET', KEYS[1], '_locked') == '1' then return {'locked', cur} end
 if cur ~= tonumber(ARGV[1]) then return {'conflict', cur} end
@@ -44,8 +48,10 @@ for i = 1, #all, 2 do snap[all[i]] = all[i + 1] end
 redis.call('RPUSH', KEYS[2], cjson.encode(snap))
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 redis.call('EXPIRE', KEYS[2], ARGV[5])
+index_add(KEYS[3], tonumber(ARGV[5]), KEYS[1], KEYS[2])
 return {'ok', new}
 """
+)
 
 
 def contract_from_hash(h: Mapping[str, str]) -> TaskContract:

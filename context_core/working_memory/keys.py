@@ -3,7 +3,8 @@
 Session keys are ``wm:{<sid>}:<kind>:<ident>`` and preference keys ``pref:{<uid>}:<type>``.
 The braces are a Redis Cluster hash tag, so all of one session's keys share a slot. Ids are
 checked against strict patterns because a brace, colon or glob character in an id would let
-one session's key (or SCAN pattern) address another's.
+one session's key address another's. Session keys are never found by pattern: each session
+lists its own in a key index (:mod:`.index`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ __all__ = [
     "check_sid",
     "pref_pattern",
     "pref_prefix",
-    "session_pattern",
     "session_prefix",
     "ttl_from_pttl",
 ]
@@ -61,11 +61,6 @@ def check_ident(value: object, what: str = "ident") -> str:
 def session_prefix(session_id: str) -> str:
     """``wm:{<sid>}:`` for an already validated session id."""
     return f"wm:{{{session_id}}}:"
-
-
-def session_pattern(session_id: str) -> str:
-    """SCAN pattern matching every key of one session (braces escaped for glob)."""
-    return f"wm:\\{{{session_id}\\}}:*"
 
 
 def pref_prefix(user_id: str) -> str:

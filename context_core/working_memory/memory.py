@@ -13,6 +13,10 @@ Value layout:
   ``_locked``, ``_updated_at``) and List ``history`` (one JSON snapshot per version)
 * ``plan``     Hash ``current``: the last applied plan with absolute start times
   (:meth:`AnchoredPlan.to_hash`), kept as long as the longest TTL it hands out
+* ``index``    Set ``wm:{<sid>}:index`` of the session's key names (no ident: it is not
+  a value). Every write lists its key there in the same script; :meth:`SessionMemory.keys`,
+  :meth:`~SessionMemory.expire_all` and :meth:`~SessionMemory.clear` read it instead of
+  scanning the keyspace. Invariants and lifetime: :mod:`.index`.
 
 No view holds state beyond its session id: the router, the lifecycle handlers and each
 process of the HTTP service make a fresh ``wm.session(sid)`` per call, so anything a later
@@ -45,13 +49,24 @@ from context_core.errors import (
 from context_core.gateway import Gateway
 from context_core.redis_conn import RedisProvider
 from context_core.working_memory.contract import CONTRACT_LUA, TaskContract, contract_from_hash
+from context_core.working_memory.index import (
+    API_PUT_LUA,
+    FIXED_KEYS,
+    INDEX_SWEEP_LUA,
+    LOCK_LUA,
+    PENDING_ADD_LUA,
+    PENDING_REMOVE_LUA,
+    PLAN_APPLY_LUA,
+    SERIES_ADD_LUA,
+    SWEEP_ATTEMPTS,
+    index_key,
+)
 from context_core.working_memory.keys import (
     RESERVED_PREFIX,
     canonical,
     check_ident,
     check_kind,
     check_sid,
-    session_pattern,
     session_prefix,
     ttl_from_pttl,
 )
@@ -123,6 +138,13 @@ class WorkingMemory:
         self._now = now
         self._contract_script = client.register_script(CONTRACT_LUA)
         self._step_put_script = client.register_script(STEP_PUT_LUA)
+        self._api_put_script = client.register_script(API_PUT_LUA)
+        self._series_add_script = client.register_script(SERIES_ADD_LUA)
+        self._pending_add_script = client.register_script(PENDING_ADD_LUA)
+        self._pending_remove_script = client.register_script(PENDING_REMOVE_LUA)
+        self._lock_script = client.register_script(LOCK_LUA)
+        self._plan_apply_script = client.register_script(PLAN_APPLY_LUA)
+        self._sweep_script = client.register_script(INDEX_SWEEP_LUA)
         kw = client.connection_pool.connection_kwargs
         where = kw.get("path") or f"{kw.get('host', '?')}:{kw.get('port', '?')}"
         self.url = f"redis://{where}/{kw.get('db', 0)}"  # no password, safe to show
@@ -164,18 +186,24 @@ class SessionMemory:
     in Redis, so a step written later through any view, in any process, gets the plan's TTL.
     """
 
-    __slots__ = ("_gw", "_prefix", "_r", "_sid", "wm")
+    __slots__ = ("_gw", "_idx", "_prefix", "_r", "_sid", "wm")
 
     def __init__(self, wm: WorkingMemory, session_id: str) -> None:
         self._sid = check_sid(session_id)
         self.wm = wm
         self._prefix = session_prefix(session_id)
+        self._idx = index_key(self._prefix)
         self._r = wm._client
         self._gw = wm._gateway
 
     @property
     def session_id(self) -> str:
         return self._sid
+
+    @property
+    def index_key(self) -> str:
+        """``wm:{<sid>}:index``: the Set listing this session's keys (see :mod:`.index`)."""
+        return self._idx
 
     def __repr__(self) -> str:
         return f"SessionMemory(session_id={self._sid!r}, url={self.wm.url!r})"
@@ -214,7 +242,7 @@ class SessionMemory:
         data = self._gw.clean_response(response, where=f"L2.api {endpoint}")
         body = canonical({"stored_at": self.wm._now(), "data": data})
         with self.wm._guard(f"SET {key}"):
-            self._r.set(key, body, ex=self._ttl(ttl_s))
+            self.wm._api_put_script(keys=[key, self._idx], args=[body, self._ttl(ttl_s)])
         return key
 
     def get_api_response(self, endpoint: str, params: Mapping[str, Any]) -> Loaded:
@@ -260,7 +288,7 @@ class SessionMemory:
         for field, value in mapping.items():
             args += [field, value]
         with self.wm._guard(f"HSET {key}"):
-            self.wm._step_put_script(keys=[key, self._plan_key()], args=args)
+            self.wm._step_put_script(keys=[key, self._plan_key(), self._idx], args=args)
         return key
 
     def get_step_result(self, step_id: str) -> Loaded:
@@ -354,11 +382,9 @@ class SessionMemory:
         member = f"{ts_f!r}|{val_f!r}"
         n = self.wm.series_window
         with self.wm._guard(f"ZADD {key}"):
-            pipe = self._r.pipeline(transaction=True)
-            pipe.zadd(key, {member: ts_f})
-            pipe.zremrangebyrank(key, 0, -(n + 1))
-            pipe.expire(key, self.wm.default_ttl_s)
-            pipe.execute()
+            self.wm._series_add_script(
+                keys=[key, self._idx], args=[member, repr(ts_f), n, self.wm.default_ttl_s]
+            )
 
     def series(self, series: str, since: float | None = None) -> list[tuple[float, float]]:
         """Points ``(ts, value)`` oldest first, optionally from ``since`` (inclusive)."""
@@ -377,15 +403,20 @@ class SessionMemory:
 
     def add_pending(self, task_id: str) -> None:
         key = self.key("pending", "tasks")
+        member = self._pending_member(task_id)
         with self.wm._guard(f"SADD {key}"):
-            pipe = self._r.pipeline(transaction=True)
-            pipe.sadd(key, self._pending_member(task_id)).persist(key)
-            pipe.execute()
+            self.wm._pending_add_script(keys=[key, self._idx], args=[member])
 
     def remove_pending(self, task_id: str) -> bool:
+        """Forget a task id. When the last one goes the Set is gone, and the key index,
+        kept without TTL while it existed, gets its longest member's TTL back."""
         key = self.key("pending", "tasks")
+        member = self._pending_member(task_id)
         with self.wm._guard(f"SREM {key}"):
-            return bool(self._r.srem(key, self._pending_member(task_id)))
+            removed, still_there = self.wm._pending_remove_script(keys=[key], args=[member])
+        if removed and not still_there:
+            self._sweep("refit")
+        return bool(removed)
 
     def pending(self) -> set[str]:
         key = self.key("pending", "tasks")
@@ -401,7 +432,7 @@ class SessionMemory:
 
         The plan is stored with absolute start times (``now`` + ``est_start_s``) and the
         factor, so later writes through any view get the TTL for the time *they* happen.
-        Plan, TTLs and EXPIREs change in one MULTI. Returns ``{step_id: ttl_s}`` for the
+        Plan, TTLs and EXPIREs change in one Lua call. Returns ``{step_id: ttl_s}`` for the
         step results that exist (others get the plan's TTL when written).
         """
         now = self.wm._now()
@@ -421,13 +452,12 @@ class SessionMemory:
                 "or personal data; use neutral step ids such as 's1' or 'diagnose'"
             )
         plan_key = self._plan_key()
+        keep = anchored.keep_s(now=now, default_ttl_s=default, min_ttl_s=floor)
+        args: list[str | int] = [keep, *(ttls[s] for s in keys)]
+        for field, value in stored.items():
+            args += [field, value]
         with self.wm._guard(f"apply_plan {plan_key}"):
-            pipe = self._r.pipeline(transaction=True)
-            pipe.delete(plan_key).hset(plan_key, mapping=stored)
-            pipe.expire(plan_key, anchored.keep_s(now=now, default_ttl_s=default, min_ttl_s=floor))
-            for s, k in keys.items():
-                pipe.expire(k, ttls[s])
-            done = pipe.execute()[3:]
+            done = self.wm._plan_apply_script(keys=[plan_key, self._idx, *keys.values()], args=args)
         return {s: ttls[s] for s, ok in zip(keys, done, strict=True) if ok}
 
     def current_plan(self) -> AnchoredPlan | None:
@@ -481,7 +511,7 @@ class SessionMemory:
         encoded = json.dumps({k: canonical(v) for k, v in cleaned.items()})
         with self.wm._guard(f"contract update {key}"):
             status, version = self.wm._contract_script(
-                keys=[key, hist],
+                keys=[key, hist, self._idx],
                 args=[
                     int(expected_version),
                     encoded,
@@ -518,25 +548,59 @@ class SessionMemory:
     def _set_lock(self, flag: str) -> None:
         key, _ = self._contract_keys()
         with self.wm._guard(f"HSET {key} _locked"):
-            pipe = self._r.pipeline(transaction=True)
-            pipe.hset(key, "_locked", flag).expire(key, self.wm.default_ttl_s)
-            pipe.execute()
+            self.wm._lock_script(keys=[key, self._idx], args=[flag, self.wm.default_ttl_s])
 
-    # ---- housekeeping -------------------------------------------------------------------
+    # ---- housekeeping: the key index ----------------------------------------------------
+    def keys(self) -> list[str]:
+        """This session's live keys, sorted (the index itself excluded).
+
+        Read from the key index plus the fixed-name keys, never by scanning; members whose
+        keys have expired are dropped from the index on the way.
+        """
+        return sorted(self._sweep("keys"))
+
+    def expire_all(
+        self, ttl_s: int, *, only_shorten: bool, kinds: Sequence[str] | None = None
+    ) -> list[str]:
+        """Set a TTL of ``ttl_s`` on this session's keys (of ``kinds`` only, if given).
+
+        ``only_shorten``: ``EXPIRE ... LT``, so a key only ever loses time (a key without
+        TTL, like the pending Set, counts as infinite and gets ``ttl_s``). Otherwise the TTL
+        is set as given, longer or shorter. The index TTL is then refitted to its longest
+        member. One atomic script; returns the keys whose TTL changed, sorted.
+        """
+        ttl = self._ttl(ttl_s)
+        wanted = [check_kind(k) for k in kinds or ()]
+        if kinds is not None and not wanted:
+            return []
+        changed = self._sweep("expire", ttl, "1" if only_shorten else "0", *wanted)
+        return sorted(changed)
+
     def clear(self) -> int:
-        """Delete every key of this session (SCAN on the hash-tag pattern); returns count."""
-        pattern = session_pattern(self.session_id)
-        n = 0
-        with self.wm._guard(f"SCAN {pattern}"):
-            batch: list[str] = []
-            for k in self._r.scan_iter(match=pattern, count=500):
-                batch.append(k)
-                if len(batch) >= 500:
-                    n += self._r.delete(*batch)
-                    batch.clear()
-            if batch:
-                n += self._r.delete(*batch)
-        return n
+        """Delete every key of this session, then its index; returns how many keys (the
+        index not counted). One atomic script over the keys the index lists (plus the
+        fixed-name ones); no scan of the keyspace."""
+        return int(self._sweep("clear"))
+
+    def _sweep(self, op: str, *args: str | int) -> Any:
+        """Run :data:`INDEX_SWEEP_LUA` over a fresh snapshot of the index (re-read while
+        concurrent writes keep adding keys; ``keys`` takes any snapshot)."""
+        fixed = [f"{self._prefix}{kind}:{ident}" for kind, ident in FIXED_KEYS]
+        with self.wm._guard(f"{op} via {self._idx}"):
+            for _ in range(SWEEP_ATTEMPTS):
+                members = self._r.smembers(self._idx)
+                own = {m for m in members if m.startswith(self._prefix) and m != self._idx}
+                snapshot = sorted(own.union(fixed))
+                reply = self.wm._sweep_script(
+                    keys=[self._idx, *snapshot], args=[op, self._prefix, *args]
+                )
+                if reply[0] == "ok":
+                    return reply[1]
+        raise BackendUnavailableError(
+            f"{op} of session {self.session_id!r}: its key index changed under "
+            f"{SWEEP_ATTEMPTS} snapshots in a row (writes still running); retry once the "
+            "session's writers have stopped"
+        )
 
 
 # --------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from context_core.errors import ContextError
+from context_core.working_memory.index import INDEX_ADD_LUA
 
 __all__ = [
     "DEFAULT_MIN_TTL_S",
@@ -187,9 +188,13 @@ class AnchoredPlan:
 # Write a step result with its TTL decided from the stored plan, atomically with the write
 # (so a concurrent apply_plan is either seen or re-EXPIREs the key after). Mirrors
 # AnchoredPlan.ttl: keep the two in step.
-# KEYS: 1 step hash, 2 plan hash.  ARGV: 1 now, 2 explicit ttl or '', 3 default ttl,
-# 4 step id, 5 min ttl (the floor), 6.. field, value pairs.  Returns the TTL set.
-STEP_PUT_LUA = """
+# The step key is listed in the session's key index in the same call (see .index).
+# KEYS: 1 step hash, 2 plan hash, 3 key index.  ARGV: 1 now, 2 explicit ttl or '',
+# 3 default ttl, 4 step id, 5 min ttl (the floor), 6.. field, value pairs.
+# Returns the TTL set.
+STEP_PUT_LUA = (
+    INDEX_ADD_LUA
+    + """
 local ttl = tonumber(ARGV[2])
 if not ttl then
   local plan = redis.call('HMGET', KEYS[2], '_factor', 'until:' .. ARGV[4])
@@ -203,5 +208,7 @@ end
 redis.call('DEL', KEYS[1])
 for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('EXPIRE', KEYS[1], ttl)
+index_add(KEYS[3], ttl, KEYS[1])
 return ttl
 """
+)

@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import redis
@@ -28,6 +29,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 SYSTEM_REDIS_URL = os.environ.get("CTX_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+T = TypeVar("T")
 
 
 def _reachable(url: str) -> bool:
@@ -86,6 +88,61 @@ def settings(tmp_path: Path, redis_url: str) -> Settings:
 def session_id() -> str:
     """A fresh session id per test so tests never see each other's keys."""
     return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@dataclasses.dataclass(frozen=True)
+class CrowdedRedis:
+    """``any_redis`` plus 20,000 unrelated keys, so anything that SCANs the keyspace shows."""
+
+    url: str
+    prefix: str
+    n_keys: int
+
+    def scan_calls(self) -> int:
+        """Server-wide SCAN calls so far (INFO commandstats ``cmdstat_scan``)."""
+        c = redis.Redis.from_url(self.url)
+        try:
+            return int(c.info("commandstats").get("cmdstat_scan", {}).get("calls", 0))
+        finally:
+            c.close()
+
+    def run_without_scan(self, prepare: Callable[[], Callable[[], T]], attempts: int = 5) -> T:
+        """``act = prepare()`` outside the window, then ``act()``, which must add no SCAN.
+
+        The counter is server-wide and the system Redis is shared with other test runs whose
+        fixtures SCAN, so a window that saw one is retried with a fresh ``prepare()``. Code
+        that scans adds >= 1 call (>= 40 over these 20k keys) in *every* window: it cannot
+        pass, however many attempts.
+        """
+        delta = -1
+        for _ in range(attempts):
+            act = prepare()
+            before = self.scan_calls()
+            result = act()
+            delta = self.scan_calls() - before
+            if delta == 0:
+                return result
+        raise AssertionError(f"SCAN was sent in each of {attempts} windows (last: {delta} calls)")
+
+
+@pytest.fixture
+def crowded_redis(any_redis: str) -> Iterator[CrowdedRedis]:
+    """20k string keys under ``t-crowd-<uuid>:`` (10 min TTL as a safety net), deleted by
+    name afterwards: no SCAN in set-up or teardown, so the counter only moves for the test."""
+    prefix = f"t-crowd-{uuid.uuid4().hex[:10]}:"
+    names = [f"{prefix}{i}" for i in range(20_000)]
+    c = redis.Redis.from_url(any_redis)
+    try:
+        for start in range(0, len(names), 2_000):
+            pipe = c.pipeline(transaction=False)
+            for name in names[start : start + 2_000]:
+                pipe.set(name, "x", ex=600)
+            pipe.execute()
+        yield CrowdedRedis(any_redis, prefix, len(names))
+    finally:
+        for start in range(0, len(names), 2_000):
+            c.delete(*names[start : start + 2_000])
+        c.close()
 
 
 def cleanup_keys(url: str, pattern: str) -> None:

@@ -10,11 +10,12 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from conftest import CrowdedRedis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -689,3 +690,228 @@ def test_property_no_generated_secret_reaches_redis(env: _Env, tree: dict) -> No
     leaked = {secret for secret in _secrets_in(tree) if secret in raw}
     assert not leaked
     s.clear()
+
+
+# ---- key index ---------------------------------------------------------------------------
+
+
+def _members(env: _Env, s: SessionMemory) -> set[str]:
+    return set(env.client.smembers(s.index_key))
+
+
+def _assert_index_outlives_members(env: _Env, s: SessionMemory) -> None:
+    """The index TTL is >= every member's (none while a member never expires)."""
+    idx = env.client.pttl(s.index_key)
+    ttls = {m: env.client.pttl(m) for m in _members(env, s)}
+    if any(t == -1 for t in ttls.values()):
+        assert idx == -1, ttls
+    else:
+        assert idx > 0 and all(idx >= t - 5 for t in ttls.values()), (idx, ttls)
+
+
+def test_index_lists_every_write_kind(env: _Env) -> None:
+    s = env.session()
+    k = s.key
+    assert s.index_key == f"wm:{{{s.session_id}}}:index"
+    assert s.keys() == [] and env.client.exists(s.index_key) == 0
+
+    api = s.put_api_response("/pumps", {"id": 7}, {"p": 4.2})
+    assert _members(env, s) == {api}
+    assert 898_000 <= env.client.pttl(s.index_key) <= 900_000  # created with the key's TTL
+
+    step = s.put_step_result("diagnose", {"v": 1}, ttl_s=2000)  # longer: index follows
+    assert _members(env, s) == {api, step}
+    assert 1_998_000 <= env.client.pttl(s.index_key) <= 2_000_000
+    s.put_api_response("/short", {}, {"p": 1}, ttl_s=5)  # shorter: index keeps 2000 s
+    assert 1_990_000 <= env.client.pttl(s.index_key) <= 2_000_000
+    short = s.api_key("/short", {})
+
+    s.add_series_point("PUMP-7.rms", 1.0, 2.0)
+    s.update_contract({"goal": "g"}, expected_version=0)
+    s.lock_contract()
+    s.apply_plan(_plan(3600.0))  # s1/s2 wait 2 h: plan kept (and index raised to) 7200 s
+    expected = {
+        api,
+        step,
+        short,
+        k("series", "PUMP-7.rms"),
+        k("contract", "current"),
+        k("contract", "history"),
+        k("plan", "current"),
+    }
+    assert _members(env, s) == expected
+    assert 7_198_000 <= env.client.pttl(s.index_key) <= 7_200_000
+    _assert_index_outlives_members(env, s)
+
+    s.add_pending("task-1")  # a member without TTL: the index loses its TTL too
+    s.add_pending("task-2")
+    assert _members(env, s) == expected | {k("pending", "tasks")}
+    assert env.client.pttl(s.index_key) == -1
+    s.put_api_response("/later", {}, {"p": 2})  # a TTL write does not re-arm it
+    assert env.client.pttl(s.index_key) == -1
+    assert s.remove_pending("task-1") is True
+    assert env.client.pttl(s.index_key) == -1  # task-2 still pending
+    assert s.remove_pending("task-2") is True  # the Set is gone: refit to the longest member
+    assert 7_190_000 <= env.client.pttl(s.index_key) <= 7_200_000
+    _assert_index_outlives_members(env, s)
+
+    assert s.keys() == sorted(expected | {s.api_key("/later", {})})  # the index not listed
+
+
+def test_index_prunes_expired_members_lazily(env: _Env) -> None:
+    s = env.session()
+    keep = s.put_step_result("s1", {"v": 1})
+    gone = s.put_api_response("/blip", {}, {"v": 2}, ttl_s=60)
+    env.client.pexpire(gone, 1)  # let Redis expire it for real
+    deadline = time.monotonic() + 5
+    while env.client.exists(gone) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert _members(env, s) == {keep, gone}  # still listed: nothing pruned it yet
+    assert s.keys() == [keep]
+    assert _members(env, s) == {keep}  # keys() dropped the dead member
+
+
+def test_expire_all_shortens_or_sets_and_refits_the_index(env: _Env) -> None:
+    s = env.session()
+    api = s.put_api_response("/a", {}, {"v": 1})
+    step = s.put_step_result("s1", {"v": 1}, ttl_s=3000)
+    series = s.add_series_point("x", 1.0, 1.0) or s.key("series", "x")
+    s.add_pending("t1")
+    pending = s.key("pending", "tasks")
+
+    assert s.expire_all(100, only_shorten=True, kinds=["api", "series"]) == sorted([api, series])
+    assert 98 <= (s.ttl(api) or 0) <= 100 and 2990 <= (s.ttl(step) or 0) <= 3000
+    assert s.ttl(pending) is None and env.client.pttl(s.index_key) == -1
+    assert s.expire_all(200, only_shorten=True, kinds=["api"]) == []  # LT: never lengthens
+    assert s.expire_all(1, only_shorten=True, kinds=[]) == []  # no kinds: nothing to do
+
+    assert s.expire_all(500, only_shorten=True) == sorted([step, pending])  # api/series < 500
+    assert 490 <= (s.ttl(step) or 0) <= 500 and 490 <= (s.ttl(pending) or 0) <= 500
+    assert 98 <= (s.ttl(api) or 0) <= 100  # already shorter than 500
+    assert 498_000 <= env.client.pttl(s.index_key) <= 500_000  # refit: longest member
+    _assert_index_outlives_members(env, s)
+
+    assert s.expire_all(4000, only_shorten=False, kinds=["api"]) == [api]  # may lengthen
+    assert 3990 <= (s.ttl(api) or 0) <= 4000
+    assert 3_990_000 <= env.client.pttl(s.index_key) <= 4_000_000
+    with pytest.raises(ContextError, match="ttl_s must be positive"):
+        s.expire_all(0, only_shorten=True)
+    with pytest.raises(ContextError, match="invalid kind"):
+        s.expire_all(10, only_shorten=True, kinds=["api:*"])
+
+
+def test_clear_removes_exactly_the_session_and_never_scans(
+    any_redis: str, crowded_redis: CrowdedRedis
+) -> None:
+    """20k unrelated keys in the DB; clear() must delete exactly one session's keys with
+    no SCAN (INFO commandstats), while sessions with look-alike ids keep all of theirs."""
+    env = _Env(any_redis)
+    base = _sid()
+    try:
+        # The probe counts real SCANs: a pattern scan over the crowd costs >= 40 calls.
+        before = crowded_redis.scan_calls()
+        found = sum(1 for _ in env.client.scan_iter(match=crowded_redis.prefix + "*", count=500))
+        assert found == crowded_redis.n_keys
+        assert crowded_redis.scan_calls() - before >= crowded_redis.n_keys // 500
+
+        neighbours = [env.session(base + suffix) for suffix in ("x", "-2", "0")]
+        neighbours.append(env.session(base[:-1]))
+
+        def fill(s: SessionMemory) -> None:
+            s.put_api_response("/pumps", {"id": 1}, {"p": 1})
+            s.put_step_result("s1", {"v": 1})
+            s.add_series_point("rms", 1.0, 2.0)
+            s.add_pending("task-1")
+            s.update_contract({"goal": "g"}, expected_version=s.contract().version)
+            s.apply_plan(_plan(120.0))
+
+        for s in neighbours:
+            fill(s)
+        kept = {s.session_id: s.keys() for s in neighbours}
+        assert all(len(v) == 7 for v in kept.values())
+
+        def prepare() -> Callable[[], int]:
+            target = env.session(f"{base}-{uuid.uuid4().hex[:4]}")
+            fill(target)
+            listed = target.keys()
+            assert len(listed) == 7
+
+            def act() -> int:
+                n = target.clear()
+                assert n == len(listed)
+                assert env.client.exists(*listed, target.index_key) == 0
+                assert target.keys() == []
+                return n
+
+            return act
+
+        assert crowded_redis.run_without_scan(prepare) == 7
+        for s in neighbours:
+            assert s.keys() == kept[s.session_id]
+            assert env.client.exists(*kept[s.session_id]) == 7
+            assert s.get_step_result("s1").value == {"v": 1}
+        assert env.client.exists(crowded_redis.prefix + "0", crowded_redis.prefix + "19999") == 2
+    finally:
+        env.close()
+
+
+def test_clear_ignores_foreign_members_of_a_tampered_index(env: _Env) -> None:
+    a, b = env.session(), env.session()
+    a.put_step_result("s1", {"v": "A"})
+    b_key = b.put_step_result("s1", {"v": "B"})
+    env.client.sadd(a.index_key, b_key, "unrelated:key")  # hand-edited: not a's keys
+    assert a.keys() == [a.key("step", "s1")]
+    assert a.clear() == 1
+    assert b.get_step_result("s1").value == {"v": "B"}
+    assert env.client.exists(a.index_key) == 0
+
+
+def test_clear_finds_fixed_name_keys_of_a_session_without_index(env: _Env) -> None:
+    """Sessions written before the index: the never-expiring pending Set and the contract
+    are found by name (so no SCAN fallback is needed); other keys expire on their TTLs."""
+    s = env.session()
+    pending, contract = s.key("pending", "tasks"), s.key("contract", "current")
+    env.client.sadd(pending, "task-1")  # as the old code wrote them: no index
+    env.client.hset(contract, mapping={"_version": "1", "f:goal": '"g"'})
+    assert env.client.exists(s.index_key) == 0
+    assert s.keys() == sorted([pending, contract])
+    assert s.expire_all(30, only_shorten=True) == sorted([pending, contract])
+    assert 0 < (s.ttl(pending) or 0) <= 30
+    assert s.clear() == 2
+    assert env.client.exists(pending, contract) == 0
+
+
+def test_writes_racing_clear_leave_no_unlisted_key(env: _Env) -> None:
+    """Writers keep adding keys while clear() runs: every key left is in the index."""
+    s = env.session()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def writer(i: int) -> None:
+        client = redis.Redis.from_url(env.url, decode_responses=True)
+        try:
+            mine = WorkingMemory(client, env.gateway).session(s.session_id)
+            n = 0
+            while not stop.is_set():
+                mine.put_api_response("/w", {"w": i, "n": n}, {"v": n})
+                n += 1
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    cleared = 0
+    try:
+        for _ in range(30):
+            cleared += s.clear()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    assert not errors and cleared > 0
+    on_server = set(env.client.scan_iter(match=f"wm:\\{{{s.session_id}\\}}:*", count=1000))
+    assert on_server - {s.index_key} <= _members(env, s)
+    assert s.clear() == len(on_server - {s.index_key})

@@ -20,12 +20,15 @@ Invariants (kept by the Lua in this module, which every write path embeds):
 * **Lazy pruning**: members whose keys expired stay listed until a sweep (``keys``,
   ``clear``, ``expire_all``, refit) sees them gone and removes them.
 
-Sweeps read the members (one SMEMBERS) and then run one script with every key it touches
-declared in ``KEYS`` (Redis' rule for scripts, and what lets a cluster route and migrate the
-slot safely). The script first checks the index still holds exactly the snapshot; if a
-concurrent write added a key in between it returns ``retry`` having changed nothing, and the
-caller re-reads. Members outside the session's prefix can only come from a hand-edited
-index; a sweep drops them from the index and never touches those keys.
+Sweeps read the members (one SMEMBERS) and then run one atomic script with every key it
+touches declared in ``KEYS`` (Redis' rule for scripts, and what lets a cluster route and
+migrate the slot safely). A key written between the two calls is *unlisted* in that
+snapshot: the script leaves it alone and still listed (``clear`` then keeps the index alive
+for it, so no key is ever orphaned), reports how many there were, and the caller sweeps
+again, up to :data:`SWEEP_ROUNDS` times. So a sweep always finishes, even while writers
+keep going; only keys written during it may survive a ``clear``. Members outside the
+session's prefix can only come from a hand-edited index; a sweep drops them from the index
+and never touches those keys.
 
 The fixed-name keys (pending tasks, plan, contract and its history) are always swept by
 name too. That is what makes a SCAN fallback unnecessary for sessions written before the
@@ -46,7 +49,7 @@ __all__ = [
     "PENDING_REMOVE_LUA",
     "PLAN_APPLY_LUA",
     "SERIES_ADD_LUA",
-    "SWEEP_ATTEMPTS",
+    "SWEEP_ROUNDS",
     "index_key",
 ]
 
@@ -58,8 +61,8 @@ FIXED_KEYS: tuple[tuple[str, str], ...] = (
     ("contract", "history"),
 )
 
-#: How often a sweep re-reads the index when concurrent writes keep adding keys.
-SWEEP_ATTEMPTS = 20
+#: How many snapshots a sweep takes at most while concurrent writes keep adding keys.
+SWEEP_ROUNDS = 5
 
 
 def index_key(prefix: str) -> str:
@@ -160,31 +163,37 @@ return done
 # fixed-name keys.  ARGV: 1 op, 2 the session's key prefix, 3 ttl seconds (expire),
 # 4 "1" = only shorten (EXPIRE ... LT; a key without TTL counts as infinite), 5.. kinds to
 # expire (none = all).
-# ops: keys   -> {'ok', [live keys]}          (prunes expired members; no snapshot check)
-#      clear  -> {'ok', number deleted}       (members + fixed keys, then the index)
-#      expire -> {'ok', [keys re-timed]}      (then refits the index TTL)
-#      refit  -> {'ok', {}}                   (index TTL = longest member's; none if one
-#                                              never expires; index deleted if empty)
-# Any op but keys returns {'retry'} (nothing changed) if the index gained a key not in
-# the snapshot: re-read and call again.
+# Returns {payload, unlisted}: unlisted = members added since the snapshot (written while
+# the sweep ran); they are left alone, still listed, and the caller may sweep again.
+#   keys   -> [live keys]        prunes expired members (no snapshot check: unlisted = 0)
+#   clear  -> number deleted     members + fixed keys, each SREMed; the index goes with the
+#                                last member (an unlisted one keeps it alive, so no orphan)
+#   expire -> [keys re-timed]    then refits the index TTL
+#   refit  -> []                 index TTL = its longest member's; none if one never
+#                                expires; index deleted when no member is left
+# With unlisted members the refit only ever raises the TTL: their write scripts already
+# made the index outlive them, and their TTLs cannot be read here (undeclared keys).
 INDEX_SWEEP_LUA = """
 local idx, op, prefix = KEYS[1], ARGV[1], ARGV[2]
+local declared, unlisted = {}, 0
+for i = 2, #KEYS do declared[KEYS[i]] = true end
 if op ~= 'keys' then
-  local declared = {}
-  for i = 2, #KEYS do declared[KEYS[i]] = true end
   for _, m in ipairs(redis.call('SMEMBERS', idx)) do
     if string.sub(m, 1, #prefix) ~= prefix then
       redis.call('SREM', idx, m)
     elseif not declared[m] then
-      return {'retry'}
+      unlisted = unlisted + 1
     end
   end
 end
 if op == 'clear' then
   local n = 0
-  for i = 2, #KEYS do n = n + redis.call('DEL', KEYS[i]) end
-  redis.call('DEL', idx)
-  return {'ok', n}
+  for i = 2, #KEYS do
+    n = n + redis.call('DEL', KEYS[i])
+    redis.call('SREM', idx, KEYS[i])
+  end
+  if unlisted == 0 then redis.call('DEL', idx) end
+  return {n, unlisted}
 end
 local function selected(k)
   if #ARGV < 5 then return true end
@@ -217,13 +226,16 @@ for i = 2, #KEYS do
     if p == -1 then forever = true elseif p > longest then longest = p end
   end
 end
-if op == 'keys' then return {'ok', live} end
-if #live == 0 then
-  redis.call('DEL', idx)
-elseif forever then
+if op == 'keys' then return {live, 0} end
+local cur = redis.call('PTTL', idx)
+if forever then
   redis.call('PERSIST', idx)
-elseif redis.call('EXISTS', idx) == 1 then
+elseif unlisted > 0 then
+  if cur >= 0 and cur < longest then redis.call('PEXPIRE', idx, longest) end
+elseif #live == 0 then
+  redis.call('DEL', idx)
+elseif cur ~= -2 then
   redis.call('PEXPIRE', idx, longest)
 end
-return {'ok', changed}
+return {changed, unlisted}
 """

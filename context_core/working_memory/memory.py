@@ -58,7 +58,7 @@ from context_core.working_memory.index import (
     PENDING_REMOVE_LUA,
     PLAN_APPLY_LUA,
     SERIES_ADD_LUA,
-    SWEEP_ATTEMPTS,
+    SWEEP_ROUNDS,
     index_key,
 )
 from context_core.working_memory.keys import (
@@ -557,7 +557,7 @@ class SessionMemory:
         Read from the key index plus the fixed-name keys, never by scanning; members whose
         keys have expired are dropped from the index on the way.
         """
-        return sorted(self._sweep("keys"))
+        return sorted(self._sweep("keys")[0])
 
     def expire_all(
         self, ttl_s: int, *, only_shorten: bool, kinds: Sequence[str] | None = None
@@ -567,40 +567,40 @@ class SessionMemory:
         ``only_shorten``: ``EXPIRE ... LT``, so a key only ever loses time (a key without
         TTL, like the pending Set, counts as infinite and gets ``ttl_s``). Otherwise the TTL
         is set as given, longer or shorter. The index TTL is then refitted to its longest
-        member. One atomic script; returns the keys whose TTL changed, sorted.
+        member. Atomic per snapshot of the index; returns the keys whose TTL changed, sorted.
         """
         ttl = self._ttl(ttl_s)
         wanted = [check_kind(k) for k in kinds or ()]
         if kinds is not None and not wanted:
             return []
-        changed = self._sweep("expire", ttl, "1" if only_shorten else "0", *wanted)
-        return sorted(changed)
+        rounds = self._sweep("expire", ttl, "1" if only_shorten else "0", *wanted)
+        return sorted(set().union(*rounds))
 
     def clear(self) -> int:
-        """Delete every key of this session, then its index; returns how many keys (the
-        index not counted). One atomic script over the keys the index lists (plus the
-        fixed-name ones); no scan of the keyspace."""
-        return int(self._sweep("clear"))
+        """Delete every key of this session, and its index; returns how many keys (the index
+        not counted). One atomic script over the keys the index lists plus the fixed-name
+        ones, no scan of the keyspace. Keys written *while* it runs may survive it, still
+        listed in the index (see :mod:`.index`)."""
+        return sum(self._sweep("clear"))
 
-    def _sweep(self, op: str, *args: str | int) -> Any:
-        """Run :data:`INDEX_SWEEP_LUA` over a fresh snapshot of the index (re-read while
-        concurrent writes keep adding keys; ``keys`` takes any snapshot)."""
+    def _sweep(self, op: str, *args: str | int) -> list[Any]:
+        """Run :data:`INDEX_SWEEP_LUA` on a snapshot of the index; again on a fresh one while
+        keys written meanwhile were left unlisted (at most :data:`SWEEP_ROUNDS`). Returns
+        each round's payload."""
         fixed = [f"{self._prefix}{kind}:{ident}" for kind, ident in FIXED_KEYS]
+        payloads: list[Any] = []
         with self.wm._guard(f"{op} via {self._idx}"):
-            for _ in range(SWEEP_ATTEMPTS):
+            for _ in range(SWEEP_ROUNDS):
                 members = self._r.smembers(self._idx)
                 own = {m for m in members if m.startswith(self._prefix) and m != self._idx}
                 snapshot = sorted(own.union(fixed))
-                reply = self.wm._sweep_script(
+                payload, unlisted = self.wm._sweep_script(
                     keys=[self._idx, *snapshot], args=[op, self._prefix, *args]
                 )
-                if reply[0] == "ok":
-                    return reply[1]
-        raise BackendUnavailableError(
-            f"{op} of session {self.session_id!r}: its key index changed under "
-            f"{SWEEP_ATTEMPTS} snapshots in a row (writes still running); retry once the "
-            "session's writers have stopped"
-        )
+                payloads.append(payload)
+                if not unlisted:
+                    break
+        return payloads
 
 
 # --------------------------------------------------------------------------------------

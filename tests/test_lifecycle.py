@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import inspect
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import redis
-from conftest import cleanup_keys
+from conftest import CrowdedRedis, cleanup_keys
 
+from context_core import lifecycle
 from context_core.config import Settings, get_settings
 from context_core.embedding import load_encoder
 from context_core.errors import ContextError, ContractLockedError, UnknownEventError
 from context_core.gateway import Gateway
 from context_core.knowledge.edge import EdgeStore
 from context_core.knowledge.memory import KnowledgeMemory
-from context_core.lifecycle import EFFECTS, LifecycleEvent, LifecycleManager
+from context_core.lifecycle import EFFECTS, EventResult, LifecycleEvent, LifecycleManager
 from context_core.session import SessionState
 from context_core.working_memory import SessionMemory, WorkingMemory
 
@@ -280,3 +283,55 @@ def test_scripted_demo_session_runs_every_layer(settings: Settings, redis_url: s
         c.delete("ns:{fleet}:kv:baseline:PUMP")
         c.hdel("ns:{fleet}:acl", AGENT, "fleet-etl")
         c.close()
+
+
+@pytest.mark.parametrize("event", ["context_overflow", "goal_achieved", "session_timeout"])
+def test_ttl_events_touch_only_the_session_and_never_scan(
+    crowded_redis: CrowdedRedis, event: str
+) -> None:
+    """Among 20k unrelated keys, each TTL-changing event works from the session's key index:
+    zero SCAN calls (INFO commandstats) and the same effects as before."""
+    client = redis.Redis.from_url(crowded_redis.url, decode_responses=True)
+    gw = Gateway()
+    wm = WorkingMemory(client, gw, default_ttl_s=900)
+    mgr = LifecycleManager(wm=wm, gateway=gw, low_priority_ttl_s=30, goal_grace_s=20)
+    started: list[SessionMemory] = []
+
+    def prepare() -> Callable[[], tuple[SessionMemory, list[str], EventResult]]:
+        env = Env(mgr, wm, client, f"t-{uuid.uuid4().hex[:12]}")
+        state = _calls(env, _start(env), 2)
+        sm = env.sm()
+        started.append(sm)
+        sm.add_series_point("PUMP-0042.vibration", 1.0, 2.0)
+        sm.add_pending("task-1")
+        before = sm.keys()
+        return lambda: (sm, before, mgr.apply(event, state))
+
+    try:
+        sm, before, res = crowded_redis.run_without_scan(prepare)
+        # 2 api + 2 step + series + pending + contract current/history
+        assert len(before) == 8 and all(k.startswith(f"wm:{{{sm.session_id}}}:") for k in before)
+        if event == "session_timeout":
+            assert res.effects["deleted"] == 8
+            assert client.exists(*before, sm.index_key) == 0
+        elif event == "goal_achieved":
+            assert res.effects["expiring"] == before
+            assert all(0 < client.ttl(k) <= 20 for k in [*before, sm.index_key])
+        else:
+            low = [k for k in before if ":api:" in k or ":series:" in k]
+            assert len(low) == 3 and res.effects["shortened"] == low
+            assert all(0 < client.ttl(k) <= 30 for k in low)
+            assert all(client.ttl(k) > 800 or client.ttl(k) == -1 for k in set(before) - set(low))
+            assert client.ttl(sm.index_key) == -1  # the pending Set still has no TTL
+        assert client.exists(crowded_redis.prefix + "0", crowded_redis.prefix + "19999") == 2
+    finally:
+        for s in started:
+            s.clear()
+        client.close()
+
+
+def test_lifecycle_builds_no_key_pattern() -> None:
+    """The manager reaches L2 only through SessionMemory: no SCAN, no glob, no raw client."""
+    src = inspect.getsource(lifecycle)
+    for needle in ("scan_iter", ".scan(", "match=", "wm:{", "wm:\\{", "._r.", "pipeline("):
+        assert needle not in src, needle

@@ -26,18 +26,28 @@ the stored plan has expired (it is kept as long as the longest TTL it can give).
 async tasks are the one exception: they have no TTL, since a forgotten task id is a lost
 task.
 
+How a session finds its own keys: a Set ``wm:{<sid>}:index`` (same hash tag, same slot)
+lists them; every write adds its key inside the same Lua script as the write, and the index
+lives at least as long as its longest member (no TTL while pending tasks exist).
+:meth:`SessionMemory.keys`, :meth:`~SessionMemory.expire_all` (used by the lifecycle events)
+and :meth:`~SessionMemory.clear` work from it, so their cost is O(keys of that session),
+never a SCAN of the keyspace (which on Redis Cluster would also walk one node only).
+Details and invariants: :mod:`.index`.
+
 Every write passes the sanitize gateway first (API responses through ``clean_response``, so
 they are also capped), so secrets never reach Redis.
 
 Modules: :mod:`.keys` (key building, id validation), :mod:`.plan` (step plan and TTL rule),
+:mod:`.index` (per-session key index and the write scripts keeping it),
 :mod:`.contract` (versioned task contract), :mod:`.preferences` (per-user preferences),
-:mod:`.memory` (the stores).
+:mod:`.values` (``Loaded`` and value decoding), :mod:`.memory` (the stores).
 """
 
 from context_core.working_memory.contract import TaskContract
-from context_core.working_memory.memory import Loaded, SessionMemory, WorkingMemory
+from context_core.working_memory.memory import SessionMemory, WorkingMemory
 from context_core.working_memory.plan import AnchoredPlan, PlannedStep, StepPlan, ttl_from_plan
 from context_core.working_memory.preferences import Preference, Preferences
+from context_core.working_memory.values import Loaded
 
 __all__ = [
     "AnchoredPlan",

@@ -31,7 +31,6 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -77,23 +76,9 @@ from context_core.working_memory.plan import (
     StepPlan,
 )
 from context_core.working_memory.preferences import Preferences
+from context_core.working_memory.values import Loaded, decode_point, hash_loaded, string_loaded
 
-__all__ = ["Loaded", "SessionMemory", "WorkingMemory"]
-
-
-# --------------------------------------------------------------------------------------
-# value objects
-# --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Loaded:
-    """A value read from L2 with its provenance; ``ttl_s`` None means it never expires."""
-
-    key: str
-    value: Any
-    stored_at: float
-    ttl_s: float | None
+__all__ = ["SessionMemory", "WorkingMemory"]
 
 
 # --------------------------------------------------------------------------------------
@@ -255,7 +240,7 @@ class SessionMemory:
             raw, pttl = pipe.execute()
         if raw is None:
             raise ContextMissError(key)
-        return _string_loaded(key, raw, pttl)
+        return string_loaded(key, raw, pttl)
 
     # ---- step results (Hash) ------------------------------------------------------------
     def put_step_result(
@@ -301,7 +286,7 @@ class SessionMemory:
             h, pttl = pipe.execute()
         if not h:
             raise ContextMissError(key)
-        return _hash_loaded(key, h, pttl)
+        return hash_loaded(key, h, pttl)
 
     def fetch_bundle(
         self,
@@ -331,7 +316,7 @@ class SessionMemory:
                 if missing_ok:
                     continue
                 raise ContextMissError(k)
-            out[k] = _hash_loaded(k, val, pttl) if t == "h" else _string_loaded(k, val, pttl)
+            out[k] = hash_loaded(k, val, pttl) if t == "h" else string_loaded(k, val, pttl)
         return out
 
     def load(self, kind: str, ident: str) -> Loaded:
@@ -358,7 +343,7 @@ class SessionMemory:
             pipe.pttl(key)
             val, pttl = pipe.execute()
         if typ == "zset":
-            val = [_decode_point(m) for m, _ in val]
+            val = [decode_point(m) for m, _ in val]
         elif typ == "set":
             val = set(val)
         elif typ == "list":
@@ -392,7 +377,7 @@ class SessionMemory:
         lo = "-inf" if since is None else repr(float(since))
         with self.wm._guard(f"ZRANGEBYSCORE {key}"):
             members = self._r.zrangebyscore(key, lo, "+inf")
-        return [_decode_point(m) for m in members]
+        return [decode_point(m) for m in members]
 
     # ---- pending tasks (Set, no TTL) ----------------------------------------------------
     def _pending_member(self, task_id: str) -> str:
@@ -601,24 +586,3 @@ class SessionMemory:
                 if not unlisted:
                     break
         return payloads
-
-
-# --------------------------------------------------------------------------------------
-# decoding helpers
-# --------------------------------------------------------------------------------------
-
-
-def _string_loaded(key: str, raw: str, pttl: int) -> Loaded:
-    env = json.loads(raw)
-    return Loaded(key, env["data"], float(env["stored_at"]), ttl_from_pttl(pttl))
-
-
-def _hash_loaded(key: str, h: Mapping[str, str], pttl: int) -> Loaded:
-    stored_at = float(h.get("_stored_at", 0.0))
-    value = {k: json.loads(v) for k, v in h.items() if not k.startswith(RESERVED_PREFIX)}
-    return Loaded(key, value, stored_at, ttl_from_pttl(pttl))
-
-
-def _decode_point(member: str) -> tuple[float, float]:
-    ts, _, val = member.partition("|")
-    return float(ts), float(val)

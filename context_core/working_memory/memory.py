@@ -249,10 +249,10 @@ class SessionMemory:
         """Replace the step's result hash; returns its key.
 
         TTL: ``ttl_s`` if given; else, when the session's stored plan has steps depending on
-        this one, ``(latest dependent's start - now) x factor`` (at least the floor
-        ``min_ttl_s``); else the
-        default. The plan is read inside the same Lua call as the write: one round trip,
-        and atomic with respect to a concurrent :meth:`apply_plan`.
+        this one, ``max(min_ttl_s, (latest dependent's start - now) x factor)``; else the
+        default. The plan is read, and the key listed in the session's key index, inside
+        the same Lua call as the write: one round trip, atomic with respect to a concurrent
+        :meth:`apply_plan`.
         """
         key = self.key("step", step_id)
         if not fields:

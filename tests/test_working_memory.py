@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -60,7 +61,8 @@ class _Env:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.client = redis.Redis.from_url(url, decode_responses=True)
+        # Any: redis-py's stubs type replies as bytes | str whatever decode_responses says.
+        self.client: Any = redis.Redis.from_url(url, decode_responses=True)
         self.gateway = Gateway()
         self.clock = _Clock()
         self.wm = WorkingMemory(self.client, self.gateway, now=self.clock)
@@ -235,18 +237,25 @@ def test_apply_plan_sets_and_extends_ttls(env: _Env) -> None:
     applied = s.apply_plan(_plan(120.0))
     # s4/s5 have no stored output; s3's 12.2 s x 2 = 25 s is raised to the 60 s floor
     assert applied == {"s1": 240, "s2": 240, "s3": 60}
-    assert 238 <= s.ttl(s.key("step", "s1")) <= 240
-    assert 58 <= s.ttl(s.key("step", "s3")) <= 60
+    assert 238 <= _secs(s, s.key("step", "s1")) <= 240
+    assert 58 <= _secs(s, s.key("step", "s3")) <= 60
     # The plan slips: s3 now starts in 10 minutes -> s1 and s2 must live 20 minutes.
     applied = s.apply_plan(_plan(600.0))
     assert applied["s1"] == applied["s2"] == 1200
-    assert 1198 <= s.ttl(s.key("step", "s1")) <= 1200
-    assert 1198 <= s.ttl(s.key("step", "s2")) <= 1200
+    assert 1198 <= _secs(s, s.key("step", "s1")) <= 1200
+    assert 1198 <= _secs(s, s.key("step", "s2")) <= 1200
     # Writes after the plan is known get the plan's TTL, not the default.
     s.put_step_result("s4", {"out": "s4"})
-    assert 898 <= s.ttl(s.key("step", "s4")) <= 900
+    assert 898 <= _secs(s, s.key("step", "s4")) <= 900
     s.put_step_result("s1", {"out": "again"})
-    assert 1198 <= s.ttl(s.key("step", "s1")) <= 1200
+    assert 1198 <= _secs(s, s.key("step", "s1")) <= 1200
+
+
+def _secs(s: SessionMemory, key: str) -> float:
+    """Seconds left on one of the view's keys; fails on a key without TTL."""
+    ttl = s.ttl(key)
+    assert ttl is not None, f"{key} has no TTL"
+    return ttl
 
 
 def _step_ttl(env: _Env, sid: str, step: str) -> float:
@@ -366,7 +375,7 @@ def test_ttl_floor_from_settings_keeps_an_overdue_input(
             assert ttl is not None and floor - 2 <= ttl <= floor
             assert s.apply_plan(overdue) == {"fetch": floor}  # Python copy of the rule
             s.put_step_result("other", {"v": 1})  # no dependent: default TTL, not the floor
-            assert 898 <= (s.ttl(s.key("step", "other")) or 0) <= 900
+            assert 898 <= _secs(s, s.key("step", "other")) <= 900
         finally:
             s.clear()
 
@@ -387,9 +396,9 @@ def test_plan_key_lifetime_and_clear(env: _Env) -> None:
     plan_key = s.key("plan", "current")
     s.apply_plan(_plan(120.0))  # longest TTL handed out 240 s < default: keep 900 s
     assert env.client.type(plan_key) == "hash"
-    assert 898 <= s.ttl(plan_key) <= 900
+    assert 898 <= _secs(s, plan_key) <= 900
     s.apply_plan(_plan(3600.0))  # s1/s2 wait 2 h -> plan kept as long as their outputs
-    assert 7198 <= s.ttl(plan_key) <= 7200
+    assert 7198 <= _secs(s, plan_key) <= 7200
     s.put_step_result("s1", {"v": 1})
     assert s.clear() == 2
     assert env.client.exists(plan_key) == 0
@@ -440,7 +449,7 @@ def test_series_keeps_exactly_newest_1000(env: _Env) -> None:
     assert [p[0] for p in pts] == [1_700_000_000 + t for t in range(500, 1500)]
     assert pts[0][1] == 250.0 and pts[-1][1] == 749.5
     assert len(s.series("pump-0042.pressure", since=1_700_000_000 + 1400)) == 100
-    assert 0 < s.ttl(key) <= 900
+    assert 0 < _secs(s, key) <= 900
 
 
 # ---- pending tasks -----------------------------------------------------------------------
@@ -484,7 +493,7 @@ def test_contract_versions_lock_and_history(env: _Env) -> None:
     assert hist[0].fields == {"goal": "fix pump", "budget": 100}  # old versions kept
     assert c3.fields == {"goal": "fix pump", "budget": 80, "deadline": "friday"}
     hist_key = s.key("contract", "history")
-    assert 0 < s.ttl(hist_key) <= 900
+    assert 0 < _secs(s, hist_key) <= 900
 
 
 def test_fifty_concurrent_writers_lose_nothing(env: _Env) -> None:
@@ -582,7 +591,7 @@ def test_preferences_round_trip(env: _Env) -> None:
 
 def _raw_dump(url: str, patterns: list[str]) -> str:
     """Every byte stored under ``patterns``, read by a separate, non-decoding client."""
-    c = redis.Redis.from_url(url)
+    c: Any = redis.Redis.from_url(url)  # stubs type replies bytes | str
     out: list[bytes] = []
     try:
         for pat in patterns:
@@ -775,24 +784,25 @@ def test_expire_all_shortens_or_sets_and_refits_the_index(env: _Env) -> None:
     s = env.session()
     api = s.put_api_response("/a", {}, {"v": 1})
     step = s.put_step_result("s1", {"v": 1}, ttl_s=3000)
-    series = s.add_series_point("x", 1.0, 1.0) or s.key("series", "x")
+    s.add_series_point("x", 1.0, 1.0)
+    series = s.key("series", "x")
     s.add_pending("t1")
     pending = s.key("pending", "tasks")
 
     assert s.expire_all(100, only_shorten=True, kinds=["api", "series"]) == sorted([api, series])
-    assert 98 <= (s.ttl(api) or 0) <= 100 and 2990 <= (s.ttl(step) or 0) <= 3000
+    assert 98 <= _secs(s, api) <= 100 and 2990 <= _secs(s, step) <= 3000
     assert s.ttl(pending) is None and env.client.pttl(s.index_key) == -1
     assert s.expire_all(200, only_shorten=True, kinds=["api"]) == []  # LT: never lengthens
     assert s.expire_all(1, only_shorten=True, kinds=[]) == []  # no kinds: nothing to do
 
     assert s.expire_all(500, only_shorten=True) == sorted([step, pending])  # api/series < 500
-    assert 490 <= (s.ttl(step) or 0) <= 500 and 490 <= (s.ttl(pending) or 0) <= 500
-    assert 98 <= (s.ttl(api) or 0) <= 100  # already shorter than 500
+    assert 490 <= _secs(s, step) <= 500 and 490 <= _secs(s, pending) <= 500
+    assert 98 <= _secs(s, api) <= 100  # already shorter than 500
     assert 498_000 <= env.client.pttl(s.index_key) <= 500_000  # refit: longest member
     _assert_index_outlives_members(env, s)
 
     assert s.expire_all(4000, only_shorten=False, kinds=["api"]) == [api]  # may lengthen
-    assert 3990 <= (s.ttl(api) or 0) <= 4000
+    assert 3990 <= _secs(s, api) <= 4000
     assert 3_990_000 <= env.client.pttl(s.index_key) <= 4_000_000
     with pytest.raises(ContextError, match="ttl_s must be positive"):
         s.expire_all(0, only_shorten=True)
@@ -876,7 +886,7 @@ def test_clear_finds_fixed_name_keys_of_a_session_without_index(env: _Env) -> No
     assert env.client.exists(s.index_key) == 0
     assert s.keys() == sorted([pending, contract])
     assert s.expire_all(30, only_shorten=True) == sorted([pending, contract])
-    assert 0 < (s.ttl(pending) or 0) <= 30
+    assert 0 < _secs(s, pending) <= 30
     assert s.clear() == 2
     assert env.client.exists(pending, contract) == 0
 

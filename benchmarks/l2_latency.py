@@ -175,6 +175,7 @@ def _write_rows(label: str, url: str, iterations: int) -> list[dict[str, Any]]:
         ]
     finally:
         sm.clear()
+        client.delete(old_key)  # the raw-client baseline key is not in the session index
         client.close()
 
 

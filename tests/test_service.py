@@ -320,6 +320,11 @@ def test_metrics_readyz_healthz_and_openapi(client: httpx.Client, session_id: st
     spec = client.get("/openapi.json").json()
     assert {"/v1/context", "/v1/sessions", "/v1/sessions/{session_id}/events"} <= set(spec["paths"])
     assert "APIKeyHeader" in spec["components"]["securitySchemes"]
+    # the hot endpoints answer pre-encoded JSON; their schemas are still published
+    ok = spec["paths"]["/v1/context"]["post"]["responses"]["200"]["content"]["application/json"]
+    assert ok["schema"] == {"$ref": "#/components/schemas/ContextResponse"}
+    created = spec["paths"]["/v1/sessions"]["post"]["responses"]["201"]["content"]
+    assert created["application/json"]["schema"] == {"$ref": "#/components/schemas/StateResponse"}
 
 
 def test_confirmed_answer_comes_back_from_l3(client: httpx.Client, session_id: str) -> None:
@@ -520,3 +525,36 @@ def test_ctx_serve_runs_on_embedded_defaults_with_a_printed_dev_key(tmp_path: Pa
 
     leftovers = [p.pid for p in psutil.process_iter() if cwd(p).startswith(str(tmp_path))]
     assert leftovers == [], "the embedded Valkey outlived `ctx serve`"
+
+
+def test_wire_state_signature_survives_a_json_round_trip() -> None:
+    """The signed dict is what a client echoes: an int start_time is coerced before signing."""
+    from context_core.gateway import Gateway
+    from context_core.service.models import WireState, state_to_wire_dict, verify_wire
+    from context_core.session import AuthContext, SessionState
+
+    key = b"k" * 32
+    state = SessionState(
+        session_id="s-wire",
+        user_id="u-1",
+        start_time=1_700_000_000,
+        user_query="check pump",
+        last_device_id="PUMP-0042",
+        gateway=Gateway(),
+        auth_context=AuthContext(agent_id="agent-a", scopes=()),
+    )
+    wire = state_to_wire_dict(state, key)
+    assert wire["start_time"] == 1_700_000_000.0 and isinstance(wire["start_time"], float)
+    echoed = WireState.model_validate(json.loads(json.dumps(wire)))
+    assert verify_wire(echoed, key)
+    tampered = WireState.model_validate({**json.loads(json.dumps(wire)), "current_step": 5})
+    assert not verify_wire(tampered, key)
+
+
+def test_json_response_writes_non_finite_floats_as_null_and_keeps_unicode() -> None:
+    from context_core.service.app import json_response
+
+    r = json_response({"x": float("nan"), "y": [1.5, float("inf")], "t": ("a", "Ü")}, 201)
+    assert r.status_code == 201 and r.media_type == "application/json"
+    assert json.loads(r.body) == {"x": None, "y": [1.5, None], "t": ["a", "Ü"]}
+    assert "Ü" in r.body.decode("utf-8")

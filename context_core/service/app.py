@@ -2,18 +2,25 @@
 
 Stateless by design: L1 travels (signed) in every request, L2/L3 live in Redis/Qdrant, so
 instances scale out behind a balancer. Endpoints are plain ``def``: the memory layers are
-synchronous clients, so FastAPI runs them in its worker threads.
+synchronous clients, so FastAPI runs them in its worker threads. Dependencies that never block
+(finding the services, hashing the API key) are ``async`` so they cost no extra thread hop.
+
+The hot endpoints return pre-encoded JSON (:func:`json_response`) built from values the
+service made itself; ``response_model`` on the route still publishes the schema in OpenAPI.
+FastAPI would otherwise re-validate and re-serialise every response in a second worker-thread
+hop, which cost more CPU than the route itself.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
+import math
+import numbers
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -54,11 +61,11 @@ from context_core.service.models import (
     StateResponse,
     WireState,
     state_from_wire,
-    state_to_wire,
+    state_to_wire_dict,
     verify_wire,
 )
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "json_response"]
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +211,47 @@ def validation_body(errors: list[dict[str, Any]]) -> dict[str, Any]:
     return {"error": "invalid_request", "detail": detail}
 
 
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, numbers.Real):  # e.g. numpy scalars from a vector store
+        return float(obj)
+    return jsonable_encoder(obj)
+
+
+def _finite(value: Any) -> Any:
+    """Non-finite floats become null, as pydantic writes them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def json_response(
+    payload: Any, status_code: int = 200, headers: Mapping[str, str] | None = None
+) -> Response:
+    """Compact JSON straight from the C encoder; unusual values take FastAPI's encoder."""
+    try:
+        raw = json.dumps(
+            payload,
+            ensure_ascii=False,
+            separators=(",", ":"),
+            allow_nan=False,
+            default=_json_default,
+        )
+    except (TypeError, ValueError):  # NaN/inf, non-string keys: the slow, forgiving path
+        raw = json.dumps(
+            _finite(jsonable_encoder(payload)), ensure_ascii=False, separators=(",", ":")
+        )
+    return Response(
+        raw.encode("utf-8"),
+        status_code=status_code,
+        headers=dict(headers) if headers else None,
+        media_type="application/json",
+    )
+
+
 def _error(status: int, code: str, detail: str, **extra: Any) -> JSONResponse:
     headers = {"Retry-After": "1"} if status == 503 else None
     return JSONResponse({"error": code, "detail": detail, **extra}, status, headers=headers)
@@ -306,7 +354,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-def services(request: Request) -> Services:
+async def services(request: Request) -> Services:
     svc: Services | None = getattr(request.app.state, "services", None)
     if svc is None:  # pragma: no cover - only before the lifespan ran
         raise HTTPException(503, "service is starting")
@@ -316,7 +364,7 @@ def services(request: Request) -> Services:
 Svc = Annotated[Services, Depends(services)]
 
 
-def agent(key: Annotated[str | None, Depends(API_KEY)], svc: Svc) -> AgentKey:
+async def agent(key: Annotated[str | None, Depends(API_KEY)], svc: Svc) -> AgentKey:
     found = svc.keys.authenticate(key)
     if found is None:
         raise HTTPException(
@@ -407,12 +455,12 @@ def _install_routes(app: FastAPI) -> None:
             for s in svc.registry
         }
 
-    @app.post("/v1/sessions", status_code=201, tags=["sessions"])
+    @app.post("/v1/sessions", status_code=201, tags=["sessions"], response_model=StateResponse)
     def create_session(
         body: CreateSessionRequest,
         svc: Svc,
         who: Who,
-    ) -> StateResponse:
+    ) -> Response:
         """Start a session owned by the calling agent; returns the signed L1 state."""
         from context_core.session import AuthContext
 
@@ -432,29 +480,35 @@ def _install_routes(app: FastAPI) -> None:
         except BaseException:
             svc.owners.release(sid)
             raise
-        return StateResponse(
-            state=state_to_wire(result.state, svc.state_key), info=jsonable_encoder(result.effects)
+        return json_response(
+            {
+                "state": state_to_wire_dict(result.state, svc.state_key),
+                "info": jsonable_encoder(result.effects),
+            },
+            201,
         )
 
-    @app.post("/v1/sessions/{session_id}/events", tags=["sessions"])
+    @app.post("/v1/sessions/{session_id}/events", tags=["sessions"], response_model=StateResponse)
     def post_event(
         session_id: str,
         body: EventRequest,
         svc: Svc,
         who: Who,
-    ) -> StateResponse:
+    ) -> Response:
         """A lifecycle event (tool_call, user_correction, context_overflow, session_timeout,
         goal_achieved, error_recovery); everything stored passes the gateway."""
         state = _state_in(svc, who, body.state, session_id)
         payload = body.event.model_dump(exclude={"type"}, exclude_none=True)
         result = svc.lifecycle.apply(body.event.type, state, **payload)
         info = {"event": body.event.type, **jsonable_encoder(result.effects)}
-        state = result.state
-        return StateResponse(state=state_to_wire(state, svc.state_key), info=info)
+        return json_response(
+            {"state": state_to_wire_dict(result.state, svc.state_key), "info": info}
+        )
 
     @app.post(
         "/v1/context",
         tags=["context"],
+        response_model=ContextResponse,
         responses={
             409: {"description": "a required L2 key is missing or expired"},
             503: {"description": "Redis is unreachable"},
@@ -464,7 +518,7 @@ def _install_routes(app: FastAPI) -> None:
         body: ContextRequest,
         svc: Svc,
         who: Who,
-    ) -> ContextResponse:
+    ) -> Response:
         """Route one step: the bundle of L1/L2/L3/shared fragments, each with provenance."""
         allowed = svc.intents()
         if body.step_intent not in allowed:
@@ -504,29 +558,33 @@ def _install_routes(app: FastAPI) -> None:
         misses = len(spec.l2_keys) - found  # optional keys the step went without
         if misses > 0:
             m.l2_misses.inc(misses)
-        return ContextResponse(
-            session_id=bundle.session_id,
-            step=bundle.step,
-            intent=bundle.intent,
-            fragments=[jsonable_encoder(dataclasses.asdict(f)) for f in bundle.fragments],
-            degraded=bundle.degraded,
-            timings_ms=dict(bundle.timings_ms),
-            context_used=jsonable_encoder(bundle.context_used),
-            trace_id=bundle.trace_id,
+        return json_response(
+            {
+                "session_id": bundle.session_id,
+                "step": bundle.step,
+                "intent": bundle.intent,
+                "fragments": [f.to_dict() for f in bundle.fragments],
+                "degraded": bundle.degraded,
+                "timings_ms": dict(bundle.timings_ms),
+                "context_used": bundle.context_used or {},
+                "trace_id": bundle.trace_id,
+            }
         )
 
-    @app.post("/v1/sessions/{session_id}/outputs", tags=["sessions"])
+    @app.post("/v1/sessions/{session_id}/outputs", tags=["sessions"], response_model=StateResponse)
     def post_output(
         session_id: str,
         body: OutputRequest,
         svc: Svc,
         who: Who,
-    ) -> StateResponse:
+    ) -> Response:
         """Record the step's output for CER (the state comes back unchanged)."""
         state = _state_in(svc, who, body.state, session_id)
         step = state.current_step if body.step is None else body.step
         svc.tracer.record_output(body.trace_id, session_id, step, body.output)
-        return StateResponse(state=body.state, info={"step": step, "trace_id": body.trace_id})
+        return json_response(
+            {"state": body.state.model_dump(), "info": {"step": step, "trace_id": body.trace_id}}
+        )
 
     @app.get("/v1/sessions/{session_id}/contract", tags=["sessions"])
     def get_contract(session_id: str, svc: Svc, who: Who) -> ContractResponse:
@@ -534,10 +592,10 @@ def _install_routes(app: FastAPI) -> None:
         svc.owners.check(session_id, who.agent_id)
         return _contract_out(session_id, svc.wm.session(session_id).contract())
 
-    @app.delete("/v1/sessions/{session_id}", tags=["sessions"])
-    def close_session(session_id: str, svc: Svc, who: Who) -> CloseResponse:
+    @app.delete("/v1/sessions/{session_id}", tags=["sessions"], response_model=CloseResponse)
+    def close_session(session_id: str, svc: Svc, who: Who) -> Response:
         """Close the session: its working memory is deleted now rather than left to expire."""
         svc.owners.check(session_id, who.agent_id)
         n = svc.wm.session(session_id).clear()
         svc.owners.release(session_id)
-        return CloseResponse(session_id=session_id, deleted_keys=n)
+        return json_response({"session_id": session_id, "deleted_keys": n})

@@ -32,6 +32,7 @@ __all__ = [
     "WireState",
     "state_from_wire",
     "state_to_wire",
+    "state_to_wire_dict",
     "verify_wire",
 ]
 
@@ -78,7 +79,13 @@ def _signature(key: bytes, body: dict[str, Any]) -> str:
     return hmac.new(key, canon.encode("utf-8"), hashlib.sha256).hexdigest()
 
 
-def state_to_wire(state: SessionState, key: bytes) -> WireState:
+def state_to_wire_dict(state: SessionState, key: bytes) -> dict[str, Any]:
+    """The signed wire form as a plain dict, ready to JSON-encode into a response.
+
+    One validation pass (limits and type coercion, e.g. an int ``start_time`` becomes a float)
+    gives exactly the dict a client's echo parses back to, so the signature is over the same
+    canonical bytes :func:`verify_wire` recomputes.
+    """
     body: dict[str, Any] = {
         "session_id": state.session_id,
         "user_id": state.user_id,
@@ -106,9 +113,14 @@ def state_to_wire(state: SessionState, key: bytes) -> WireState:
             for t in state.trace
         ],
     }
-    # Round-trip through the model first so the signed bytes are exactly what a client echoes.
     unsigned = WireState.model_validate({**body, "sig": "0" * 64}).signed_part()
-    return WireState.model_validate({**unsigned, "sig": _signature(key, unsigned)})
+    unsigned["sig"] = _signature(key, unsigned)
+    return unsigned
+
+
+def state_to_wire(state: SessionState, key: bytes) -> WireState:
+    """The signed wire form as a model (same bytes as :func:`state_to_wire_dict`)."""
+    return WireState.model_validate(state_to_wire_dict(state, key))
 
 
 def verify_wire(wire: WireState, key: bytes) -> bool:

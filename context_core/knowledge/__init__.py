@@ -4,6 +4,8 @@ Backends are imported lazily by :func:`open_store`, so importing this package pu
 ``qdrant_edge`` nor ``qdrant_client``.
 """
 
+from typing import TYPE_CHECKING
+
 from context_core.knowledge.store import (
     CollectionInfo,
     Hit,
@@ -12,6 +14,9 @@ from context_core.knowledge.store import (
     open_store,
     point_id,
 )
+
+if TYPE_CHECKING:  # the real class for type checkers; loaded lazily at run time
+    from context_core.knowledge.memory import KnowledgeMemory
 
 __all__ = [
     "CollectionInfo",

@@ -21,6 +21,7 @@ from typing import TypeVar
 import pytest
 import redis
 
+from context_core.airflow_local import LocalAirflow as AirflowHome
 from context_core.config import Settings, get_settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -164,110 +165,12 @@ def shared_data() -> Path:
 
 
 # --- Airflow ---------------------------------------------------------------------------------
-_AIRFLOW_RUNNER = r"""
-import json, sys
-from airflow.dag_processing.dagbag import DagBag
-args = json.loads(sys.argv[1])
-bag = DagBag(dag_folder=args["dags_folder"])
-out = {"import_errors": {str(k): str(v) for k, v in bag.import_errors.items()}, "dags": {}}
-for dag_id, dag in bag.dags.items():
-    out["dags"][dag_id] = {
-        "tags": sorted(dag.tags or []),
-        "schedule": None if dag.schedule is None else str(dag.schedule),
-        "retries": {t.task_id: t.retries for t in dag.tasks},
-        "catchup": dag.catchup,
-        "has_doc_md": bool(dag.doc_md),
-    }
-if args.get("dag_id"):
-    dr = bag.get_dag(args["dag_id"]).test(run_conf=args.get("conf"))
-    out["run"] = {"state": str(dr.state), "tasks": {ti.task_id: str(ti.state) for ti in
-                  dr.get_task_instances()}}
-print("@@AIRFLOW@@" + json.dumps(out))
-"""
-
-
-@dataclasses.dataclass(frozen=True)
-class AirflowHome:
-    """A private AIRFLOW_HOME with a migrated SQLite metadata DB; runs DAGs in subprocesses.
-
-    Airflow reads its configuration once, at import, so every real run happens in a fresh
-    interpreter with ``env`` (plus per-test extras such as ``CTX_DATA_DIR``).
-    """
-
-    path: Path
-    dags_folder: Path
-    env: dict[str, str]
-
-    def run(
-        self,
-        dag_id: str | None = None,
-        *,
-        conf: dict | None = None,
-        extra_env: dict[str, str] | None = None,
-        timeout: float = 900,
-    ) -> dict:
-        """Parse the dags folder (DagBag) and, given ``dag_id``, ``dag.test()`` it once.
-
-        Returns ``{"import_errors", "dags": {id: {tags, schedule, retries, ...}},
-        "run": {"state", "tasks": {task_id: state}}}``; raises with the output on a crash.
-        """
-        import json
-        import subprocess
-        import sys
-
-        arg = json.dumps({"dags_folder": str(self.dags_folder), "dag_id": dag_id, "conf": conf})
-        proc = subprocess.run(
-            [sys.executable, "-c", _AIRFLOW_RUNNER, arg],
-            env={**self.env, **(extra_env or {})},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd=self.path,
-        )
-        marker = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@AIRFLOW@@")]
-        if proc.returncode != 0 or not marker:
-            raise AssertionError(
-                f"airflow runner failed (rc={proc.returncode})\n--- stdout\n"
-                f"{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}"
-            )
-        return dict(json.loads(marker[-1][len("@@AIRFLOW@@") :]))
-
-
 @pytest.fixture(scope="session")
-def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowHome]:
-    """Temp AIRFLOW_HOME + SQLite DB migrated once per session (``airflow db migrate``)."""
-    import subprocess
-    import sys
+def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> AirflowHome:
+    """A private AIRFLOW_HOME with a SQLite DB migrated once per session.
 
+    Every DagBag parse and ``dag.test()`` runs in a fresh interpreter (Airflow freezes its
+    configuration at import), through the same runner the main job uses.
+    """
     home = tmp_path_factory.mktemp("airflow_home")
-    dags = REPO_ROOT / "dags"
-    overrides = {
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-        "GX_ANALYTICS_ENABLED": "false",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONPATH": os.pathsep.join(
-            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
-        ),
-    }
-    env = {**os.environ, **overrides}
-    airflow_bin = Path(sys.executable).with_name("airflow")
-    cmd = (
-        [str(airflow_bin), "db", "migrate"]
-        if airflow_bin.exists()
-        else [sys.executable, "-m", "airflow", "db", "migrate"]
-    )
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=home)
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"airflow db migrate failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        )
-    with pytest.MonkeyPatch.context() as mp:  # for in-process users that import airflow later
-        for k, v in overrides.items():
-            mp.setenv(k, v)
-        yield AirflowHome(path=home, dags_folder=dags, env=env)
+    return AirflowHome(home=home, dags_folder=REPO_ROOT / "dags").prepare()

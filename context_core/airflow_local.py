@@ -1,5 +1,6 @@
-"""Run the project's DAGs for real on one machine: a private AIRFLOW_HOME, a SQLite metadata
-DB migrated once, and ``dag.test()`` in a fresh interpreter.
+"""Airflow glue. Runs the project's DAGs for real on one machine: a private AIRFLOW_HOME,
+a SQLite metadata DB migrated once, and ``dag.test()`` in a fresh interpreter; and reads the
+optional Qdrant connection inside DAG tasks.
 
 Airflow freezes its configuration when it is first imported, so every parse or run happens in
 a subprocess with the environment built here; the caller's process never imports Airflow.
@@ -18,7 +19,12 @@ from typing import Any
 
 from context_core.errors import ContextError
 
-__all__ = ["AirflowRunError", "LocalAirflow", "default_dags_folder"]
+__all__ = [
+    "AirflowRunError",
+    "LocalAirflow",
+    "default_dags_folder",
+    "qdrant_url_from_connection",
+]
 
 _MARK = "@@AIRFLOW@@"
 
@@ -155,3 +161,19 @@ class LocalAirflow:
                 f"\n--- stdout tail\n{proc.stdout[-4000:]}\n--- stderr tail\n{proc.stderr[-4000:]}"
             )
         return dict(json.loads(lines[-1][len(_MARK) :]))
+
+
+def qdrant_url_from_connection(conn_id: str = "qdrant_default") -> str | None:
+    """Qdrant server URL from an Airflow connection (e.g. ``AIRFLOW_CONN_QDRANT_DEFAULT``).
+
+    Called inside DAG tasks; ``None`` (no such connection) means the embedded Qdrant Edge.
+    """
+    from airflow.sdk import Connection
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        conn = Connection.get(conn_id)
+    except AirflowNotFoundException:
+        return None
+    scheme = conn.conn_type if conn.conn_type in ("http", "https") else "http"
+    return f"{scheme}://{conn.host}:{conn.port or 6333}"

@@ -42,10 +42,11 @@ def hot_knowledge_merge() -> None:
     @task(outlets=[KNOWLEDGE_MAIN])
     def merge() -> dict[str, Any]:
         """Sweep expired hot points and merge confirmed ones into the main collection."""
+        from context_core.airflow_local import qdrant_url_from_connection
         from context_core.ingest.hot import run_merge
         from context_core.ingest.pipeline import job_settings
 
-        settings = job_settings(qdrant_url=_qdrant_url())
+        settings = job_settings(qdrant_url=qdrant_url_from_connection())
         return run_merge(settings).to_dict()
 
     @task
@@ -57,19 +58,6 @@ def hot_knowledge_merge() -> None:
         return summary
 
     report(merge())
-
-
-def _qdrant_url() -> str | None:
-    """Server URL from the optional ``qdrant_default`` connection (AIRFLOW_CONN_QDRANT_DEFAULT)."""
-    from airflow.sdk import Connection
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
-    try:
-        conn = Connection.get("qdrant_default")
-    except AirflowNotFoundException:
-        return None
-    scheme = conn.conn_type if conn.conn_type in ("http", "https") else "http"
-    return f"{scheme}://{conn.host}:{conn.port or 6333}"
 
 
 hot_knowledge_merge()

@@ -71,22 +71,28 @@ def knowledge_refresh() -> None:
     @task
     def plan(params: dict[str, Any] | None = None, run_id: str | None = None) -> dict[str, Any]:
         """Parse, chunk, validate and diff; stage the plan on disk, return its path."""
+        from context_core.airflow_local import qdrant_url_from_connection
         from context_core.ingest.pipeline import job_settings, stage_plan
 
         p = dict(params or {})
         settings = job_settings(
-            collection=p.get("collection"), model=p.get("model"), qdrant_url=_qdrant_url()
+            collection=p.get("collection"),
+            model=p.get("model"),
+            qdrant_url=qdrant_url_from_connection(),
         )
         return stage_plan(p["export_path"], settings=settings, run_id=run_id or "manual")
 
     @task(outlets=[KNOWLEDGE_MAIN])
     def embed_upsert(planned: dict[str, Any], params: dict[str, Any] | None = None) -> dict:
         """Embed and upsert the staged chunks; delete removed ones. Returns the summary."""
+        from context_core.airflow_local import qdrant_url_from_connection
         from context_core.ingest.pipeline import apply_staged, job_settings
 
         p = dict(params or {})
         settings = job_settings(
-            collection=p.get("collection"), model=p.get("model"), qdrant_url=_qdrant_url()
+            collection=p.get("collection"),
+            model=p.get("model"),
+            qdrant_url=qdrant_url_from_connection(),
         )
         return apply_staged(planned["plan_path"], settings=settings).to_dict()
 
@@ -102,19 +108,6 @@ def knowledge_refresh() -> None:
         return {k: summary[k] for k in ("pages_seen", "chunks_written", "chunks_deleted")}
 
     report(embed_upsert(plan()))
-
-
-def _qdrant_url() -> str | None:
-    """Server URL from the optional ``qdrant_default`` connection (AIRFLOW_CONN_QDRANT_DEFAULT)."""
-    from airflow.sdk import Connection
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
-    try:
-        conn = Connection.get("qdrant_default")
-    except AirflowNotFoundException:
-        return None
-    scheme = conn.conn_type if conn.conn_type in ("http", "https") else "http"
-    return f"{scheme}://{conn.host}:{conn.port or 6333}"
 
 
 knowledge_refresh()

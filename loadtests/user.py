@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import gevent
 from locust import FastHttpUser, task
 
 from loadtests.shapes import RunPlan, plan
@@ -82,8 +83,14 @@ class ContextAgent(FastHttpUser):
     def on_start(self) -> None:
         opts = self.environment.parsed_options
         self.plan = plan_from_options(opts)
+        self._t_born = time.perf_counter()
+        # A random phase within one step period: users start within the same second and then
+        # hold the same period, so without it they stay in lock-step and the service sees
+        # every user's step at the same instant (an N-deep burst per period, measured as tail
+        # latency) rather than the steady stream of independently started agent sessions.
+        rate = self.plan.user_step_rate_at(self._run_time())
+        gevent.sleep(random.uniform(0.0, min(1.0 / rate, 5.0)) if rate > 0 else 0.0)
         self._t_task = time.perf_counter()
-        self._t_born = self._t_task
         self.agent_id, key = _next_key(opts)
         self.headers = {"X-API-Key": key}
         self.state: dict[str, Any] | None = None

@@ -25,16 +25,13 @@ Per route:
    its citable tokens (:func:`context_core.traces.fragment_cites`) so CER can check that the
    output used it without the trace storing the values.
 
-Fragment provenance: ``source`` is ``"L1:session.<field>"``, ``"L2:<redis key>"``,
-``"L3:<collection>:<point id>"`` or ``"NS:<redis key>"``. L1/L2/NS fragments are exact-key
-reads: relevance 1.0, confidence 1.0, label ``"exact"``. ``freshness_hours`` is the age of the
-value (L2 ``stored_at``, L3 ``updated_at_ts``/``updated_at``, series: newest point); ``-1.0``
-means the age is unknown. Namespace reads are counted in the ``l2`` timing.
+Fragment provenance is described in :mod:`context_core.bundle` (the value types, re-exported
+here); the exact-key L1/L2/namespace reads live in :mod:`context_core.exact_reads`. Namespace
+reads are counted in the ``l2`` timing.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import re
 import threading
@@ -44,18 +41,20 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, cast
 
+from context_core.bundle import (
+    LOW_CONFIDENCE_NOTE,
+    ContextBundle,
+    Fragment,
+    hit_timestamp,
+    hours_since,
+)
+from context_core.bundle import Layer as Layer  # re-export: was defined here
 from context_core.confidence import ConfidencePolicy
 from context_core.errors import AccessDeniedError, ConfigError, ContextMissError
-from context_core.intents import (
-    IntentRegistry,
-    IntentSpec,
-    L2KeySpec,
-    TemplateParamError,
-    fill,
-    template_fields,
-)
+from context_core.exact_reads import read_l1, read_l2, read_namespaces
+from context_core.intents import IntentRegistry, IntentSpec, template_fields
 from context_core.traces import TraceWriter, fragment_cites, new_trace_id
 
 if TYPE_CHECKING:
@@ -63,77 +62,13 @@ if TYPE_CHECKING:
     from context_core.knowledge.store import Hit
     from context_core.namespaces import NamespaceRegistry
     from context_core.session import SessionState
-    from context_core.working_memory import SessionMemory, WorkingMemory
+    from context_core.working_memory import WorkingMemory
 
 __all__ = ["LOW_CONFIDENCE_NOTE", "ContextBundle", "ContextRouter", "Fragment"]
 
 log = logging.getLogger(__name__)
 
-LOW_CONFIDENCE_NOTE = "for reference; real-time data wins"
-Layer = Literal["L1", "L2", "L3", "NS"]
-_SERIES_IN_BUNDLE = 60  # newest points handed to the agent; the count says how many exist
 _SEEN_SESSIONS = 4096  # sessions whose found keys we remember to tell "expired" from "never"
-
-
-@dataclass(frozen=True)
-class Fragment:
-    """One piece of context with its provenance."""
-
-    layer: Layer
-    source: str
-    content: Any
-    relevance: float
-    freshness_hours: float
-    confidence: float
-    label: str
-    note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "layer": self.layer,
-            "source": self.source,
-            "content": self.content,
-            "relevance": self.relevance,
-            "freshness_hours": self.freshness_hours,
-            "confidence": self.confidence,
-            "label": self.label,
-            "note": self.note,
-        }
-
-
-@dataclass(frozen=True)
-class ContextBundle:
-    """What the agent gets for one step. ``context_used`` is what its output should cite."""
-
-    session_id: str
-    step: int
-    intent: str
-    fragments: tuple[Fragment, ...]
-    degraded: bool
-    timings_ms: dict[str, float]
-    context_used: dict[str, Any]
-    trace_id: str
-    resolved_intent: str = ""
-
-    def by_layer(self, layer: Layer) -> tuple[Fragment, ...]:
-        return tuple(f for f in self.fragments if f.layer == layer)
-
-    @property
-    def sources(self) -> tuple[str, ...]:
-        return tuple(f.source for f in self.fragments)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "session_id": self.session_id,
-            "step": self.step,
-            "intent": self.intent,
-            "resolved_intent": self.resolved_intent,
-            "fragments": [f.to_dict() for f in self.fragments],
-            "degraded": self.degraded,
-            "timings_ms": dict(self.timings_ms),
-            "context_used": self.context_used,
-            "trace_id": self.trace_id,
-        }
 
 
 @dataclass
@@ -141,28 +76,6 @@ class _L3Outcome:
     hits: list[Hit] = field(default_factory=list)
     error: str | None = None
     ms: float = 0.0
-
-
-def _hours_since(ts: float | None, now: float) -> float:
-    if not ts:
-        return -1.0
-    return round(max(0.0, now - ts) / 3600.0, 4)
-
-
-def _hit_timestamp(payload: Mapping[str, Any]) -> float | None:
-    ts = payload.get("updated_at_ts")
-    if isinstance(ts, int | float) and not isinstance(ts, bool):
-        return float(ts)
-    raw = payload.get("updated_at")
-    if isinstance(raw, str):
-        try:
-            parsed = dt.datetime.fromisoformat(raw)
-        except ValueError:
-            return None
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=dt.UTC)
-        return parsed.timestamp()
-    return None
 
 
 class ContextRouter:
@@ -269,7 +182,7 @@ class ContextRouter:
         # 2. L1
         fragments: list[Fragment] = []
         used: dict[str, Any] = {"l1": [], "l2": [], "l3": [], "l3_reference": [], "ns": []}
-        fragments += self._l1(state, spec, now, used)
+        fragments += read_l1(state, spec, now, used)
         t_l1 = time.perf_counter()
 
         # 3. L2 (+ 4. shared namespaces)
@@ -285,14 +198,16 @@ class ContextRouter:
         required_miss: ContextMissError | None = None
         required_denied: AccessDeniedError | None = None
         for key_spec in spec.l2_keys:
-            frag, err = self._l2_one(sm, key_spec, values, params, now, l2_trace)
+            frag, err = read_l2(sm, key_spec, values, params, now, l2_trace, self._was_seen)
             if frag is not None:
                 fragments.append(frag)
                 used["l2"].append(frag.source.removeprefix("L2:"))
             elif err is not None and key_spec.required and required_miss is None:
                 required_miss = err
         if required_miss is None:
-            for ns_frag, denied in self._namespaces(spec, values, agent_id, now, ns_trace):
+            for ns_frag, denied in read_namespaces(
+                self.namespaces, spec, values, agent_id, now, ns_trace
+            ):
                 if ns_frag is not None:
                     fragments.append(ns_frag)
                     used["ns"].append(ns_frag.source.removeprefix("NS:"))
@@ -475,7 +390,7 @@ class ContextRouter:
                         "page": payload.get("source", ""),
                     },
                     relevance=score,
-                    freshness_hours=_hours_since(_hit_timestamp(payload), now),
+                    freshness_hours=hours_since(hit_timestamp(payload), now),
                     confidence=score,
                     label=label,
                     note="" if label == "confident" else LOW_CONFIDENCE_NOTE,
@@ -483,141 +398,6 @@ class ContextRouter:
             )
             used["l3" if label == "confident" else "l3_reference"].append(hit.id)
         return frags, traced
-
-    @staticmethod
-    def _l1(
-        state: SessionState, spec: IntentSpec, now: float, used: dict[str, Any]
-    ) -> list[Fragment]:
-        out = []
-        for name in spec.l1_fields:
-            value: Any = getattr(state, name, None)
-            fresh = 0.0
-            if name == "user_query":
-                fresh = _hours_since(state.start_time, now)
-            elif name == "trace":
-                if not value:
-                    continue
-                value = [
-                    {"kind": i.kind, "name": i.name, "call_id": i.call_id, "payload": i.payload}
-                    for i in value
-                ]
-                fresh = _hours_since(state.trace[-1].ts, now)
-            elif name == "last_api_result" and value is not None:
-                value = {"status": value.status, "data_sha256": value.data_sha256}
-            if value is None:
-                continue
-            out.append(Fragment("L1", f"L1:session.{name}", value, 1.0, fresh, 1.0, "exact"))
-            used["l1"].append(name)
-        return out
-
-    @staticmethod
-    def _request(l2_trace: dict[str, list[str]], key: str, key_spec: L2KeySpec) -> None:
-        """Trace a requested key; ``required`` tells CER which misses are loading failures."""
-        l2_trace["requested"].append(key)
-        if key_spec.required:
-            l2_trace["required"].append(key)
-
-    def _l2_one(
-        self,
-        sm: SessionMemory,
-        key_spec: L2KeySpec,
-        values: Mapping[str, Any],
-        params: Mapping[str, Any],
-        now: float,
-        l2_trace: dict[str, list[str]],
-    ) -> tuple[Fragment | None, ContextMissError | None]:
-        try:
-            ident = fill(key_spec.ident, values)
-        except TemplateParamError as e:
-            key = f"wm:{{{sm.session_id}}}:{key_spec.kind}:<{key_spec.ident}>"
-            self._request(l2_trace, key, key_spec)
-            l2_trace["missing"].append(key)
-            return None, ContextMissError(key, str(e))
-        if key_spec.kind == "api":
-            api_params = params.get("api_params") or {}
-            key = sm.api_key(ident, api_params)
-        else:
-            key = sm.key(key_spec.kind, ident)
-        self._request(l2_trace, key, key_spec)
-        content: Any
-        stored_at: float | None
-        try:
-            if key_spec.kind == "api":
-                loaded = sm.get_api_response(ident, api_params)
-                content, stored_at = loaded.value, loaded.stored_at
-            elif key_spec.kind == "step":
-                loaded = sm.get_step_result(ident)
-                content, stored_at = loaded.value, loaded.stored_at
-            elif key_spec.kind == "series":
-                points = sm.series(ident)
-                if not points:
-                    raise ContextMissError(key)
-                content = {
-                    "points": len(points),
-                    "newest": points[-1],
-                    "series": points[-_SERIES_IN_BUNDLE:],
-                }
-                stored_at = points[-1][0]
-            else:  # contract
-                contract = sm.contract()
-                if contract.version == 0:
-                    raise ContextMissError(key)
-                content = {
-                    "version": contract.version,
-                    "fields": contract.fields,
-                    "corrected": contract.corrected,
-                    "locked": contract.locked,
-                }
-                stored_at = contract.updated_at
-        except ContextMissError as e:
-            l2_trace["missing"].append(key)
-            if self._was_seen(sm.session_id, key):
-                l2_trace["expired"].append(key)
-            return None, e
-        l2_trace["found"].append(key)
-        frag = Fragment("L2", f"L2:{key}", content, 1.0, _hours_since(stored_at, now), 1.0, "exact")
-        return frag, None
-
-    def _namespaces(
-        self,
-        spec: IntentSpec,
-        values: Mapping[str, Any],
-        agent_id: str | None,
-        now: float,
-        ns_trace: dict[str, list[str]],
-    ) -> list[tuple[Fragment | None, AccessDeniedError | None]]:
-        if self.namespaces is None:
-            return []
-        out: list[tuple[Fragment | None, AccessDeniedError | None]] = []
-        for ns in spec.namespaces:
-            try:
-                key = fill(ns.key, values)
-            except TemplateParamError:
-                continue  # nothing to look up yet (e.g. no device): not requested
-            ref = f"{ns.namespace}/{key}"
-            ns_trace["requested"].append(ref)
-            try:
-                entry = self.namespaces.read_entry(
-                    ns.namespace, key, agent_id=agent_id, purpose=ns.purpose
-                )
-            except AccessDeniedError as e:
-                ns_trace["denied"].append(ref)
-                out.append((None, e if ns.required else None))
-                continue
-            except ContextMissError:
-                continue
-            ns_trace["found"].append(ref)
-            frag = Fragment(
-                "NS",
-                f"NS:{entry.redis_key}",
-                entry.value,
-                1.0,
-                _hours_since(entry.stored_at, now),
-                1.0,
-                "exact",
-            )
-            out.append((frag, None))
-        return out
 
     # --- expired vs never written -------------------------------------------------------
     def _remember(self, session_id: str, keys: list[str]) -> None:

@@ -118,7 +118,6 @@ def run_demo(
     if on_start:
         on_start(result.knowledge_points)
 
-    client = provider.client(decode_responses=True)
     wm = WorkingMemory.from_settings(settings, provider, gateway)
     ns = NamespaceRegistry.from_settings(settings, provider, gateway)
     ns.create(
@@ -143,7 +142,7 @@ def run_demo(
         namespaces=ns,
         l3_timeout_ms=l3_timeout_ms or settings.l3_timeout_ms,
     )
-    life = LifecycleManager(wm=wm, client=client, gateway=gateway, knowledge=knowledge)
+    life = LifecycleManager(wm=wm, gateway=gateway, knowledge=knowledge)
 
     def event(ev: str, state: Any, /, **payload: Any) -> Any:
         res = life.apply(ev, state, **payload)

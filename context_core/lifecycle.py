@@ -38,12 +38,8 @@ from typing import TYPE_CHECKING, Any
 from context_core.errors import ConfigError, ContextError, UnknownEventError
 
 if TYPE_CHECKING:
-    import redis
-
-    from context_core.config import Settings
     from context_core.gateway import Gateway
     from context_core.knowledge.memory import KnowledgeMemory
-    from context_core.redis_conn import RedisProvider
     from context_core.session import AuthContext, SessionState
     from context_core.working_memory import SessionMemory, WorkingMemory
 
@@ -132,15 +128,13 @@ class EventResult:
 class LifecycleManager:
     """Applies lifecycle events. ``handle`` returns the new state; ``apply`` adds effects.
 
-    Every L2 effect goes through ``wm.session(sid)``. ``client`` is accepted for existing
-    callers and ignored: the manager no longer touches Redis itself.
+    Every L2 effect goes through ``wm.session(sid)``: the manager never touches Redis itself.
     """
 
     def __init__(
         self,
         *,
         wm: WorkingMemory,
-        client: redis.Redis | None = None,
         gateway: Gateway,
         knowledge: KnowledgeMemory | None = None,
         overflow_keep_pairs: int = 3,
@@ -172,19 +166,6 @@ class LifecycleManager:
             LifecycleEvent.GOAL_ACHIEVED: self._goal_achieved,
             LifecycleEvent.ERROR_RECOVERY: self._error_recovery,
         }
-
-    @classmethod
-    def from_settings(
-        cls,
-        settings: Settings,
-        provider: RedisProvider,
-        gateway: Gateway,
-        wm: WorkingMemory,
-        knowledge: KnowledgeMemory | None = None,
-    ) -> LifecycleManager:
-        """The manager with default knobs. ``settings`` and ``provider`` are kept in the
-        signature for callers; L2 is reached through ``wm`` only."""
-        return cls(wm=wm, gateway=gateway, knowledge=knowledge)
 
     # --- dispatch ---------------------------------------------------------------------
     @staticmethod

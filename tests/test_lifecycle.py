@@ -44,7 +44,7 @@ def env(redis_url: str, session_id: str) -> Iterator[Env]:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     gw = Gateway()
     wm = WorkingMemory(client, gw, default_ttl_s=900)
-    mgr = LifecycleManager(wm=wm, client=client, gateway=gw, low_priority_ttl_s=30)
+    mgr = LifecycleManager(wm=wm, gateway=gw, low_priority_ttl_s=30)
     yield Env(mgr, wm, client, session_id)
     cleanup_keys(redis_url, f"wm:{{{session_id}}}:*")
     client.close()
@@ -218,7 +218,7 @@ def test_goal_achieved_promotes_confirmed_answers_to_hot(env: Env, knowledge_env
     from context_core.knowledge.memory import KnowledgeMemory
 
     assert isinstance(knowledge_env, KnowledgeMemory)
-    mgr = LifecycleManager(wm=env.wm, client=env.client, gateway=Gateway(), knowledge=knowledge_env)
+    mgr = LifecycleManager(wm=env.wm, gateway=Gateway(), knowledge=knowledge_env)
     state = _calls(env, _start(env), 1)
     answer = "PUMP bearing wear shows as rising 2x running-speed vibration above 4.5 mm/s."
     res = mgr.apply(

@@ -215,6 +215,7 @@ def build_services(settings: Settings, *, echo_dev_key: bool = True) -> Services
             gateway,
             default_ttl_s=settings.wm_default_ttl_s,
             series_window=settings.wm_series_window,
+            min_ttl_s=settings.wm_min_ttl_s,
         )
         store = open_store(settings)
         opened.append(store)
@@ -270,7 +271,7 @@ def build_services(settings: Settings, *, echo_dev_key: bool = True) -> Services
             tracer=tracer,
             namespaces=namespaces,
             registry=registry,
-            lifecycle=LifecycleManager(wm=wm, client=client, gateway=gateway, knowledge=knowledge),
+            lifecycle=LifecycleManager(wm=wm, gateway=gateway, knowledge=knowledge),
             keys=keys,
             owners=OwnerBinding(client, ttl_s=2 * settings.wm_default_ttl_s),
             metrics=ServiceMetrics(),

@@ -558,3 +558,11 @@ def test_json_response_writes_non_finite_floats_as_null_and_keeps_unicode() -> N
     assert r.status_code == 201 and r.media_type == "application/json"
     assert json.loads(r.body) == {"x": None, "y": [1.5, None], "t": ["a", "Ü"]}
     assert "Ü" in r.body.decode("utf-8")
+
+
+def test_startup_freezes_the_long_lived_heap(svc: dict[str, Any]) -> None:
+    """The model and services built at startup are moved out of the collector's reach, so a
+    full collection under load no longer walks ~0.5 M objects (a ~230 ms pause)."""
+    import gc
+
+    assert gc.get_freeze_count() > 10_000

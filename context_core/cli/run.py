@@ -107,7 +107,7 @@ def _refresh(
 ) -> None:
     from rich.table import Table
 
-    from context_core.airflow_local import LocalAirflow, default_dags_folder
+    from context_core.airflow_local import AirflowRunError, LocalAirflow, default_dags_folder
 
     airflow = LocalAirflow(
         home=settings.data_dir / "airflow",
@@ -127,8 +127,6 @@ def _refresh(
     tasks = ", ".join(f"{t}={s}" for t, s in run.get("tasks", {}).items())
     console.print(f"DAG run {run.get('run_id')}: [bold]{run.get('state')}[/] ({tasks})")
     if run.get("state") != "success":
-        from context_core.airflow_local import AirflowRunError
-
         raise AirflowRunError(f"knowledge_refresh ended {run.get('state')}; see {log_path}")
     summary_path = settings.reports_dir / "ingest_summary.json"
     summary = json.loads(summary_path.read_text(encoding="utf-8"))

@@ -5,7 +5,14 @@ from __future__ import annotations
 import importlib
 import sys
 
-SCRIPTS = ["l2_latency", "l3_search", "route_latency", "ingest_throughput", "service_capacity"]
+SCRIPTS = [
+    "l2_latency",
+    "l3_search",
+    "route_latency",
+    "ingest_throughput",
+    "ingest_zip_bomb",
+    "service_capacity",
+]
 
 
 def main(argv: list[str]) -> int:

@@ -3,6 +3,7 @@ and a property test that random bodies never crash the reader nor lose words."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -217,13 +218,17 @@ def test_bad_pages_are_quarantined_with_reasons(tmp_path: Path, caplog):
             "max_page_bytes=15000 (raise CTX_MAX_PAGE_BYTES to ingest it)"
         ),
         "Empty-File_900000005.html": "unparseable HTML: Document is empty",
-        "no-id-in-name.html": "cannot derive a page id from file name 'no-id-in-name.html'",
         "Whiteboard_900000006.html": (
             "unsupported content: whiteboard/database placeholder, not a page"
         ),
         "Draft---Gearbox-Notes_720000050.html": "empty body: #main-content has no text",
     }
-    assert len(pages) == 16  # the sample's good pages all survived
+    # the sample's 16 good pages all survived, plus the page whose file name has no id: it
+    # gets a stable id from its content (here: no attachments, so the space + title hash)
+    assert len(pages) == 17
+    no_id = next(p for p in pages.values() if p.source_path.endswith("no-id-in-name.html"))
+    digest = hashlib.sha256(b"EQM\x1fFine").hexdigest()[:16]
+    assert (no_id.page_id, no_id.title, no_id.space) == (f"page-{digest}", "Fine", "EQM")
 
 
 def test_unknown_date_format_falls_back_to_mtime(tmp_path: Path, caplog):
@@ -243,7 +248,9 @@ def test_unknown_date_format_falls_back_to_mtime(tmp_path: Path, caplog):
     assert page.date_source == "mtime"
     assert page.updated_at == datetime.fromtimestamp(1_700_000_000, tz=UTC)
     assert page.author == "Kim"
-    assert "no parseable last-modified date" in caplog.text and f.name in caplog.text
+    assert "no date in metadata" in caplog.text and f.name in caplog.text
+    assert page.date_note.startswith("no date in metadata 'Created by Kim on the third")
+    assert page.date_note.endswith("the file modification time was used as the last-modified date")
 
 
 def test_missing_export_is_a_clear_error(tmp_path: Path):

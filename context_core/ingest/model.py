@@ -48,6 +48,7 @@ class Page:
     content_hash: str  # compute_content_hash(title, sections)
     ancestor_ids: tuple[str, ...] = ()  # page ids matching ``ancestors`` where known
     date_source: DateSource = "metadata"  # "mtime" = metadata date unparseable, file mtime used
+    date_note: str = ""  # why the metadata date was not used (recorded in the run's warnings)
 
     @property
     def section(self) -> str:

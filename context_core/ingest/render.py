@@ -18,7 +18,16 @@ from lxml import etree
 
 from context_core.ingest.model import Section
 
-__all__ = ["element_text", "inline_lines", "normalise_line", "render_sections", "table_rows"]
+__all__ = [
+    "depth_problem",
+    "element_text",
+    "inline_lines",
+    "markup_depth",
+    "normalise_line",
+    "parser_limit_hit",
+    "render_sections",
+    "table_rows",
+]
 
 _HEADINGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
 _BLOCKS = frozenset(
@@ -338,3 +347,59 @@ def render_sections(body: etree._Element) -> list[Section]:
     r = _Renderer()
     r.walk_children(body)
     return r.result()
+
+
+# --- nesting depth ------------------------------------------------------------------------
+# The renderer and the storage converter recurse once (or a few times) per nesting level, and
+# libxml2 silently stops building the tree at its own depth limit (256 levels for HTML, 2048
+# with huge_tree for XML) while still returning what it has. So depth is measured here, on the
+# parsed tree and without recursion, and a page that is too deep or was cut off by the parser
+# is quarantined with a reason instead of being rendered (or silently truncated).
+
+
+def markup_depth(root: etree._Element) -> int:
+    """Element count on the deepest root-to-leaf path (``root`` itself is 1).
+
+    Counted from start/end events of an iterative walk, never by recursion: hostile pages nest
+    100,000 levels deep, far past Python's recursion limit.
+    """
+    depth = deepest = 0
+    for event, _el in etree.iterwalk(root, events=("start", "end")):
+        if event == "start":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+        else:
+            depth -= 1
+    return deepest
+
+
+def parser_limit_hit(error_log: etree._ListErrorLog) -> str | None:
+    """libxml2's message when it hit one of its resource limits (depth, text size) and so
+    returned a truncated tree; None when the tree is whole."""
+    for e in error_log:
+        if e.type_name == "ERR_RESOURCE_LIMIT":
+            return str(e.message).strip()
+    return None
+
+
+def depth_problem(depth: int, max_depth: int, parser_stopped: str | None) -> str | None:
+    """The quarantine reason for a tree ``depth`` levels deep, or None when it may be rendered.
+
+    ``parser_stopped`` is :func:`parser_limit_hit`'s message: the parser cut the document off,
+    so ``depth`` is only a lower bound and rendering would silently lose the rest of the page.
+    """
+    if parser_stopped is not None:
+        if "depth" not in parser_stopped.lower():
+            return f"page hits a parser resource limit and would be cut off ({parser_stopped})"
+        over = f", over max_markup_depth={max_depth}" if depth > max_depth else ""
+        return (
+            f"markup nested more than {depth} deep{over}: the parser stops at {depth} levels "
+            "and would cut the page off there (CTX_MAX_MARKUP_DEPTH cannot lift that limit)"
+        )
+    if depth > max_depth:
+        return (
+            f"markup nested {depth} deep, over max_markup_depth={max_depth} "
+            "(raise CTX_MAX_MARKUP_DEPTH to ingest it)"
+        )
+    return None

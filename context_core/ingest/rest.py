@@ -3,7 +3,10 @@
 Uses ``atlassian-python-api`` (``Confluence(url, username, password=token)``) and CQL search
 with ``body.storage``, ``version`` and ``ancestors`` expanded, so a nightly sync only pulls
 what changed since the last run (``lastmodified > "<cursor>"``). Bodies go through the same
-storage-format reader as everything else; bad pages are quarantined, never raised.
+storage-format reader as everything else; bad pages are quarantined, never raised: only a
+failure to *fetch* (transport, HTTP, authentication) stops a sync. A page whose body is too
+deep, declares entities or otherwise breaks the reader becomes one ``Quarantined`` record and
+the sync goes on with the next result.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class ConfluenceRestSource:
         token: str | None = None,
         page_size: int = 50,
         max_page_bytes: int = 5 * 1024 * 1024,
+        max_markup_depth: int = 200,
         timeout_s: float = 30.0,
         client: Any | None = None,
     ) -> None:
@@ -60,6 +64,7 @@ class ConfluenceRestSource:
         self.space = space
         self.page_size = page_size
         self.max_page_bytes = max_page_bytes
+        self.max_markup_depth = max_markup_depth
         self.last_modified: datetime | None = None
         self._home_id: str | None = None
 
@@ -83,24 +88,59 @@ class ConfluenceRestSource:
         return self._home_id
 
     def pages(self, since: datetime | None = None) -> Iterator[Page | Quarantined]:
-        """Every page modified after ``since`` (all pages when None), oldest change first."""
+        """Every page modified after ``since`` (all pages when None), oldest change first.
+
+        Raises :class:`BackendUnavailableError` when Confluence cannot be *fetched* from; one
+        unusable page never raises (it is yielded as a ``Quarantined``), so the try around the
+        fetch covers only the iterator, never the parsing of what it returned.
+        """
         home = self._home()
         try:
-            results = self._client.iter_cql(
-                self.cql(since), limit=self.page_size, expand=_EXPAND, excerpt="none"
+            results = iter(
+                self._client.iter_cql(
+                    self.cql(since), limit=self.page_size, expand=_EXPAND, excerpt="none"
+                )
             )
-            for item in results:
-                content = item.get("content", item)
-                if content.get("type", "page") != "page":
-                    continue
-                yield self._page(content, home)
-        except (IngestError, BackendUnavailableError):
-            raise
         except Exception as e:
-            raise BackendUnavailableError(
-                f"Confluence search at {self.url} failed ({type(e).__name__}: {e}); check the "
-                "URL, credentials and network"
-            ) from e
+            raise self._fetch_error(e) from e
+        while True:
+            try:
+                item = next(results)
+            except StopIteration:
+                return
+            except (IngestError, BackendUnavailableError):
+                raise
+            except Exception as e:
+                raise self._fetch_error(e) from e
+            result = self._safe_page(item, home)
+            if result is not None:
+                yield result
+
+    def _fetch_error(self, e: Exception) -> BackendUnavailableError:
+        return BackendUnavailableError(
+            f"Confluence search at {self.url} failed ({type(e).__name__}: {e}); check the "
+            "URL, credentials and network"
+        )
+
+    def _safe_page(self, item: Any, home: str | None) -> Page | Quarantined | None:
+        """The result for one search hit (None: not a page); never raises for its content."""
+        where = f"{self.url}/pages/?"
+        try:
+            content = item.get("content", item)
+            if content.get("type", "page") != "page":
+                return None
+            where = f"{self.url}/pages/{content.get('id') or '?'}"
+            result = self._page(content, home)
+        except RecursionError:
+            result = Quarantined(
+                where,
+                "markup nested too deep to read (recursion limit hit under "
+                f"max_markup_depth={self.max_markup_depth}; lower CTX_MAX_MARKUP_DEPTH)",
+            )
+        except Exception as e:  # a malformed result is this page's problem, not the sync's
+            log.warning("quarantining %s: %s: %s", where, type(e).__name__, e)
+            result = Quarantined(where, f"unreadable API result ({type(e).__name__}: {e})")
+        return result
 
     def _page(self, c: dict[str, Any], home: str | None) -> Page | Quarantined:
         pid = str(c.get("id", ""))
@@ -112,7 +152,9 @@ class ConfluenceRestSource:
         size = len(body.encode("utf-8"))
         if size > self.max_page_bytes:
             return Quarantined(
-                where, f"page is {size} bytes, over max_page_bytes={self.max_page_bytes}"
+                where,
+                f"page is {size} bytes, over max_page_bytes={self.max_page_bytes} "
+                "(raise CTX_MAX_PAGE_BYTES to ingest it)",
             )
         version = c.get("version") or {}
         when = version.get("when") or (c.get("history") or {}).get("lastUpdated", {}).get("when")
@@ -140,6 +182,7 @@ class ConfluenceRestSource:
                 updated_at=updated,
                 source_path=where,
                 date_source=date_source,  # type: ignore[arg-type]
+                max_markup_depth=self.max_markup_depth,
             )
         except IngestError as e:
             return Quarantined(where, str(e))

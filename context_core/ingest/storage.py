@@ -12,6 +12,13 @@ identical sections for identical content:
   ``attachments`` and images -> dropped (navigation, not content)
 * ``ac:link`` -> its link text, else the linked page title / attachment file name
 * task lists -> list items
+
+Hostile bodies are refused rather than half-read: markup declarations (``<!DOCTYPE``,
+``<!ENTITY``: billion-laughs expansion, ``SYSTEM "file:///etc/passwd"``) are never written by
+Confluence, so a body holding one outside CDATA raises :class:`IngestError` before parsing; the
+parser itself never resolves entities, loads DTDs or touches the network; and a body nested
+deeper than ``max_markup_depth`` (or past the parser's own 2048-level limit, where libxml2
+would silently cut it off) raises before the recursive converter sees it.
 """
 
 from __future__ import annotations
@@ -25,7 +32,12 @@ from lxml import etree
 
 from context_core.errors import IngestError
 from context_core.ingest.model import DateSource, Page, compute_content_hash
-from context_core.ingest.render import render_sections
+from context_core.ingest.render import (
+    depth_problem,
+    markup_depth,
+    parser_limit_hit,
+    render_sections,
+)
 
 __all__ = ["parse_storage_page", "storage_to_html"]
 
@@ -33,6 +45,13 @@ AC = "http://atlassian.com/content"
 RI = "http://atlassian.com/resource/identifier"
 _XML_ENTITIES = {"amp", "lt", "gt", "quot", "apos"}
 _ENTITY = re.compile(r"&([A-Za-z][A-Za-z0-9]{1,31});")
+# CDATA sections and comments are skipped (a code macro may well quote "<!DOCTYPE html>");
+# a markup declaration anywhere else is what the regex is after.
+_DECLARATION = re.compile(
+    r"<!\[CDATA\[.*?(?:\]\]>|\Z)|<!--.*?(?:-->|\Z)|<!(DOCTYPE|ENTITY|ELEMENT|ATTLIST|NOTATION)\b",
+    re.IGNORECASE | re.DOTALL,
+)
+DEFAULT_MAX_MARKUP_DEPTH = 200
 _PANEL_MACROS = {"info", "note", "warning", "tip"}
 _DROP_MACROS = {
     "toc",
@@ -63,6 +82,14 @@ def _entities_to_numeric(xhtml: str) -> str:
         return f"&#{cp};" if cp is not None else f"&amp;{name};"
 
     return _ENTITY.sub(repl, xhtml)
+
+
+def _declaration(xhtml: str) -> str | None:
+    """The first markup declaration (DOCTYPE, ENTITY, ...) outside CDATA and comments."""
+    for m in _DECLARATION.finditer(xhtml):
+        if m.group(1):
+            return m.group(1).upper()
+    return None
 
 
 def _q(ns: str, name: str) -> str:
@@ -226,25 +253,52 @@ class _Converter:
         return None  # ri:user and friends: no readable name in storage format
 
 
-def storage_to_html(xhtml: str) -> tuple[etree._Element, tuple[str, ...]]:
+def storage_to_html(
+    xhtml: str, *, max_markup_depth: int = DEFAULT_MAX_MARKUP_DEPTH
+) -> tuple[etree._Element, tuple[str, ...]]:
     """Parse storage XHTML into a plain-HTML ``<div>`` plus the attachment names it references.
 
-    Raises :class:`IngestError` when nothing can be recovered from the markup.
+    Raises :class:`IngestError` when nothing can be recovered from the markup, when it declares
+    a DTD or entities, or when it is nested deeper than ``max_markup_depth`` (the depth counts
+    the body's own elements: a top-level ``<p>`` is 1).
     """
+    declared = _declaration(xhtml)
+    if declared is not None:
+        raise IngestError(
+            f"storage body contains a <!{declared}> declaration, which Confluence never writes: "
+            "refused unparsed, so no entity is expanded and no file or URL is read"
+        )
     wrapped = (
         f'<ac:root xmlns:ac="{AC}" xmlns:ri="{RI}" xmlns:at="http://atlassian.com/template">'
         f"{_entities_to_numeric(xhtml)}</ac:root>"
     )
-    parser = etree.XMLParser(recover=True, resolve_entities=False, huge_tree=True)
+    parser = etree.XMLParser(
+        recover=True,
+        resolve_entities=False,
+        load_dtd=False,
+        no_network=True,
+        huge_tree=True,
+    )
     try:
         root = etree.fromstring(wrapped.encode("utf-8"), parser=parser)
     except etree.XMLSyntaxError as e:
         raise IngestError(f"unparseable storage-format XHTML: {e}") from e
     if root is None:
         raise IngestError("unparseable storage-format XHTML: nothing could be recovered")
+    problem = depth_problem(
+        markup_depth(root) - 1, max_markup_depth, parser_limit_hit(parser.error_log)
+    )
+    if problem:
+        raise IngestError(problem)
     conv = _Converter()
     out = etree.Element("div")
-    conv._copy_children(root, out)
+    try:
+        conv._copy_children(root, out)
+    except RecursionError as e:  # defensive: the depth check should have caught it
+        raise IngestError(
+            f"markup nested too deep to convert (recursion limit hit under "
+            f"max_markup_depth={max_markup_depth}; lower CTX_MAX_MARKUP_DEPTH)"
+        ) from e
     return out, tuple(conv.attachments)
 
 
@@ -261,12 +315,22 @@ def parse_storage_page(
     ancestor_ids: Iterable[str] = (),
     attachments: Iterable[str] = (),
     date_source: DateSource = "given",
+    max_markup_depth: int = DEFAULT_MAX_MARKUP_DEPTH,
 ) -> Page:
     """A :class:`Page` from one storage-format body (``sections`` may be empty: the caller
     decides whether an empty page is quarantined). ``ancestors`` must already exclude the space
-    home, as in the export reader. A naive ``updated_at`` is taken as UTC."""
-    body, referenced = storage_to_html(xhtml)
-    sections = tuple(render_sections(body))
+    home, as in the export reader. A naive ``updated_at`` is taken as UTC.
+
+    Raises :class:`IngestError` for a body that cannot be used (see :func:`storage_to_html`);
+    callers turn it into a ``Quarantined``."""
+    body, referenced = storage_to_html(xhtml, max_markup_depth=max_markup_depth)
+    try:
+        sections = tuple(render_sections(body))
+    except RecursionError as e:  # defensive: the depth check should have caught it
+        raise IngestError(
+            f"markup nested too deep to render (recursion limit hit under "
+            f"max_markup_depth={max_markup_depth}; lower CTX_MAX_MARKUP_DEPTH)"
+        ) from e
     title = " ".join(title.split())
     names = list(attachments)
     names += [n for n in referenced if n not in names]

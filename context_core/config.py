@@ -58,7 +58,30 @@ class Settings(BaseSettings):
     # --- ingestion ----------------------------------------------------------------------
     chunk_max_tokens: int = Field(256, gt=8)
     chunk_overlap_tokens: int = Field(32, ge=0)
-    max_page_bytes: int = Field(5 * 1024 * 1024, gt=0)
+    max_page_bytes: int = Field(
+        5 * 1024 * 1024,
+        gt=0,
+        description="Largest page file (or zip member, uncompressed) read; bigger ones are "
+        "quarantined unread.",
+    )
+    max_export_bytes: int = Field(
+        2 * 1024**3,
+        gt=0,
+        description="Total uncompressed bytes read from one export; page files past it are "
+        "quarantined (zip-bomb guard).",
+    )
+    max_markup_depth: int = Field(
+        200,
+        gt=8,
+        description="Deepest element nesting a page may have; deeper pages are quarantined.",
+    )
+    ingest_max_delete_share: float = Field(
+        0.2,
+        ge=0.0,
+        le=1.0,
+        description="A refresh that would delete more than this share of a space's pages "
+        "stops before writing unless --allow-deletes is given.",
+    )
 
     # --- confidence thresholds ---------------------------------------------------------
     accept_threshold: float = Field(0.72, ge=-1.0, le=1.0)

@@ -16,8 +16,10 @@ __all__ = [
     "ContextMissError",
     "ContractLockedError",
     "DataValidationError",
+    "EmptyExportError",
     "IngestError",
     "InvalidStoreRequestError",
+    "MassDeleteError",
     "ModelLoadError",
     "ModelMismatchError",
     "PayloadTooLargeError",
@@ -104,6 +106,26 @@ class DataValidationError(ContextError, ValueError):
 
 class IngestError(ContextError):
     """An ingestion source could not be read at all (a bad page is quarantined instead)."""
+
+
+class EmptyExportError(IngestError):
+    """An export yielded no readable page: a wrong or half-mounted path. Nothing was written.
+
+    A refresh that reads nothing must never be taken for "every page was deleted".
+    """
+
+
+class MassDeleteError(IngestError):
+    """A refresh would delete more than the allowed share of a space's pages; nothing written.
+
+    ``would_delete`` and ``in_scope`` are page counts; re-run with ``--allow-deletes`` (DAG param
+    ``allow_deletes``) when the deletions are intended.
+    """
+
+    def __init__(self, message: str, *, would_delete: int, in_scope: int) -> None:
+        self.would_delete = would_delete
+        self.in_scope = in_scope
+        super().__init__(message)
 
 
 class UnknownEventError(ContextError, ValueError):

@@ -8,6 +8,8 @@
   hottest key patterns in a SCAN sample (ids replaced by ``*``) with their mean idle time.
 * L3: points per collection and growth since the previous run; the 5 lowest-confidence L3
   queries of the period (from traces).
+* Ingest: quarantined pages and warnings of the last knowledge-refresh run and of the period,
+  with the most common reasons (from the append-only ``quarantine.jsonl`` history).
 * CER over the period and its week-over-week change.
 
 Computing (this module) is separate from drawing and writing (:mod:`evaluation.report`). Each
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HealthSnapshot",
+    "IngestStats",
     "L1Probe",
     "L2Stats",
     "L3Stats",
@@ -51,6 +54,7 @@ __all__ = [
     "sample_l2",
     "snapshot",
     "store_snapshot",
+    "summarise_ingest",
     "summarise_l3",
 ]
 
@@ -275,6 +279,49 @@ def lowest_confidence_queries(
     return tuple(rows[:n])
 
 
+# --- ingest (knowledge refresh) ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class IngestStats:
+    runs: int  # refresh runs in the period that left quarantine/warning lines
+    quarantined: int  # quarantined page lines in the period
+    warnings: int
+    last_run_id: str | None
+    last_run_quarantined: int
+    top_reasons: tuple[tuple[str, int], ...]  # reason prefix -> count, most common first
+
+
+def _reason_kind(reason: str) -> str:
+    """A reason without its specifics (sizes, ids, paths), so equal causes count together."""
+    head = reason.split(":", 1)[0].split("(", 1)[0]
+    return re.sub(r"\d[\d,.]*", "N", head).strip()[:80]
+
+
+def summarise_ingest(
+    records: Sequence[Mapping[str, Any]], *, since: dt.date, day: dt.date
+) -> IngestStats:
+    """Quarantine history lines of ``since..day`` (lines without a date are left out)."""
+    lo, hi = since.isoformat(), (day + dt.timedelta(days=1)).isoformat()
+    rows = [r for r in records if lo <= str(r.get("at", ""))[:10] < hi]
+    quarantined = [r for r in rows if r.get("kind", "quarantined") == "quarantined"]
+    runs: list[str] = []
+    for r in rows:
+        rid = str(r.get("run_id", ""))
+        if rid and rid not in runs:
+            runs.append(rid)
+    last = runs[-1] if runs else None
+    reasons = Counter(_reason_kind(str(r.get("reason", ""))) for r in quarantined)
+    return IngestStats(
+        runs=len(runs),
+        quarantined=len(quarantined),
+        warnings=len(rows) - len(quarantined),
+        last_run_id=last,
+        last_run_quarantined=sum(1 for r in quarantined if r.get("run_id") == last),
+        top_reasons=tuple(reasons.most_common(3)),
+    )
+
+
 # --- snapshot + history --------------------------------------------------------------------
 
 
@@ -289,6 +336,7 @@ class HealthSnapshot:
     cer: CerReport | None
     accept: float
     errors: Mapping[str, str] = field(default_factory=dict)  # section -> why it is missing
+    ingest: IngestStats | None = None
 
     def history_record(self) -> dict[str, Any]:
         """The compact per-day figures kept in the history file."""
@@ -305,6 +353,9 @@ class HealthSnapshot:
             rec["l3"] = dict(self.l3.points)
         if self.cer and self.cer.overall.n_steps:
             rec["cer"] = round(self.cer.overall.cer, 6)
+        if self.ingest:
+            rec["ingest"] = {"quarantined": self.ingest.quarantined,
+                             "last_run_quarantined": self.ingest.last_run_quarantined}  # fmt: skip
         return rec
 
 
@@ -401,10 +452,15 @@ def snapshot(
     todays = [r for r in routes if str(r.get("ts", ""))[:10] == day.isoformat()]
     low = lowest_confidence_queries(todays or routes)
     cer = cer_report(judge_steps(records, accept=accept)) if records else None
+    from context_core.ingest.pipeline import read_quarantine_history
+
+    ingest = summarise_ingest(
+        read_quarantine_history(Path(settings.reports_dir)), since=since, day=day
+    )
     now = dt.datetime.now(dt.UTC)
     return HealthSnapshot(
         day=day.isoformat(), taken_at=now.isoformat(timespec="seconds"), l1=l1, l2=l2, l3=l3,
-        low_confidence=low, cer=cer, accept=accept, errors=errors,
+        low_confidence=low, cer=cer, accept=accept, errors=errors, ingest=ingest,
     )  # fmt: skip
 
 

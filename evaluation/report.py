@@ -331,6 +331,17 @@ def write_health_report(
                 f"| L3 | `{name}` points ({l3.models[name]}) | {count:,} | "
                 f"{_growth(history, snap.day, 'l3', name)} |"
             )
+    ing = snap.ingest
+    if ing is not None:
+        last = (
+            f"{ing.last_run_quarantined} in run `{ing.last_run_id}`"
+            if ing.last_run_id
+            else "no refresh run recorded"
+        )
+        lines.append(
+            f"| ingest | quarantined pages in the period / last run | {ing.quarantined:,} / "
+            f"{last} | {ing.warnings:,} warnings |"
+        )
     if snap.cer is not None and snap.cer.overall.n_steps:
         wow = snap.cer.week_over_week[-1]
         change = (
@@ -353,6 +364,10 @@ def write_health_report(
             "|---|---:|---:|",
         ]
         lines += [f"| `{p}` | {c} | {_f(i, 1)} |" for p, c, i in l2.hot_patterns]
+        lines.append("")
+    if ing is not None and ing.top_reasons:
+        lines += ["## Quarantine reasons in the period", "", "| reason | pages |", "|---|---:|"]
+        lines += [f"| {r.replace('|', '/')} | {n:,} |" for r, n in ing.top_reasons]
         lines.append("")
     lines += ["## Lowest-confidence L3 queries", ""]
     if snap.low_confidence:
@@ -383,6 +398,7 @@ def write_health_report(
         "l3": asdict(l3) if l3 else None,
         "low_confidence": [asdict(q) for q in snap.low_confidence],
         "cer": snap.cer.to_dict() if snap.cer else None, "errors": dict(snap.errors),
+        "ingest": asdict(snap.ingest) if snap.ingest else None,
         "history": history,
     }  # fmt: skip
     js = write_json(reports_dir / "context_health_report.json", _json_safe(doc))

@@ -68,6 +68,57 @@ def test_knowledge_refresh_runs_end_to_end(airflow_home: AirflowHome, tmp_path: 
 
 
 @pytest.mark.slow
+def test_knowledge_refresh_guards_fail_the_dag_and_write_nothing(
+    airflow_home: AirflowHome, tmp_path: Path
+) -> None:
+    """A wrong export path fails the plan task without retries; then a mass delete does."""
+    from exports import base_pages, write_export
+
+    from context_core.knowledge.edge import EdgeStore
+
+    data, reports = tmp_path / "ctx", tmp_path / "reports"
+    env = {"CTX_DATA_DIR": str(data), "CTX_REPORTS_DIR": str(reports)}
+    export = write_export(tmp_path / "export", base_pages(), space="EQT")
+    ok = airflow_home.run("knowledge_refresh", conf={"export_path": str(export)}, extra_env=env)
+    assert ok["run"]["state"] == "success", ok["run"]
+    with EdgeStore(data / "qdrant") as store:
+        before = {r.id: r.payload for r in store.scroll("knowledge_main")}
+
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    (wrong / "index.html").write_text("<html><body><p>intranet landing page</p></body></html>")
+    log = tmp_path / "empty.log"
+    empty = airflow_home.run(
+        "knowledge_refresh", conf={"export_path": str(wrong)}, extra_env=env, log_path=log
+    )
+    assert empty["run"]["state"] == "failed"
+    assert empty["run"]["tasks"]["plan"] == "failed"
+    assert empty["run"]["tasks"]["embed_upsert"] == "upstream_failed"
+    text = log.read_text()
+    assert "no readable Confluence page" in text
+    assert "up_for_retry" not in empty["run"]["tasks"].values()
+
+    write_export(export, {"201": base_pages()["201"]}, space="EQT")  # 3 of 4 pages gone
+    log = tmp_path / "mass.log"
+    mass = airflow_home.run(
+        "knowledge_refresh", conf={"export_path": str(export)}, extra_env=env, log_path=log
+    )
+    assert mass["run"]["tasks"]["plan"] == "failed"
+    assert "refusing to delete 3 of 4 pages" in log.read_text()
+    with EdgeStore(data / "qdrant") as store:
+        assert {r.id: r.payload for r in store.scroll("knowledge_main")} == before
+
+    allowed = airflow_home.run(
+        "knowledge_refresh",
+        conf={"export_path": str(export), "allow_deletes": True},
+        extra_env=env,
+    )
+    assert allowed["run"]["state"] == "success", allowed["run"]
+    with EdgeStore(data / "qdrant") as store:
+        assert {r.payload["source"] for r in store.scroll("knowledge_main")} == {"201"}
+
+
+@pytest.mark.slow
 def test_hot_knowledge_merge_runs_end_to_end(airflow_home: AirflowHome, tmp_path: Path) -> None:
     from context_core.config import get_settings
     from context_core.embedding import load_encoder

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 import redis
 from conftest import cleanup_keys
 
@@ -105,7 +104,7 @@ def _route(tid: str, ts: str, score: float) -> dict:
 def test_health_report_is_idempotent_per_day_and_tracks_growth(
     settings, redis_url: str, session_id: str
 ) -> None:
-    pytest.importorskip("context_core.traces")
+    from context_core.ingest.pipeline import QUARANTINE_FILE
     from context_core.knowledge.edge import EdgeStore
     from context_core.knowledge.store import PointRecord, point_id
     from context_core.traces import TraceWriter
@@ -128,6 +127,20 @@ def test_health_report_is_idempotent_per_day_and_tracks_growth(
     w.record_output("t1", "s-h", 1, "PUMP-0042 handled per SOP-1")
     w.write_route(_route("t2", f"{day2}T00:00:00+00:00", 0.3))
     w.close()
+    Path(settings.reports_dir).mkdir(parents=True, exist_ok=True)
+    (Path(settings.reports_dir) / QUARANTINE_FILE).write_text(
+        "".join(
+            json.dumps({"run_id": rid, "at": f"{day}T02:00:00+00:00", "kind": kind,
+                        "source_path": f"x/{n}.html", "reason": reason}) + "\n"
+            for rid, day, kind, n, reason in [
+                ("r1", day1, "quarantined", 1, "empty body: #main-content has no text"),
+                ("r2", day2, "quarantined", 1, "empty body: #main-content has no text"),
+                ("r2", day2, "quarantined", 2, "page is 9000000 bytes, over max_page_bytes"),
+                ("r2", day2, "warning", 3, "no parseable last-modified date"),
+            ]
+        )
+        + "not json\n"
+    )  # fmt: skip
     c = redis.Redis.from_url(redis_url, decode_responses=True)
     store = EdgeStore(settings.qdrant_dir)
     try:
@@ -157,5 +170,9 @@ def test_health_report_is_idempotent_per_day_and_tracks_growth(
     assert "CER" in md and f"{y}-W{wk:02d}" in md
     doc = json.loads(paths["json"].read_text())
     assert doc["cer"]["overall"]["n_steps"] == 2 and doc["cer"]["overall"]["n_effective"] == 1
+    assert doc["ingest"]["quarantined"] == 3 and doc["ingest"]["warnings"] == 1
+    assert (doc["ingest"]["last_run_id"], doc["ingest"]["last_run_quarantined"]) == ("r2", 2)
+    assert "| ingest | quarantined pages in the period / last run | 3 / 2 in run `r2` |" in md
+    assert "| empty body | 2 |" in md
     for key in ("l1_memory", "l2_keys", "l3_points", "cer"):
         assert paths[key].stat().st_size > 1000

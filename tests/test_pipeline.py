@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from exports import base_pages, para, write_export
 from typer.testing import CliRunner
 
 from context_core.config import Settings, get_settings
@@ -22,64 +23,6 @@ from context_core.ingest.model import Chunk, Page
 from context_core.ingest.pipeline import plan_refresh, run_refresh
 from context_core.knowledge.edge import EdgeStore
 from context_core.knowledge.store import point_id
-
-SPACE = "EQT"
-
-
-def _para(topic: str, n: int) -> str:
-    return " ".join(
-        f"Step {i}: inspect the {topic} and record the reading in the maintenance log."
-        for i in range(n)
-    )
-
-
-def write_export(root: Path, pages: dict[str, tuple[str, str, str]]) -> Path:
-    """``pages``: id -> (title, area, body html). Home page 100 holds areas as children."""
-    root.mkdir(parents=True, exist_ok=True)
-    for old in root.glob("*.html"):
-        old.unlink()
-    items = "".join(f'<li><a href="{pid}.html">{t}</a></li>' for pid, (t, _, _) in pages.items())
-    (root / "index.html").write_text(
-        "<html><body><div id='main-content' class='pageSection'><table>"
-        f"<tr><th>Key</th><td>{SPACE}</td></tr><tr><th>Name</th><td>Test Space</td></tr>"
-        "</table></div><div class='pageSection'><h2>Available Pages:</h2><ul><li>"
-        "<a href='100.html'>Home</a><img src='images/icons/contenttypes/home_page_16.png'/>"
-        f"<ul>{items}</ul></li></ul></div></body></html>",
-        encoding="utf-8",
-    )
-    for pid, (title, area, body) in pages.items():
-        (root / f"{pid}.html").write_text(
-            "<html><head><title>Test Space : " + title + "</title></head><body><div id='page'>"
-            "<div id='main-header'><ol id='breadcrumbs'>"
-            "<li><a href='index.html'>Test Space</a></li><li><a href='100.html'>Home</a></li>"
-            f"<li><a href='9{pid}.html'>{area}</a></li></ol>"
-            f"<h1 id='title-heading'><span id='title-text'>Test Space : {title}</span></h1>"
-            "</div><div id='content'><div class='page-metadata'>Created by "
-            "<span class='author'>Ann</span>, last modified on Jun 29, 2019</div>"
-            f"<div id='main-content' class='wiki-content group'>{body}</div></div></div>"
-            "</body></html>",
-            encoding="utf-8",
-        )
-    return root
-
-
-def base_pages() -> dict[str, tuple[str, str, str]]:
-    return {
-        "201": (
-            "Seal replacement",
-            "PUMP",
-            f"<h2>Tools</h2><p>{_para('seal', 4)}</p>"
-            f"<h2>Procedure</h2><p>{_para('impeller', 30)}</p>",
-        ),
-        "202": ("Bearing noise", "PUMP", f"<p>{_para('bearing', 3)}</p>"),
-        "301": ("Fan belt", "FAN", f"<h3>Tension</h3><p>{_para('belt', 25)}</p>"),
-        "302": (
-            "Fan contacts",
-            "FAN",
-            "<p>Escalate to the duty engineer on 13812345678 or ops@example.com.</p>",
-        ),
-        "401": ("Empty page", "COMP", ""),
-    }
 
 
 class CountingEncoder(Encoder):
@@ -177,11 +120,13 @@ def test_changed_shrunk_and_deleted_pages(tmp_path: Path, cfg: Settings, minilm:
         n_fan_before = sum(1 for p in before.values() if p["source"] == "301")
         assert n_fan_before >= 2
 
-        pages["202"] = ("Bearing noise", "PUMP", f"<p>{_para('grease nipple', 3)}</p>")
+        pages["202"] = ("Bearing noise", "PUMP", f"<p>{para('grease nipple', 3)}</p>")
         pages["301"] = ("Fan belt", "FAN", "<h3>Tension</h3><p>Replace the belt yearly.</p>")
         del pages["302"]
         write_export(export, pages)
-        s = run_refresh(export, settings=cfg, store=store, encoder=minilm, progress=False)
+        s = run_refresh(
+            export, settings=cfg, store=store, encoder=minilm, progress=False, allow_deletes=True
+        )
         after = _points(store)
 
     assert (s.pages_changed, s.pages_deleted, s.pages_unchanged, s.pages_new) == (2, 1, 1, 0)

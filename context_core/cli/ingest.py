@@ -33,12 +33,36 @@ def ingest(
         typer.Option(help="Embedding model: minilm (offline), bge-m3, or a local directory."),
     ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar per stage.")] = True,
+    space: Annotated[
+        str | None,
+        typer.Option(help="Space key of the export [default: 'Key' in index.html, else the name]."),
+    ] = None,
+    source_id: Annotated[
+        str | None,
+        typer.Option(
+            help="Name of the Confluence instance the export came from; needed only when two "
+            "instances have a space with the same key [default: confluence-export]."
+        ),
+    ] = None,
+    allow_deletes: Annotated[
+        bool,
+        typer.Option(
+            "--allow-deletes",
+            help="Let this run delete more than CTX_INGEST_MAX_DELETE_SHARE (20%) of the "
+            "space's pages (pages really removed from Confluence).",
+        ),
+    ] = False,
 ) -> None:
     """Refresh L3 knowledge from a Confluence export: parse, chunk, validate, embed, upsert.
 
-    Incremental: pages whose content did not change are skipped; chunks of deleted pages are
-    removed. Bad pages are quarantined (see reports/quarantine.jsonl); a failed data-quality
-    check stops the run before anything is written.
+    Incremental: pages whose content did not change are skipped. Deletes are scoped: only
+    pages of the space this export holds are ever deleted, and only when a complete space
+    export no longer has them; other spaces and merged hot answers in the collection are never
+    touched. The run stops before writing anything when the export has no readable page or
+    would delete more than 20% of the space (override with --allow-deletes). Bad pages are
+    quarantined (appended to reports/quarantine.jsonl with the run id); a failed data-quality
+    check stops the run before anything is written. Remove a whole space with
+    `ctx remove-space KEY`.
     """
     from rich.console import Console
     from rich.table import Table
@@ -52,14 +76,26 @@ def ingest(
         )
     try:
         settings = job_settings(collection=collection, model=model)
-        summary = run_refresh(path, settings=settings, progress=progress)
+        summary = run_refresh(
+            path,
+            settings=settings,
+            progress=progress,
+            space=space,
+            source_id=source_id,
+            allow_deletes=allow_deletes,
+        )
     except ContextError as e:
         raise _fail(str(e)) from e
 
     table = Table(title=f"ingest {summary.export_path} -> {summary.collection} ({summary.model})")
     table.add_column("what")
     table.add_column("count / seconds", justify="right")
+    table.add_row("run id", summary.run_id)
+    table.add_row("scope", ", ".join(summary.scopes.values()))
+    kind = "complete" if summary.complete else "partial"
+    table.add_row("export", f"{summary.export_kind} ({kind})")
     for label, value in (
+        ("pages of the space before", summary.pages_in_scope),
         ("pages seen", summary.pages_seen),
         ("pages new", summary.pages_new),
         ("pages changed", summary.pages_changed),
@@ -76,8 +112,60 @@ def ingest(
     console = Console()
     console.print(table)
     console.print(f"summary: {settings.reports_dir / 'ingest_summary.json'}")
-    if summary.pages_quarantined:
-        console.print(f"quarantined pages: {settings.reports_dir / 'quarantine.jsonl'}")
+    if not summary.complete:
+        console.print(
+            "partial export (no space index): pages missing from it were kept, none deleted"
+        )
+    if summary.pages_quarantined or summary.warnings:
+        console.print(
+            f"quarantined pages / warnings: {summary.quarantine_file} (run {summary.run_id})"
+        )
+
+
+def remove_space(
+    space: Annotated[str, typer.Argument(help="Key of the space to remove.", show_default=False)],
+    collection: Annotated[
+        str | None,
+        typer.Option(help="Collection [default: CTX_COLLECTION_MAIN, knowledge_main]."),
+    ] = None,
+    source_id: Annotated[
+        str | None,
+        typer.Option(
+            help="Instance name the space was ingested with [default: confluence-export]."
+        ),
+    ] = None,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Delete without asking for confirmation.")
+    ] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only count; delete nothing.")] = False,
+) -> None:
+    """Delete every chunk of one space from L3, and nothing else.
+
+    A refresh never removes a space as a side effect; this command is the one way to. Other
+    spaces and merged hot answers in the collection are left alone.
+    """
+    from rich.console import Console
+
+    from context_core.ingest.pipeline import job_settings
+    from context_core.ingest.pipeline import remove_space as _remove
+
+    console = Console()
+    try:
+        settings = job_settings(collection=collection)
+        found = _remove(space, settings=settings, source_id=source_id, dry_run=True)
+        console.print(
+            f"space {space!r} ({found.scope}) in {found.collection}: "
+            f"{found.pages:,} pages, {found.chunks:,} chunks"
+        )
+        if dry_run or not found.chunks:
+            console.print("nothing deleted" + (" (dry run)" if dry_run and found.chunks else ""))
+            return
+        if not yes and not typer.confirm(f"delete these {found.chunks:,} chunks?", default=False):
+            raise _fail("aborted: nothing deleted (pass --yes to skip the question)")
+        done = _remove(space, settings=settings, source_id=source_id)
+    except ContextError as e:
+        raise _fail(str(e)) from e
+    console.print(f"deleted {done.pages:,} pages, {done.chunks:,} chunks of space {space!r}")
 
 
 def hot_merge() -> None:
@@ -101,4 +189,5 @@ def hot_merge() -> None:
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the root app."""
     app.command("ingest")(ingest)
+    app.command("remove-space")(remove_space)
     app.command("hot-merge")(hot_merge)

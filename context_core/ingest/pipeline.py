@@ -9,8 +9,14 @@ Incremental: each point carries its page's ``content_hash``, ``n_chunks`` and th
 page is *unchanged* when every stored chunk carries the page's current hash and model and the
 stored chunk indexes are exactly ``0..n_chunks-1``; such a page is neither chunked nor embedded.
 Everything else is rewritten, and chunk indexes a page no longer has are deleted, as are all
-chunks of pages that left the export (but not of pages merely quarantined this time: a page
-that fails to parse keeps its last good version).
+chunks of pages that left a *complete space export* (but not of pages merely quarantined this
+time: a page that fails to parse keeps its last good version). Deletes never reach beyond the
+space the run read, and two guards stop a run before it writes (see
+:mod:`context_core.ingest.plan`: no readable page; more than a set share of a space deleted).
+
+Every run has a run id. Its quarantined pages (and warnings such as a date that fell back to
+the file time) are *appended* to ``<reports_dir>/quarantine.jsonl``, one line each with the run
+id and time, so the reasons of earlier runs are kept; the summary names the run id and file.
 
 Idempotent: point ids are ``point_id(page_id, chunk_index)`` (UUIDv5), upserts overwrite, and
 deletions run after all upserts. A run killed halfway leaves pages with mixed hashes, which the
@@ -32,7 +38,14 @@ from typing import TYPE_CHECKING, Any
 
 from context_core.config import Settings, get_settings
 from context_core.ingest.plan import PLAN_SCHEMA as PLAN_SCHEMA  # re-export: was defined here
-from context_core.ingest.plan import RefreshPlan, load_encoder_lazily, plan_refresh
+from context_core.ingest.plan import (
+    RefreshPlan,
+    load_encoder_lazily,
+    new_run_id,
+    owner_space,
+    plan_refresh,
+    source_scope,
+)
 from context_core.ingest.progress import StageProgress, timed
 from context_core.knowledge.store import PointRecord
 
@@ -42,21 +55,27 @@ if TYPE_CHECKING:
     from context_core.knowledge.store import VectorStore
 
 __all__ = [
+    "QUARANTINE_FILE",
     "STAGES",
     "RefreshPlan",
     "RefreshSummary",
+    "RemovalSummary",
     "apply_refresh",
     "apply_staged",
     "job_settings",
     "plan_refresh",
+    "read_quarantine_history",
+    "remove_space",
     "run_refresh",
     "sample_export_path",
+    "source_scope",
     "stage_plan",
 ]
 
 log = logging.getLogger(__name__)
 
 STAGES = ("parse", "chunk", "validate", "embed", "upsert")
+QUARANTINE_FILE = "quarantine.jsonl"  # under reports_dir; append-only history, one line a page
 
 
 def sample_export_path() -> Path:
@@ -105,6 +124,13 @@ class RefreshSummary:
     chunks_deleted: int
     seconds: dict[str, float]
     finished_at: str = ""
+    run_id: str = ""
+    scopes: dict[str, str] = dataclasses.field(default_factory=dict)
+    export_kind: str = "space"
+    complete: bool = True
+    pages_in_scope: int = 0
+    warnings: int = 0
+    quarantine_file: str = ""
 
     @property
     def total_seconds(self) -> float:
@@ -193,22 +219,124 @@ def apply_refresh(
         chunks_deleted=deleted,
         seconds={k: round(v, 4) for k, v in seconds.items()},
         finished_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        run_id=plan.run_id,
+        scopes=dict(plan.scopes),
+        export_kind=plan.export_kind,
+        complete=plan.complete,
+        pages_in_scope=plan.pages_in_scope,
+        warnings=len(plan.warnings),
+        quarantine_file=str(settings.reports_dir / QUARANTINE_FILE),
     )
-    write_reports(summary, plan.quarantined, settings.reports_dir)
+    write_reports(summary, plan.quarantined, settings.reports_dir, warnings=plan.warnings)
     return summary
 
 
 def write_reports(
-    summary: RefreshSummary, quarantined: Sequence[dict[str, str]], reports_dir: Path
+    summary: RefreshSummary,
+    quarantined: Sequence[dict[str, str]],
+    reports_dir: Path,
+    *,
+    warnings: Sequence[dict[str, str]] = (),
 ) -> None:
-    """``ingest_summary.json`` and ``quarantine.jsonl`` (one line per bad page: path, reason)."""
+    """``ingest_summary.json`` (this run) and an appended run's worth of ``quarantine.jsonl``.
+
+    Each history line: ``{"run_id", "at", "export", "kind": "quarantined"|"warning",
+    "source_path", "reason"}``. Appending keeps earlier runs' reasons; one line is written
+    with a single ``write`` so concurrent runs never interleave within a line.
+    """
     reports_dir.mkdir(parents=True, exist_ok=True)
-    (reports_dir / "ingest_summary.json").write_text(
+    summary_path = reports_dir / "ingest_summary.json"
+    tmp = summary_path.with_suffix(".json.tmp")
+    tmp.write_text(
         json.dumps(summary.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
     )
-    with (reports_dir / "quarantine.jsonl").open("w", encoding="utf-8") as f:
-        for q in quarantined:
-            f.write(json.dumps(q, ensure_ascii=False) + "\n")
+    tmp.replace(summary_path)
+    common = {"run_id": summary.run_id, "at": summary.finished_at, "export": summary.export_path}
+    lines = [
+        {**common, "kind": "quarantined", "source_path": q["source_path"], "reason": q["reason"]}
+        for q in quarantined
+    ] + [
+        {**common, "kind": "warning", "source_path": w["source_path"], "reason": w["warning"]}
+        for w in warnings
+    ]
+    if lines:
+        with (reports_dir / QUARANTINE_FILE).open("a", encoding="utf-8") as f:
+            for line in lines:
+                f.write(json.dumps(line, ensure_ascii=False) + "\n")
+
+
+def read_quarantine_history(reports_dir: Path) -> list[dict[str, Any]]:
+    """Every line of ``quarantine.jsonl`` (older files without run ids included), oldest first.
+
+    A torn or foreign line is skipped, not fatal: the history is a report, not a contract.
+    """
+    path = reports_dir / QUARANTINE_FILE
+    if not path.is_file():
+        return []
+    out: list[dict[str, Any]] = []
+    for raw in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            rec = json.loads(raw)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and "source_path" in rec:
+            rec.setdefault("kind", "quarantined")
+            out.append(rec)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RemovalSummary:
+    """What :func:`remove_space` found (and deleted unless ``dry_run``)."""
+
+    collection: str
+    space: str
+    scope: str
+    pages: int
+    chunks: int
+    dry_run: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def remove_space(
+    space: str,
+    *,
+    settings: Settings,
+    store: VectorStore | None = None,
+    collection: str | None = None,
+    source_id: str | None = None,
+    dry_run: bool = False,
+) -> RemovalSummary:
+    """Delete every point of one space (its scope), and nothing else: the explicit removal.
+
+    A refresh never removes a space as a side effect; this is the one way to. Merged hot answers
+    and other spaces' points are untouched. Points written before scopes existed are matched by
+    their ``space`` field.
+    """
+    from context_core.knowledge.store import open_store
+
+    collection = collection or settings.collection_main
+    scopes = {space: source_scope(space, source_id)}
+    own_store = store is None
+    store = store if store is not None else open_store(settings)
+    try:
+        ids: list[str] = []
+        pages: set[str] = set()
+        if store.info(collection) is not None:
+            for rec in store.scroll(collection, with_vectors=False, batch=1024):
+                if owner_space(rec.payload, scopes) is not None:
+                    ids.append(rec.id)
+                    pages.add(str(rec.payload.get("source", "")))
+        if ids and not dry_run:
+            for start in range(0, len(ids), 1024):
+                store.delete(collection, ids=ids[start : start + 1024])
+            store.optimize(collection)
+    finally:
+        if own_store:
+            store.close()
+    return RemovalSummary(collection, space, scopes[space], len(pages), len(ids), dry_run)
 
 
 def run_refresh(
@@ -220,11 +348,16 @@ def run_refresh(
     gateway: Gateway | None = None,
     collection: str | None = None,
     progress: bool = True,
+    space: str | None = None,
+    source_id: str | None = None,
+    allow_deletes: bool = False,
+    run_id: str | None = None,
 ) -> RefreshSummary:
     """Refresh ``collection`` (default ``CTX_COLLECTION_MAIN``) from a Confluence export.
 
     Opens (and closes) the store from ``settings`` when none is given; loads the encoder only
-    if some page has to be embedded.
+    if some page has to be embedded. ``space``, ``source_id`` and ``allow_deletes`` are those
+    of :func:`plan_refresh`; its guards raise before anything is written.
     """
     from context_core.knowledge.store import open_store
 
@@ -246,6 +379,10 @@ def run_refresh(
             collection=collection,
             progress=progress,
             encoder_factory=factory,
+            space=space,
+            source_id=source_id,
+            allow_deletes=allow_deletes,
+            run_id=run_id or new_run_id(),
         )
         return apply_refresh(
             plan,
@@ -269,13 +406,33 @@ def _staging_path(settings: Settings, run_id: str) -> Path:
     return settings.data_dir / "staging" / f"knowledge_refresh-{safe}.json"
 
 
-def stage_plan(export_path: Path | str, *, settings: Settings, run_id: str) -> dict[str, Any]:
-    """Plan and stage; returns a small XCom-safe dict (path + counts)."""
+def stage_plan(
+    export_path: Path | str,
+    *,
+    settings: Settings,
+    run_id: str,
+    space: str | None = None,
+    source_id: str | None = None,
+    allow_deletes: bool = False,
+) -> dict[str, Any]:
+    """Plan and stage; returns a small XCom-safe dict (path + counts).
+
+    The guards of :func:`plan_refresh` raise here, in the plan task, before anything is
+    staged or written.
+    """
     from context_core.knowledge.store import open_store
 
     store = open_store(settings)
     try:
-        plan = plan_refresh(export_path, settings=settings, store=store)
+        plan = plan_refresh(
+            export_path,
+            settings=settings,
+            store=store,
+            space=space,
+            source_id=source_id,
+            allow_deletes=allow_deletes,
+            run_id=run_id,
+        )
     finally:
         store.close()
     path = plan.save(_staging_path(settings, run_id))

@@ -5,20 +5,32 @@
 staged on disk (:meth:`RefreshPlan.save` / :meth:`RefreshPlan.load`, the Airflow DAG). Split out
 of :mod:`context_core.ingest.pipeline`, which re-exports both names; the incremental and
 idempotency rules are described there.
+
+Deletes are scoped, because one collection holds many spaces (and the hot merge's confirmed
+answers). Every point records its ``scope``: the source identity plus the space key
+(:func:`source_scope`). A run only looks at, and only ever deletes, points of the scope(s) it
+read; and it deletes whole pages only when the export claims to be the *complete* space (a space
+export with its index). A page export or a folder of loose pages never deletes a page it did
+not read. Two guards stop a run before anything is written: an export with no readable page
+(:class:`~context_core.errors.EmptyExportError`: a wrong or half-mounted path must not read as
+"every page was deleted") and a run that would delete more than ``ingest_max_delete_share`` of
+a space's pages (:class:`~context_core.errors.MassDeleteError`, overridden by
+``allow_deletes``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC
+from datetime import UTC, datetime
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
 from context_core.config import Settings
-from context_core.errors import IngestError
+from context_core.errors import EmptyExportError, IngestError, MassDeleteError
 from context_core.ingest.model import Chunk, Page, Quarantined, Section
 from context_core.ingest.progress import StageProgress, timed
 from context_core.knowledge.store import point_id
@@ -28,9 +40,34 @@ if TYPE_CHECKING:
     from context_core.gateway import Gateway
     from context_core.knowledge.store import VectorStore
 
-__all__ = ["PLAN_SCHEMA", "RefreshPlan", "load_encoder_lazily", "plan_refresh"]
+__all__ = [
+    "DEFAULT_SOURCE_ID",
+    "PLAN_SCHEMA",
+    "RefreshPlan",
+    "load_encoder_lazily",
+    "new_run_id",
+    "owner_space",
+    "plan_refresh",
+    "source_scope",
+]
 
-PLAN_SCHEMA = 1
+PLAN_SCHEMA = 2  # 2: scoped deletes (scope, complete, run_id, warnings)
+DEFAULT_SOURCE_ID = "confluence-export"
+
+
+def source_scope(space: str, source_id: str | None = None) -> str:
+    """The owner of a page's points: ``"<source id>#<space key>"``.
+
+    ``source_id`` names the Confluence instance (its base URL for the REST source; for HTML
+    exports, which carry no instance identity, an operator-chosen name, default
+    ``confluence-export``). Two instances that both have a space ``DOC`` need two source ids.
+    """
+    return f"{source_id or DEFAULT_SOURCE_ID}#{space}"
+
+
+def new_run_id() -> str:
+    """A sortable, unique id for one refresh run (Airflow passes its own run id instead)."""
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
 @dataclass(slots=True)
@@ -43,6 +80,13 @@ class RefreshPlan:
     points: list[dict[str, Any]]  # {"id": uuid, "payload": {...}}, sorted by text length
     delete_ids: list[str]
     quarantined: list[dict[str, str]]  # {"source_path", "reason"}
+    run_id: str = ""
+    scopes: dict[str, str] = field(default_factory=dict)  # space key -> scope
+    export_kind: str = "space"  # "space" (complete), "page" or "pages" (partial)
+    complete: bool = True  # pages missing from the export may be deleted
+    allow_deletes: bool = False
+    warnings: list[dict[str, str]] = field(default_factory=list)  # {"source_path", "warning"}
+    pages_in_scope: int = 0  # pages of the read space(s) in the collection before the run
     pages_seen: int = 0
     pages_new: int = 0
     pages_changed: int = 0
@@ -81,17 +125,42 @@ class RefreshPlan:
         }
 
 
-def _existing(store: VectorStore, collection: str) -> dict[str, dict[str, Any]]:
-    """``{source: {"idx": {chunk_index: (hash, model, n_chunks)}, "file": name}}``, one scroll."""
+def owner_space(payload: dict[str, Any], scopes: dict[str, str]) -> str | None:
+    """The space key whose scope owns this point, or None when the run must not touch it.
+
+    Points written before scopes existed carry only ``space``: they count as the run's when
+    that space is one it read (the next rewrite stamps the scope).
+    """
+    if payload.get("merged_from"):  # merged hot answers belong to no export page: never touch
+        return None
+    scope = payload.get("scope")
+    space = payload.get("space")
+    if scope is not None:
+        return str(space) if scopes.get(str(space)) == scope else None
+    return str(space) if space is not None and str(space) in scopes else None
+
+
+def _existing(
+    store: VectorStore, collection: str, scopes: dict[str, str]
+) -> dict[str, dict[str, Any]]:
+    """The run's own pages: ``{source: {"idx": {i: (hash, model, n)}, "file", "space", "title"}}``.
+
+    One scroll; points of other scopes (other spaces, other instances, merged hot answers) are
+    left out, so nothing below can plan to delete them.
+    """
     if store.info(collection) is None:
         return {}
     out: dict[str, dict[str, Any]] = {}
     for rec in store.scroll(collection, with_vectors=False, batch=1024):
         p = rec.payload
-        if p.get("merged_from"):  # merged hot answers belong to no export page: never touch
+        space = owner_space(p, scopes)
+        if space is None:
             continue
         src = str(p.get("source", ""))
-        entry = out.setdefault(src, {"idx": {}, "file": p.get("source_file")})
+        entry = out.setdefault(
+            src,
+            {"idx": {}, "file": p.get("source_file"), "space": space, "title": p.get("title")},
+        )
         entry["idx"][int(p.get("chunk_index", -1))] = (
             p.get("content_hash"),
             p.get("model"),
@@ -143,7 +212,7 @@ def _chunks_for(page: Page, encoder: Encoder, settings: Settings) -> list[Chunk]
     )
 
 
-def _payload(page: Page, chunk: Chunk, n_chunks: int, model: str) -> dict[str, Any]:
+def _payload(page: Page, chunk: Chunk, n_chunks: int, model: str, scope: str) -> dict[str, Any]:
     updated = page.updated_at
     if updated.tzinfo is None:  # readers promise tz-aware; never store a naive time
         updated = updated.replace(tzinfo=UTC)
@@ -161,14 +230,60 @@ def _payload(page: Page, chunk: Chunk, n_chunks: int, model: str) -> dict[str, A
         "text": chunk.text,
         "model": model,
         "space": page.space,
+        "scope": scope,
         "source_file": PurePath(page.source_path.split("!/")[-1]).name,
     }
 
 
-def _read_export(export_path: Path, settings: Settings) -> Iterator[Page | Quarantined]:
+def _read_export(
+    export_path: Path, settings: Settings, space: str | None
+) -> Iterator[Page | Quarantined]:
     from context_core.ingest.confluence import read_html_export
 
-    return read_html_export(export_path, max_page_bytes=settings.max_page_bytes)
+    return read_html_export(
+        export_path,
+        max_page_bytes=settings.max_page_bytes,
+        max_export_bytes=settings.max_export_bytes,
+        max_markup_depth=settings.max_markup_depth,
+        space=space,
+    )
+
+
+def _guard_deletes(
+    gone: list[str],
+    existing: dict[str, dict[str, Any]],
+    *,
+    share: float,
+    allow: bool,
+    export: Path,
+) -> None:
+    """Refuse a run that would delete more than ``share`` of any space's pages."""
+    if allow or not gone:
+        return
+    for space in sorted({e["space"] for e in existing.values()}):
+        in_scope = sum(1 for e in existing.values() if e["space"] == space)
+        doomed = [src for src in gone if existing[src]["space"] == space]
+        if in_scope and len(doomed) / in_scope > share:
+            sample = ", ".join(f"{src} ({existing[src].get('title') or '?'})" for src in doomed[:5])
+            more = f" and {len(doomed) - 5} more" if len(doomed) > 5 else ""
+            raise MassDeleteError(
+                f"refusing to delete {len(doomed)} of {in_scope} pages "
+                f"({len(doomed) / in_scope:.0%}) of space {space!r}: more than the allowed "
+                f"{share:.0%} (CTX_INGEST_MAX_DELETE_SHARE). They are missing from {export}: "
+                f"{sample}{more}. Nothing was written. If the pages really were removed, re-run "
+                "with --allow-deletes (DAG param allow_deletes=true); if the export is "
+                "incomplete, fix the export path.",
+                would_delete=len(doomed),
+                in_scope=in_scope,
+            )
+
+
+def _describe(export: Path, settings: Settings) -> tuple[str, bool]:
+    """(kind, complete) of an HTML export: only a space export's index vouches for deletes."""
+    from context_core.ingest.confluence import describe_export
+
+    info = describe_export(export, max_page_bytes=settings.max_page_bytes)
+    return info.kind, info.complete
 
 
 def plan_refresh(
@@ -182,14 +297,23 @@ def plan_refresh(
     progress: bool = False,
     encoder_factory: Callable[[], Encoder] | None = None,
     chunker: Callable[[Page], list[Chunk]] | None = None,
+    space: str | None = None,
+    source_id: str | None = None,
+    allow_deletes: bool = False,
+    run_id: str | None = None,
 ) -> RefreshPlan:
     """Read the export and the collection; decide what to write and delete. Writes nothing.
+
+    ``space`` overrides the export's space key, ``source_id`` names the Confluence instance
+    (see :func:`source_scope`). Raises :class:`EmptyExportError` when no page is readable and
+    :class:`MassDeleteError` when the run would delete more than
+    ``settings.ingest_max_delete_share`` of a space's pages and ``allow_deletes`` is false.
 
     The encoder is only needed (and only loaded, via ``encoder_factory``) when some page must
     be chunked: an unchanged re-run never touches the model. ``chunker`` replaces the
     heading-aware token chunker (tests use it to prove the quality gate catches a bad one).
     Raises DataValidationError when the chunk suite fails (naming the rows) and IngestError
-    when the export is unreadable.
+    when the export is unreadable. The guards run before any chunking or model loading.
     """
     from context_core.gateway import Gateway as _Gateway
 
@@ -204,13 +328,15 @@ def plan_refresh(
     model = encoder.name if encoder is not None else _model_name(settings)
     seconds: dict[str, float] = {s: 0.0 for s in ("parse", "chunk", "validate")}
 
+    run_id = run_id or new_run_id()
+    kind, complete = _describe(export, settings)
+
     with StageProgress(progress) as bar:
         with timed(seconds, "parse"):
-            existing = _existing(store, collection)
             pages: dict[str, Page] = {}
             quarantined: list[dict[str, str]] = []
             task = bar.stage("parse", None)
-            for item in _read_export(export, settings):
+            for item in _read_export(export, settings, space):
                 bar.advance(task)
                 if isinstance(item, Quarantined):
                     quarantined.append({"source_path": item.source_path, "reason": item.reason})
@@ -225,7 +351,42 @@ def plan_refresh(
                 else:
                     pages[item.page_id] = item
             bar.finish(task)
-        n_seen = len(pages) + len(quarantined)
+            n_seen = len(pages) + len(quarantined)
+            if not pages:
+                raise EmptyExportError(_empty_message(export, quarantined))
+            scopes = {
+                sp: source_scope(sp, source_id) for sp in sorted({p.space for p in pages.values()})
+            }
+            existing = _existing(store, collection, scopes)
+
+        # Whole pages are deleted only when the export vouches for the whole space; pages
+        # merely quarantined this time keep their last good chunks.
+        q_files = {PurePath(q["source_path"].split("!/")[-1]).name for q in quarantined}
+        gone = (
+            [
+                src
+                for src, entry in existing.items()
+                if src not in pages and entry.get("file") not in q_files
+            ]
+            if complete
+            else []
+        )
+        _guard_deletes(
+            gone,
+            existing,
+            share=settings.ingest_max_delete_share,
+            allow=allow_deletes,
+            export=export,
+        )
+        warnings = [
+            {
+                "source_path": p.source_path,
+                "warning": p.date_note
+                or "no parseable last-modified date; the file modification time was used",
+            }
+            for p in pages.values()
+            if p.date_source == "mtime"
+        ]
 
         todo = [p for p in pages.values() if not _is_unchanged(p, existing.get(p.page_id), model)]
         points: list[dict[str, Any]] = []
@@ -255,7 +416,7 @@ def plan_refresh(
                 written.append(page)
                 for ch in chunks:
                     pid = point_id(page.page_id, ch.chunk_index)
-                    payload = _payload(clean, ch, len(chunks), model)
+                    payload = _payload(clean, ch, len(chunks), model, scopes[page.space])
                     points.append({"id": pid, "payload": payload})
                     rows.append(
                         {
@@ -280,12 +441,6 @@ def plan_refresh(
 
                 validate_chunks(rows, max_tokens=settings.chunk_max_tokens)
 
-        q_files = {PurePath(q["source_path"].split("!/")[-1]).name for q in quarantined}
-        gone = [
-            src
-            for src, entry in existing.items()
-            if src not in pages and entry.get("file") not in q_files
-        ]
         for src in gone:
             delete_ids += [point_id(src, i) for i in sorted(existing[src]["idx"])]
 
@@ -299,12 +454,34 @@ def plan_refresh(
         points=points,
         delete_ids=delete_ids,
         quarantined=quarantined,
+        run_id=run_id,
+        scopes=scopes,
+        export_kind=kind,
+        complete=complete,
+        allow_deletes=allow_deletes,
+        warnings=warnings,
+        pages_in_scope=len(existing),
         pages_seen=n_seen,
         pages_new=n_new,
         pages_changed=len(written) - n_new,
         pages_unchanged=len(pages) - len(written),
         pages_deleted=len(gone),
         seconds=seconds,
+    )
+
+
+def _empty_message(export: Path, quarantined: list[dict[str, str]]) -> str:
+    reasons = "".join(f"\n  - {q['source_path']}: {q['reason']}" for q in quarantined[:5])
+    more = f"\n  ... and {len(quarantined) - 5} more" if len(quarantined) > 5 else ""
+    what = (
+        f"all {len(quarantined)} page files were quarantined:{reasons}{more}"
+        if quarantined
+        else "no page file was found"
+    )
+    return (
+        f"export {export} holds no readable Confluence page ({what}). Nothing was written or "
+        "deleted. Check the path: it must be a Confluence HTML export (a space export's folder "
+        "holding index.html and the page files, a page export, or the .zip of either)."
     )
 
 

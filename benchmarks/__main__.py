@@ -12,6 +12,7 @@ SCRIPTS = [
     "ingest_throughput",
     "ingest_zip_bomb",
     "service_capacity",
+    "redaction",
 ]
 
 

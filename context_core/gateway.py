@@ -10,11 +10,13 @@ Three kinds of cleaning, applied at any depth of dicts/lists/tuples/sets:
 * **key-based**: values under secret-like keys (``api_key``, ``dbPassword``,
   ``AWS_SECRET_ACCESS_KEY``, ``Set-Cookie`` ...) become :data:`REDACTED`, see
   :func:`is_secret_key` for the exact rule and what is deliberately *not* a secret key;
-* **value patterns** in every string: provider keys (``sk_live_``, ``AKIA``, ``ghp_``,
-  ``xoxb-``), JWTs, ``Bearer``/``Basic`` credentials, PEM private keys, ``user:pw@`` in URLs,
-  ``password=...``-style assignments in free text;
+* **value patterns** in every string: provider keys (``sk_live_``, ``sk-proj-``, ``AKIA``,
+  ``ghp_``, ``glpat-``, ``hf_``, ``AIza``, ``xoxb-``, ``ctxk_``), JWTs, ``Bearer``/``Basic``
+  credentials, PEM and PGP private keys, ``user:pw@`` in URLs, Slack webhooks,
+  ``password=...``-style assignments and ``("password", "v")`` pairs in free text, base64
+  tokens that decode to any of these;
 * **PII masking**: PRC resident ID numbers (checksum-validated), mainland mobile numbers,
-  e-mail addresses, bank-card numbers (Luhn-validated).
+  e-mail addresses, bank-card numbers (Luhn-validated), full-width forms included.
 
 The rules (which keys, which patterns, how each PII kind is masked, and why) live in
 :mod:`context_core.redaction`. Choices made here:
@@ -24,6 +26,15 @@ The rules (which keys, which patterns, how each PII kind is masked, and why) liv
 * Audit hashes are SHA-256 (first 16 hex chars) of the original value. Low-entropy values
   (a phone number) can be brute-forced from a bare hash, so pass ``audit_key`` (or set
   ``CTX_AUDIT_HMAC_KEY``) to get HMAC-SHA256 instead.
+* A mapping *key* that itself holds a secret or PII (``{"sk_live_...": 1}``) is never written
+  anywhere as is: audit paths name it ``<key:hash12>``; in the cleaned mapping it becomes that
+  label too, or its masked form for PII-only keys (``138****1234``) when that is unambiguous.
+* A list or tuple of two items whose first is a secret-like key name (``["password", "v"]``,
+  header pairs) has its second item redacted.
+* Nesting deeper than 200 levels (structures, or JSON text inside strings) raises
+  :class:`~context_core.errors.InputTooDeepError` before anything is returned or audited:
+  the walk recurses per level and hostile depth must not become a RecursionError. Lone
+  surrogates become U+FFFD, so the cleaned value always encodes as UTF-8 (JSON, Redis).
 """
 
 from __future__ import annotations
@@ -42,10 +53,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from context_core.errors import InputTooDeepError
 from context_core.redaction import (
     KNOWN_CLEAN,
     REDACTED,
+    fix_surrogates,
     is_secret_key,
+    json_too_deep,
     mask_mobile,
     redact_text,
 )
@@ -114,6 +128,13 @@ _ROOT: _Path = "$"
 _PLAIN_KEY_RX = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*\Z")
 
 
+class _KeyLabel(str):
+    """Path segment for a key that held a secret or PII: ``<key:hash12>``, rendered unquoted
+    (``$[<key:1f2e3d4c5b6a>].x``) so it cannot be mistaken for a literal key of that text."""
+
+    __slots__ = ()
+
+
 @functools.lru_cache(maxsize=4096)
 def _key_segment(key: str) -> str:
     if _PLAIN_KEY_RX.match(key):
@@ -128,7 +149,9 @@ def _render(path: _Path) -> str:
         segments.append(seg)
     parts = [path]
     for seg in reversed(segments):
-        if isinstance(seg, str):
+        if isinstance(seg, _KeyLabel):
+            parts.append(f"[{seg}]")
+        elif isinstance(seg, str):
             parts.append(_key_segment(seg))
         elif seg is None:
             parts.append("[*]")
@@ -180,9 +203,12 @@ class Gateway:
     # -- public API ---------------------------------------------------------------------------
 
     def clean(self, value: T, *, where: str) -> T:
-        """Return a cleaned deep copy of ``value``; the input is never mutated."""
+        """Return a cleaned deep copy of ``value``; the input is never mutated.
+
+        Raises :class:`InputTooDeepError` for nesting over the limit (nothing is audited).
+        """
         findings: list[Finding] = []
-        out = self._walk(value, _ROOT, findings, 0)
+        out = self._guarded(self._walk, value, findings)
         if findings:
             self._audit(where, findings)
         return out
@@ -190,7 +216,7 @@ class Gateway:
     def clean_text(self, text: str, *, where: str) -> str:
         """Clean one free-text string (a log line, a user query, a trace payload)."""
         findings: list[Finding] = []
-        out = self._clean_str(text, _ROOT, findings, 0)
+        out = self._guarded(self._clean_str, text, findings)
         if findings:
             self._audit(where, findings)
         return out
@@ -201,7 +227,7 @@ class Gateway:
         The size is that of the *cleaned* payload (what would be stored), compact separators.
         """
         findings: list[Finding] = []
-        out = self._walk(payload, _ROOT, findings, 0)
+        out = self._guarded(self._walk, payload, findings)
         encoded = json.dumps(out, ensure_ascii=False, separators=(",", ":"), default=str).encode(
             "utf-8"
         )
@@ -222,6 +248,15 @@ class Gateway:
 
     # -- walking ------------------------------------------------------------------------------
 
+    @staticmethod
+    def _guarded(walk: Callable[..., Any], value: Any, findings: list[Finding]) -> Any:
+        """Run a walk from the root; a RecursionError (the caller's stack was already deep when
+        the depth limit was still far) is reported as the input error it is, not as a crash."""
+        try:
+            return walk(value, _ROOT, findings, 0)
+        except RecursionError:
+            raise _too_deep(_ROOT) from None
+
     def _walk(self, value: Any, path: _Path, findings: list[Finding], depth: int) -> Any:
         t = type(value)  # exact-type dispatch first: this runs once per value of every write
         if t is str:
@@ -233,26 +268,68 @@ class Gateway:
         if t is dict:
             return self._walk_mapping(value, path, findings, depth)
         if t is list and depth <= _MAX_DEPTH:
+            if len(value) == 2 and _secret_pair(value):
+                return self._walk_pair(value, path, findings, depth)
             return [self._walk(v, (path, i), findings, depth + 1) for i, v in enumerate(value)]
         return self._walk_other(value, path, findings, depth)
+
+    def _walk_pair(self, value: Any, path: _Path, findings: list[Finding], depth: int) -> list[Any]:
+        """``["password", "v"]``: the name is kept (cleaned), the value goes."""
+        return [
+            self._walk(value[0], (path, 0), findings, depth + 1),
+            self._redact_tree(value[1], (path, 1), findings, depth + 1),
+        ]
 
     def _walk_mapping(
         self, value: Mapping[Any, Any], path: _Path, findings: list[Finding], depth: int
     ) -> Any:
         if depth > _MAX_DEPTH:
-            raise ValueError(f"gateway: {_render(path)} is nested deeper than {_MAX_DEPTH} levels")
+            raise _too_deep(path)
         out: dict[Any, Any] = {}
         for k, v in value.items():
-            if isinstance(k, str):
-                ck = k if k in KNOWN_CLEAN else self._scan(k, (path, k), findings)
-                cpath: _Path = (path, ck)
-                if is_secret_key(k):
-                    out[ck] = self._redact_tree(v, cpath, findings, depth + 1)
-                    continue
+            if type(k) is str and (k in KNOWN_CLEAN or (len(k) < 6 and k.isascii())):
+                ck = seg = k  # the common case, inline: too short or seen clean before
             else:
-                ck, cpath = k, (path, str(k))
-            out[ck] = self._walk(v, cpath, findings, depth + 1)
+                ck, seg = self._clean_key(k, path, findings, value, out)
+            cpath: _Path = (path, seg)
+            if isinstance(k, str) and is_secret_key(k):
+                out[ck] = self._redact_tree(v, cpath, findings, depth + 1)
+            else:
+                out[ck] = self._walk(v, cpath, findings, depth + 1)
         return out if type(value) is dict else _rebuild_mapping(value, out)
+
+    def _clean_key(
+        self,
+        k: Any,
+        path: _Path,
+        findings: list[Finding],
+        original: Mapping[Any, Any],
+        out: Mapping[Any, Any],
+    ) -> tuple[Any, str]:
+        """(key for the output, path segment). A key with a finding is audited under a
+        ``<key:hash12>`` label, never its text; it is renamed to that label, or, for PII only,
+        to its masked form unless another key of the mapping already has that name."""
+        if type(k) is str and k in KNOWN_CLEAN:
+            return k, k
+        if isinstance(k, str):
+            text = fix_surrogates(k)
+        elif isinstance(k, int) and not isinstance(k, bool) and not -(10**10) < k < 10**10:
+            text = str(k)
+        else:  # tuple/float/... keys: cannot be renamed, but the audit path never shows them
+            seg = str(k)
+            if redact_text(seg)[1]:
+                return k, _KeyLabel(f"<key:{self._hash(seg)[:12]}>")
+            return k, seg
+        cleaned, hits = redact_text(text)
+        if not hits:
+            return (text if isinstance(k, str) else k), text
+        label = _KeyLabel(f"<key:{self._hash(text)[:12]}>")
+        where = _render((path, label))
+        findings.extend(Finding(where, kind, self._hash(raw)) for kind, raw in hits)
+        pii_only = all(kind.startswith("pii_") for kind, _raw in hits)
+        if pii_only and cleaned not in original and cleaned not in out:
+            return cleaned, label
+        return str(label), label
 
     def _walk_other(self, value: Any, path: _Path, findings: list[Finding], depth: int) -> Any:
         """Subclasses and the rarer containers (tuple, set, bytes, Mapping types)."""
@@ -263,11 +340,14 @@ class Gateway:
         if isinstance(value, int):
             return self._scan_int(value, path, findings)
         if depth > _MAX_DEPTH:
-            raise ValueError(f"gateway: {_render(path)} is nested deeper than {_MAX_DEPTH} levels")
+            raise _too_deep(path)
         if isinstance(value, Mapping):
             return self._walk_mapping(value, path, findings, depth)
         if isinstance(value, list | tuple):
-            items = [self._walk(v, (path, i), findings, depth + 1) for i, v in enumerate(value)]
+            if len(value) == 2 and _secret_pair(value):
+                items = self._walk_pair(value, path, findings, depth)
+            else:
+                items = [self._walk(v, (path, i), findings, depth + 1) for i, v in enumerate(value)]
             if isinstance(value, list):
                 return items
             if hasattr(value, "_fields"):  # namedtuple
@@ -292,12 +372,12 @@ class Gateway:
         if isinstance(value, str | bytes) and not value:
             return value
         if depth > _MAX_DEPTH:
-            raise ValueError(f"gateway: {_render(path)} is nested deeper than {_MAX_DEPTH} levels")
+            raise _too_deep(path)
         if isinstance(value, Mapping):
-            out = {
-                k: self._redact_tree(v, (path, str(k)), findings, depth + 1)
-                for k, v in value.items()
-            }
+            out: dict[Any, Any] = {}
+            for k, v in value.items():
+                ck, seg = self._clean_key(k, path, findings, value, out)
+                out[ck] = self._redact_tree(v, (path, seg), findings, depth + 1)
             return _rebuild_mapping(value, out)
         if isinstance(value, list | tuple | set | frozenset):
             items = [
@@ -321,31 +401,40 @@ class Gateway:
 
     def _clean_str(self, text: str, path: _Path, findings: list[Finding], depth: int) -> str:
         """A string holding a JSON object/array is cleaned structurally (so secret keys with
-        nested values are caught), and re-encoded only when something was removed."""
+        nested values are caught), and re-encoded only when something was removed. JSON text
+        nested deeper than the limit is refused (by the walk, or when the decoder gives up)."""
+        if not text.isascii():
+            text = fix_surrogates(text)
         if len(text) < 2 or not (text[0] in '{["' or text[0].isspace()):
             return self._scan(text, path, findings)
         stripped = text.strip()
-        if (
-            len(stripped) >= 2
-            and stripped[0] in '{["'
-            and stripped[-1] in '}]"'
-            and depth < _MAX_DEPTH
-        ):
+        if len(stripped) >= 2 and stripped[0] in '{["' and stripped[-1] in '}]"':
             try:
                 parsed = json.loads(stripped)
             except ValueError:
                 parsed = None
+            except RecursionError:
+                # The decoder recurses per level and gave up (cleanly, at the interpreter's
+                # limit): refuse it as too deep, unless its brackets do not even balance,
+                # which makes it text, not JSON.
+                if json_too_deep(stripped, _MAX_DEPTH) is not None:
+                    raise _too_deep(path) from None
+                parsed = None
+            # "\ud800" escapes decode to lone surrogates: re-encode if cleaning replaced one
+            escaped = "\\ud" in stripped or "\\uD" in stripped
             if isinstance(parsed, str):  # a JSON-encoded string: clean what it decodes to
+                if depth >= _MAX_DEPTH:  # each level of encoding is one more level of walk
+                    raise _too_deep(path)
                 sub_text: list[Finding] = []
                 cleaned_text = self._clean_str(parsed, path, sub_text, depth + 1)
-                if not sub_text:
+                if not sub_text and not (escaped and cleaned_text != parsed):
                     return text
                 findings.extend(sub_text)
                 return json.dumps(cleaned_text, ensure_ascii=False)
             if isinstance(parsed, dict | list):
                 sub: list[Finding] = []
                 cleaned = self._walk(parsed, path, sub, depth + 1)
-                if not sub:
+                if not sub and not (escaped and cleaned != parsed):
                     return text
                 findings.extend(sub)
                 compact = '": ' not in stripped and ", " not in stripped
@@ -355,7 +444,7 @@ class Gateway:
 
     def _scan(self, text: str, path: _Path, findings: list[Finding]) -> str:
         if len(text) < 6 or text in KNOWN_CLEAN:
-            return text
+            return text  # callers hand over surrogate-free text (_clean_str fixed it)
         cleaned, hits = redact_text(text)
         if hits:
             where = _render(path)
@@ -396,6 +485,22 @@ class Gateway:
             self.on_alert(where, details)
         except Exception:
             log.exception("gateway: on_alert callback failed for %s", where)
+
+
+def _too_deep(path: _Path) -> InputTooDeepError:
+    """The refusal for nesting over the limit; the path names where (keys already cleaned)."""
+    return InputTooDeepError(
+        f"gateway: {_render(path)} is nested deeper than {_MAX_DEPTH} levels (the nesting "
+        "limit); flatten the value or store it as text"
+    )
+
+
+def _secret_pair(value: Any) -> bool:
+    """A two-item list/tuple whose first item names a secret: ``("password", "v")``, header
+    pairs. Names longer than 64 characters are text, not key names (and stay out of the key
+    cache)."""
+    first = value[0]
+    return isinstance(first, str) and len(first) <= 64 and is_secret_key(first)
 
 
 def _rebuild_mapping(original: Mapping[Any, Any], out: dict[Any, Any]) -> Any:
@@ -442,6 +547,11 @@ class _RedactionFilter(logging.Filter):
         _filter_state.active = True
         try:
             self._clean_record(record)
+        except InputTooDeepError as e:
+            # A log call with a hostile structure must neither crash the caller nor leak it.
+            record.msg = f"[log message dropped: {e}]"
+            record.args = None
+            record.exc_info = record.exc_text = record.stack_info = None
         finally:
             _filter_state.active = False
         record._ctx_redacted = True

@@ -1,387 +1,580 @@
 """What counts as a secret or as PII, and how it is masked: the rules behind the gateway.
 
-Pure functions and precompiled patterns, no I/O: :mod:`context_core.gateway` walks the data,
-audits and caps; this module only decides about one key or one string. The one piece of state
-is :data:`KNOWN_CLEAN`, a bounded memo of short strings that had *no* finding (keys, status
-words), which lets the walk skip them.
+Pure functions and precompiled patterns (in :mod:`context_core.redaction_patterns`), no I/O:
+:mod:`context_core.gateway` walks the data, audits and caps; this module only decides about
+one key or one string. The one piece of state is :data:`KNOWN_CLEAN`, a bounded memo of short
+strings that had *no* finding (keys, status words), which lets the walk skip them.
 
 Choices (documented because they trade false positives against false negatives; a leaked
 secret costs more than an over-redacted field):
 
 * Keys: see :func:`is_secret_key`. ``tokens``/``tokens_used``/``token_count`` are kept (LLM
-  usage counters are everywhere), ``token``/``*_token``/``*Token`` are secrets.
-* ID numbers (18 digits, last may be X) are masked only when the ISO 7064 MOD 11-2 check
-  character is right, so random 18-digit numbers (order ids) survive; the mask keeps the
-  6-digit region code and the last 4 characters: ``110101********123X``.
+  usage counters are everywhere), ``token``/``*_token``/``*Token`` are secrets; key names are
+  NFKC-normalised (``ｐａｓｓｗｏｒｄ``), Cyrillic ``пароль`` and Chinese ``密码``/``口令`` count.
+* Text is matched on a length-preserving NFKC fold (full-width digits, ``＠``, ``：``), and the
+  output keeps the original characters of everything not replaced. Lone surrogates become
+  U+FFFD, so a cleaned string always encodes as UTF-8.
+* ID numbers (18 digits, last may be X) are masked when the ISO 7064 MOD 11-2 check character
+  is right, so random 18-digit numbers (order ids) survive; written in 6-8-4 groups (spaces or
+  dashes) a valid birth date in the middle group is enough. The mask keeps the region code
+  and the last 4 characters: ``110101********123X``.
 * Card numbers (13-19 digits, single spaces/dashes allowed) must pass Luhn and start with 2-6
   or 9 (Visa, Mastercard, Amex, JCB, Discover, UnionPay ranges), so 13-digit epoch-millisecond
   timestamps are left alone. Every digit but the last 4 becomes ``*``; separators are kept.
-* Mobile numbers ``1[3-9]`` + 9 digits, optional ``+86``/``0086``/``86`` and separators:
-  ``138****1234`` (the country prefix is kept as written).
+* Mobile numbers ``1[3-9]`` + 9 digits, optional ``+86``/``0086``/``86``, groups split by
+  spaces, dashes or dots, also glued to ``tel``: ``138****1234`` (country prefix kept).
 * E-mail: first character of the local part and the domain are kept: ``j***@example.com``.
 * ``Bearer x`` needs a token that looks random (8+ chars with a digit or mixed case) so prose
   ("use a bearer token") survives; ``Basic x`` must decode to ``user:password``.
-* ``key=value`` / ``key: value`` / ``"key": "value"`` in free text: redacted when the key
-  passes :func:`is_secret_key`; the value is one quoted string, one ``{...}``/``[...]`` level,
-  or one run of non-separator characters. A secret containing spaces or commas unquoted in
-  prose is only partly caught: structured data is the safe path.
+* ``key=value`` / ``key: value`` / ``"key": "value"`` / ``("key", "value")`` in free text:
+  redacted when the key passes :func:`is_secret_key`; the value is one quoted string, one
+  ``{...}``/``[...]`` level, or one run of non-separator characters (all bounded to 4 KiB).
+  A secret containing spaces or commas unquoted in prose is only partly caught: structured
+  data is the safe path.
+* A base64 token (20..4096 chars, padding included) whose decoded text holds a finding is
+  redacted whole (``password=...``, a provider key, PII; two levels of wrapping at most).
+* Idempotent: a second pass changes nothing (placeholders are never taken for values; the
+  pipeline reruns until stable, at most three passes).
+
+Cost: linear in the text, whatever its shape (see the module docstring of the patterns);
+strings over :data:`SCAN_WINDOW` are scanned in overlapping windows.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-__all__ = ["KNOWN_CLEAN", "REDACTED", "Hits", "is_secret_key", "mask_mobile", "redact_text"]
-
-REDACTED = "[REDACTED]"
-
-# --------------------------------------------------------------------------------------------
-# Secret keys
-# --------------------------------------------------------------------------------------------
-
-# A key is split into parts at separators (anything but letters/digits, and "_"); a part in
-# proper camelCase is also split into pieces. Random-case keys ("aCCESS_tOKEN") are judged by
-# their separator parts, so odd casing cannot hide a secret key.
-_SEP_RX = re.compile(r"[\W_]+")
-_CAMEL_RX = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+|[^\W\d_A-Za-z]+")
-_TITLE_RX = re.compile(r"[A-Z][a-z]+\Z")
-
-
-def _words(text: str) -> tuple[str, ...]:
-    return tuple(text.split())
-
-
-# Substrings of the compact key that always mean "secret" (dbPassword, AWS_SECRET_ACCESS_KEY,
-# x-api-key, Proxy-Authorization, Set-Cookie, client_secret, privateKey ...).
-_STRONG = _words(
-    "password passwd passphrase secret apikey privatekey credential authorization "
-    "cookie accesskey signingkey encryptionkey masterkey sshkey licensekey 密码 口令 密钥 "
-    "令牌 凭证"
-)
-# Whole words that mean "secret": pwd, pass, jwt ... and any word ending in "token"
-# (token, access_token, csrftoken, ACCESSTOKEN). "tokens" (plural) is NOT a secret word:
-# tokens_used / max_tokens / prompt_tokens are counts in every LLM API response.
-_WEAK_WORDS = frozenset({"pwd", "pass", "jwt", "otp", "bearer"})
-# A key whose LAST word is one of these describes a secret rather than holding it:
-# token_count, token_type, password_length, secret_name, token_expires_at.
-_HARMLESS_LAST = frozenset(
-    _words(
-        "count counts type types usage used limit limits len length size num number total "
-        "max min ttl expiry expires expired exp at in name kind index idx budget policy "
-        "url uri endpoint present set required enabled"
-    )
+from context_core.redaction_patterns import (
+    ASSIGN_RXS,
+    B64_CLASS,
+    B64_MAX,
+    B64_MIN,
+    BASIC_RX,
+    BEARER_RX,
+    CARD_RX,
+    DIGIT_CLASS,
+    EMAIL_DENSE_RX,
+    EMAIL_LOCAL,
+    EMAIL_RX,
+    ID_RX,
+    KEYED_STEMS,
+    LONG_DIGITS_RX,
+    PAIR_RX,
+    PEM_RX,
+    PHONE_RX,
+    PROVIDER_RULES,
+    REDACTED,
+    SCAN_OVERLAP,
+    SCAN_WINDOW,
+    SLACK_HOOK_RX,
+    TOKEN_MAX,
+    URL_CRED_RX,
+    VALUE_RX,
+    b64_text,
+    basic_ok,
+    birth_date_ok,
+    fix_surrogates,
+    fold_text,
+    id_checksum_ok,
+    is_secret_key,
+    json_too_deep,
+    looks_random,
+    luhn_ok,
 )
 
+__all__ = [
+    "KNOWN_CLEAN",
+    "REDACTED",
+    "Hits",
+    "fix_surrogates",
+    "is_secret_key",
+    "json_too_deep",
+    "mask_mobile",
+    "redact_text",
+]
 
-@functools.lru_cache(maxsize=8192)
-def is_secret_key(key: str) -> bool:
-    """True if a mapping key names a secret; its value is then redacted whatever it looks like.
-
-    Rule: the lower-cased key with separators removed contains a strong word (password, secret,
-    apikey, privatekey, credential, authorization, cookie, accesskey, ...), or one of its words
-    ends in ``token`` or is pwd/pass/jwt/otp/bearer, or its last word is ``auth``. Exception:
-    a key whose last word is a metadata word (count, type, length, expires_at, name, ...)
-    describes a secret and is kept, so ``tokens_used``, ``token_count`` and ``token_type``
-    survive while ``session_token`` and ``AWS_SECRET_ACCESS_KEY`` do not.
-    """
-    parts = [p for p in _SEP_RX.split(key) if p]
-    if not parts:
-        return False
-    last = parts[-1]
-    if len(parts) > 1 and last.lower() in _HARMLESS_LAST:
-        return False
-    last_pieces = _CAMEL_RX.findall(last)
-    if (
-        len(last_pieces) > 1
-        and _TITLE_RX.match(last_pieces[-1])
-        and last_pieces[-1].lower() in _HARMLESS_LAST
-    ):
-        return False  # tokenCount, tokensUsed
-    compact = "".join(parts).lower()
-    if any(s in compact for s in _STRONG):
-        return True
-    if last.lower().endswith("auth"):  # auth, basic_auth, basicAuth, oauth
-        return True
-    words = {p.lower() for p in parts}
-    words.update(w.lower() for p in parts for w in _CAMEL_RX.findall(p))
-    return any(w.endswith("token") or w in _WEAK_WORDS for w in words)
-
-
-# --------------------------------------------------------------------------------------------
-# Value patterns
-# --------------------------------------------------------------------------------------------
-
-_PEM_RX = re.compile(
-    r"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY-----.*?(?:-----END \1PRIVATE KEY-----|\Z)", re.DOTALL
-)
-_URL_CRED_RX = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^\s:/@?#]*):([^\s/@?#]+)@")
-_BEARER_RX = re.compile(r"(?i)\b(bearer)(\s+)([A-Za-z0-9\-._~+/]+=*)")
-_BASIC_RX = re.compile(r"\b(Basic)(\s+)([A-Za-z0-9+/]{4,}={0,2})")
-_JWT_RX = re.compile(r"eyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]*")
-_PROVIDER_RX = re.compile(
-    r"(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{8,}"  # Stripe-style secret / restricted keys
-    r"|(?:AKIA|ASIA)[0-9A-Z]{16,}"  # AWS access key ids
-    r"|gh[pousr]_[A-Za-z0-9]{20,}"  # GitHub tokens
-    r"|github_pat_[A-Za-z0-9_]{20,}"
-    r"|xox[abposr]-[A-Za-z0-9\-]{10,}"  # Slack
-)
-# key=value / key: value / "key": "value" in free text (and in JSON carried as a string).
-_ASSIGN_KEYWORDS = (
-    r"pass|pwd|secret|token|api[\-_.]?key|private[\-_.]?key|access[\-_.]?key|auth|credential"
-    r"|cookie|jwt|otp|密码|口令|密钥|令牌|凭证"
-)
-_ASSIGN_RX = re.compile(
-    # A key starts a word, holds a keyword (found by a lookahead, which never backtracks) and
-    # is then taken whole and possessively: linear time even on 100 KB of "passpass...".
-    # Whether the key really names a secret is decided by is_secret_key in _assign.
-    rf"""(?<![\w.\-])(?=[\w.\-]*?(?:{_ASSIGN_KEYWORDS}))(?P<k>[\w.\-]++)"""
-    r"""(?P<kq>\\*["']?)(?P<sep>\s*[:=：]\s*)(?P<v>"""
-    # a quoted value, also when escaped once or more (JSON inside JSON inside a log line)
-    r"""(?P<eq>\\+["'])(?:(?!(?P=eq))[^\n])*(?P=eq)"""
-    r"""|"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'"""
-    r"""|\{[^{}]*\}|\[[^\[\]]*\]"""  # one level of {...} / [...] (Python reprs in log lines)
-    r"""|(?:(?:bearer|basic|token|digest)\s+)?[^\s"',;&<>(){}\[\]]+)""",
-    re.IGNORECASE,
-)
-
-_ID_RX = re.compile(r"(?<![0-9A-Za-z])([1-9][0-9]{5})([0-9]{8})([0-9]{3}[0-9Xx])(?![0-9A-Za-z])")
-# Digit runs glued to ASCII letters are parts of hex hashes and ids (content_hash,
-# data_sha256), not phone or card numbers: masking them would corrupt the hash.
-_CARD_RX = re.compile(r"(?<![0-9A-Za-z])[2-69][0-9](?:[ \-]?[0-9]){11,17}(?![0-9A-Za-z])")
-_PHONE_RX = re.compile(
-    r"(?<![0-9A-Za-z])(?P<cc>(?:\+|00)?86[ \-]?)?(?P<a>1[3-9][0-9])[ \-]?(?P<b>[0-9]{4})"
-    r"[ \-]?(?P<c>[0-9]{4})(?![0-9A-Za-z])"
-)
-_EMAIL_RX = re.compile(
-    r"(?<![A-Za-z0-9._%+\-])([A-Za-z0-9])[A-Za-z0-9._%+\-]*@([A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)+)"
-)
-_DIGIT_RX = re.compile(r"[0-9]")
-_ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
-_ID_CHECK = "10X98765432"
-_CLOSERS = {"{": "}", "[": "]"}
-
-
-def _id_checksum_ok(id17: str, check: str) -> bool:
-    total = sum(int(c) * w for c, w in zip(id17, _ID_WEIGHTS, strict=True))
-    return _ID_CHECK[total % 11] == check.upper()
-
-
-def _luhn_ok(digits: str) -> bool:
-    total = 0
-    for i, ch in enumerate(reversed(digits)):
-        d = ord(ch) - 48
-        if i % 2 == 1:
-            d *= 2
-            if d > 9:
-                d -= 9
-        total += d
-    return total % 10 == 0
-
-
-def _looks_random(tok: str) -> bool:
-    """A credential rather than an English word: long enough and not plain lowercase prose."""
-    if len(tok) < 8:
-        return False
-    has_digit = any(c.isdigit() for c in tok)
-    return has_digit or (any(c.isupper() for c in tok) and any(c.islower() for c in tok))
-
-
-def _basic_ok(tok: str) -> bool:
-    """HTTP Basic credentials are base64 of ``user:password``; anything else is prose."""
-    if len(tok) % 4:
-        return False
-    try:
-        raw = base64.b64decode(tok, validate=True)
-    except (binascii.Error, ValueError):
-        return False
-    return b":" in raw
-
-
-def _mask_phone_match(m: re.Match[str]) -> str:
-    return f"{m.group('cc') or ''}{m.group('a')}****{m.group('c')}"
-
-
-def mask_mobile(text: str) -> str:
-    """Mask mainland mobile numbers only: ``13812341234`` -> ``138****1234`` (no audit)."""
-    if not _DIGIT_RX.search(text):
-        return text
-    return _PHONE_RX.sub(_mask_phone_match, text)
-
-
-# Each handler gets a match and returns (replacement, finding kind, original value) or None
-# to leave the match alone (a lookalike that failed validation).
-_Hit = tuple[str, str, str] | None
-_Handler = Callable[[re.Match[str]], _Hit]
 Hits = list[tuple[str, str]]  # (finding kind, original value) per removal
+# Longest match (with lookahead context) of each windowed pattern: the overlap its windows
+# need. Quoted values count twice TOKEN_MAX (an escape pair is two characters); a JWT is three
+# TOKEN_MAX segments, which is what SCAN_OVERLAP, the default, is sized for.
+_OVERLAP_BY_PATTERN: dict[re.Pattern[str], int] = {
+    **{rx: 256 for _stems, rx in ASSIGN_RXS},  # key and separator; values match on the text
+    ID_RX: 128,
+    CARD_RX: 128,
+    PHONE_RX: 128,
+    EMAIL_RX: 1024,
+    EMAIL_DENSE_RX: 1024,
+    URL_CRED_RX: 1024,
+    SLACK_HOOK_RX: 2048,
+    BEARER_RX: TOKEN_MAX + 64,
+    BASIC_RX: TOKEN_MAX + 64,
+    PAIR_RX: 2 * TOKEN_MAX + 256,
+    **{rx: TOKEN_MAX + 64 for gate, rx, _r in PROVIDER_RULES if gate != "eyJ"},
+}
+# A private-key block is as long as it is (or runs to the end of the text when its END is
+# missing): its pattern is linear by construction and scans the whole text, never a window.
+_UNBOUNDED = -1
+_OVERLAP_BY_PATTERN[PEM_RX] = _UNBOUNDED
+# keyed by id(): hashing a compiled pattern hashes its whole program, on every lookup
+_OVERLAPS = {id(rx): n for rx, n in _OVERLAP_BY_PATTERN.items()}
+# A replacement is a sequence of literal strings and (start, end) spans of the scanned text;
+# spans are rendered from the original characters, literals are what replaces the secret.
+_Piece = str | tuple[int, int]
+_Edit = tuple[int, int, tuple[_Piece, ...], str, str]  # start, end, pieces, kind, raw
 
 
-def _whole(m: re.Match[str]) -> _Hit:
-    return REDACTED, "secret_value", m.group(0)
+class _Text:
+    """The text being cleaned: ``fold`` is what patterns see, ``src`` what is kept.
+
+    Both always have the same length (folding is per character), so a match on ``fold`` is a
+    span of ``src`` too; when the text needs no folding both are the same object.
+    """
+
+    __slots__ = ("fold", "src")
+
+    def __init__(self, src: str) -> None:
+        self.src = src
+        self.fold = fold_text(src)
+
+    def commit(self, edits: list[_Edit], hits: Hits) -> None:
+        if not edits:
+            return
+        for _s, _e, _p, kind, raw in edits:
+            hits.append((kind, raw))
+        same = self.src is self.fold
+        self.fold = _render(self.fold, edits)
+        self.src = self.fold if same else _render(self.src, edits)
 
 
-def _url_cred(m: re.Match[str]) -> _Hit:
-    if m.group(3) == REDACTED:
+def _render(text: str, edits: list[_Edit]) -> str:
+    out: list[str] = []
+    last = 0
+    for start, end, pieces, _k, _r in edits:
+        out.append(text[last:start])
+        out.extend(p if isinstance(p, str) else text[p[0] : p[1]] for p in pieces)
+        last = end
+    out.append(text[last:])
+    return "".join(out)
+
+
+# --------------------------------------------------------------------------------------------
+# Window-wise scanning
+# --------------------------------------------------------------------------------------------
+
+
+def _matches(
+    rx: re.Pattern[str], text: str, pos: int = 0, endpos: int | None = None
+) -> Iterator[re.Match[str]]:
+    """``rx.finditer(text, pos, endpos)``, scanning over SCAN_WINDOW in overlapping windows.
+
+    A window owns the matches that *start* before its last ``overlap`` characters; later ones
+    are found again, whole, by the next window, which starts where the owned part ended (or
+    after the last match). ``overlap`` is at least the longest match of ``rx`` plus its
+    lookahead, so a secret straddling a window edge is matched exactly as in a single scan;
+    the cost is at most SCAN_WINDOW / (SCAN_WINDOW - overlap) scans of the text.
+    """
+    n = len(text) if endpos is None else endpos
+    overlap = _OVERLAPS.get(id(rx), SCAN_OVERLAP)
+    while True:
+        end = pos + SCAN_WINDOW
+        if end >= n or overlap == _UNBOUNDED:
+            yield from rx.finditer(text, pos, n)
+            return
+        owned = end - overlap
+        for m in rx.finditer(text, pos, end):
+            if m.start() >= owned:
+                break
+            yield m
+            pos = m.end()
+        pos = max(pos, owned)
+
+
+def _search(rx: re.Pattern[str], text: str, pos: int) -> re.Match[str] | None:
+    """``rx.search(text, pos)`` with the same window rule as :func:`_matches`."""
+    n = len(text)
+    overlap = _OVERLAPS.get(id(rx), SCAN_OVERLAP)
+    while True:
+        end = pos + SCAN_WINDOW
+        if end >= n:
+            return rx.search(text, pos)
+        m = rx.search(text, pos, end)
+        if m is not None and m.start() < end - overlap:
+            return m
+        pos = end - overlap
+
+
+_Handler = Callable[[re.Match[str], str], "_Edit | None"]
+
+
+def _collect(
+    f: str, rx: re.Pattern[str], handle: _Handler, pos: int = 0, endpos: int | None = None
+) -> list[_Edit]:
+    """Edits for every accepted match of ``rx`` in ``f[pos:endpos]``; overlaps are dropped."""
+    out: list[_Edit] = []
+    last = 0
+    for m in _matches(rx, f, pos, endpos):
+        edit = handle(m, f)
+        if edit is not None and edit[0] >= last:
+            out.append(edit)
+            last = edit[1]
+    return out
+
+
+def _apply(
+    st: _Text,
+    rx: re.Pattern[str],
+    handle: _Handler,
+    hits: Hits,
+    pos: int = 0,
+    endpos: int | None = None,
+) -> None:
+    st.commit(_collect(st.fold, rx, handle, pos, endpos), hits)
+
+
+# --------------------------------------------------------------------------------------------
+# Handlers: a match -> an edit, or None to leave a lookalike alone
+# --------------------------------------------------------------------------------------------
+
+
+def _whole(m: re.Match[str], _f: str) -> _Edit:
+    return m.start(), m.end(), (REDACTED,), "secret_value", m.group(0)
+
+
+def _group(name: str, check: Callable[[str], bool] | None = None) -> _Handler:
+    """Redact one named group (keeping what surrounds it), if ``check`` accepts it."""
+
+    def handle(m: re.Match[str], _f: str) -> _Edit | None:
+        value = m.group(name)
+        if value.startswith(REDACTED) or (check is not None and not check(value)):
+            return None
+        return m.start(name), m.end(name), (REDACTED,), "secret_value", value
+
+    return handle
+
+
+_PORT_PATH_RX = re.compile(r"[0-9]{1,5}/")
+
+
+# "http://host:8080/a@b": that "password" is a port and a path, not a credential
+_url_cred = _group("pw", lambda pw: _PORT_PATH_RX.match(pw) is None)
+_slack_hook = _group("secret")
+_bearer = _group("tok", looks_random)
+_basic = _group("tok", basic_ok)
+
+
+def _random_token(m: re.Match[str], f: str) -> _Edit | None:
+    return _whole(m, f) if looks_random(m.group(0)[3:]) else None
+
+
+_SCHEME_RX = re.compile(r"(?i:bearer|basic|token|digest)[ \t]{1,16}+")
+_CLOSERS = {"{": "}", "[": "]", '"': '"', "'": "'"}
+
+
+def _assign_edit(f: str, key_start: int, vm: re.Match[str]) -> _Edit | None:
+    """Redact the value ``vm`` of a secret key; quotes, brackets and an auth scheme stay."""
+    v_start, v_end = vm.span()
+    if f.startswith(REDACTED, v_start):
         return None
-    return f"{m.group(1)}{m.group(2)}:{REDACTED}@", "secret_value", m.group(3)
-
-
-def _bearer(m: re.Match[str]) -> _Hit:
-    if not _looks_random(m.group(3)):
-        return None
-    return f"{m.group(1)}{m.group(2)}{REDACTED}", "secret_value", m.group(3)
-
-
-def _basic(m: re.Match[str]) -> _Hit:
-    if not _basic_ok(m.group(3)):
-        return None
-    return f"{m.group(1)}{m.group(2)}{REDACTED}", "secret_value", m.group(3)
-
-
-def _assign(m: re.Match[str]) -> _Hit:
-    if not is_secret_key(m.group("k")):
-        return None
-    v = m.group("v")
-    scheme = ""
-    low = v.lower()
-    for word in ("bearer ", "basic ", "token ", "digest "):
-        if low.startswith(word):
-            scheme, v = v[: len(word)], v[len(word) :].lstrip()
-            break
-    eq = m.group("eq")
-    if eq and not scheme:
-        q_open, q_close, inner = eq, eq, v[len(eq) : -len(eq)]
-    elif v[:1] in "\"'{[":
-        q_open, q_close, inner = v[0], _CLOSERS.get(v[0], v[0]), v[1:-1]
+    sm = _SCHEME_RX.match(f, v_start, v_end)
+    scheme_end = sm.end() if sm is not None and sm.end() < v_end else v_start
+    eq, opened = vm.group("eq"), vm.group("open")
+    first = f[v_start]
+    if scheme_end > v_start:
+        q_open = q_close = ""
+        a, b = scheme_end, v_end
+    elif eq:
+        q_open = q_close = eq
+        a, b = v_start + len(eq), v_end - len(eq)
+    elif opened:  # unterminated quote: up to the end of the line
+        q_open, q_close, a, b = opened, "", v_start + 1, v_end
+    elif first in _CLOSERS:
+        q_open, q_close, a, b = first, _CLOSERS[first], v_start + 1, v_end - 1
     else:
-        q_open, q_close, inner = "", "", v
+        q_open = q_close = ""
+        a, b = v_start, v_end
+    inner = f[a:b]
     if not inner.strip() or inner.startswith(REDACTED):
         return None
-    if not scheme and low in ("bearer", "basic"):  # "Bearer [REDACTED]" was done already
+    if scheme_end == v_start and inner.lower() in ("bearer", "basic"):
+        return None  # "Authorization: Bearer [REDACTED]": the token went already
+    pieces = ((key_start, scheme_end), q_open, REDACTED, q_close)
+    return key_start, v_end, pieces, "secret_value", inner
+
+
+def _key_start(f: str, i: int) -> int | None:
+    """Start of the key that ends after position ``i`` (keys are runs of [\\w.-], <= 128)."""
+    lo = max(0, i - 128)
+    j = i
+    while j > lo and (f[j - 1].isalnum() or f[j - 1] in "_.-"):
+        j -= 1
+    if j == lo and lo > 0 and (f[lo - 1].isalnum() or f[lo - 1] in "_.-"):
         return None
-    prefix = m.group(0)[: m.start("v") - m.start(0)]
-    return f"{prefix}{scheme}{q_open}{REDACTED}{q_close}", "secret_value", inner
+    return j
 
 
-def _redact_assignments(text: str, hits: Hits) -> str:
-    """key=value rule. A value after a key that is *not* secret ("tokens: api_key=...") is
-    scanned again, so a non-secret key can never swallow a secret assignment behind it."""
-    if _ASSIGN_RX.search(text) is None:
-        return text
+def _assign_family(st: _Text, rx: re.Pattern[str], hits: Hits) -> None:
+    """key=value rule for one family of key words. The anchor regex finds a key word that is
+    followed by the rest of the key and a separator; is_secret_key decides on the whole key.
+    A secret key's value is consumed (searching resumes after it); after a key that is not a
+    secret, searching resumes at its value, so "tokens: api_key=..." is still caught."""
+    f = st.fold
+    edits: list[_Edit] = []
+    pos = 0
+    while (m := _search(rx, f, pos)) is not None:
+        pos = m.end()
+        ks = _key_start(f, m.start())
+        if ks is None or (edits and ks < edits[-1][1]):
+            continue
+        if not is_secret_key(f[ks : m.start("kq")]):
+            continue
+        vm = VALUE_RX.match(f, m.end())
+        if vm is None:
+            continue
+        pos = vm.end()
+        edit = _assign_edit(f, ks, vm)
+        if edit is not None:
+            edits.append(edit)
+    st.commit(edits, hits)
 
-    def sub(m: re.Match[str]) -> str:
-        hit = _assign(m)
-        if hit is not None:
-            replacement, kind, raw = hit
-            hits.append((kind, raw))
-            return replacement
-        if is_secret_key(m.group("k")):  # secret key, value already redacted or empty
-            return m.group(0)
-        prefix = m.group(0)[: m.start("v") - m.start(0)]
-        return prefix + _redact_assignments(m.group("v"), hits)
 
-    return _ASSIGN_RX.sub(sub, text)
-
-
-def _prc_id(m: re.Match[str]) -> _Hit:
-    if not _id_checksum_ok(m.group(1) + m.group(2) + m.group(3)[:3], m.group(3)[3]):
+def _pair(m: re.Match[str], _f: str) -> _Edit | None:
+    v = m.group("v")
+    if not is_secret_key(m.group("k")) or not v[1:-1].strip() or v[1:].startswith(REDACTED):
         return None
-    return f"{m.group(1)}********{m.group(3)}", "pii_id", m.group(0)
+    return m.start("v"), m.end("v"), (v[0], REDACTED, v[0]), "secret_value", v[1:-1]
 
 
-def _card(m: re.Match[str]) -> _Hit:
+def _in_run(m: re.Match[str], f: str) -> bool:
+    """The "skip" branch of a number pattern matched: the rest of a long digit run."""
+    return m.start() > 0 and f[m.start() - 1].isdigit()
+
+
+def _prc_id(m: re.Match[str], f: str) -> _Edit | None:
+    if _in_run(m, f):
+        return None
+    s1, b, s2, c = m.group("s1", "b", "s2", "c")
+    start = m.start()
+    a = f[start : start + 6]
+    ok = id_checksum_ok(a + b + c[:3], c[3])
+    if not ok and (s1 or s2):
+        ok = birth_date_ok(b)
+    if not ok:
+        return None
+    pieces = ((start, start + 6), m.span("s1"), "********", m.span("s2"), m.span("c"))
+    return start, m.end("c"), pieces, "pii_id", a + b + c
+
+
+def _card(m: re.Match[str], f: str) -> _Edit | None:
+    if _in_run(m, f):
+        return None
     s = m.group(0)
     digits = s.replace(" ", "").replace("-", "")
-    if not 13 <= len(digits) <= 19 or not _luhn_ok(digits):
+    if not 13 <= len(digits) <= 19 or not luhn_ok(digits):
         return None
     keep_from, seen = len(s), 0
     while seen < 4:
         keep_from -= 1
         seen += s[keep_from].isdigit()
-    masked = "".join("*" if c.isdigit() else c for c in s[:keep_from]) + s[keep_from:]
-    return masked, "pii_card", digits
+    masked = "".join("*" if c.isdigit() else c for c in s[:keep_from])
+    start, end = m.span()
+    return start, end, (masked, (start + keep_from, end)), "pii_card", digits
 
 
-def _phone(m: re.Match[str]) -> _Hit:
-    return _mask_phone_match(m), "pii_phone", m.group("a") + m.group("b") + m.group("c")
+def _phone(m: re.Match[str], _f: str) -> _Edit | None:
+    if m.group("a") is None:  # the rest of a long digit run
+        return None
+    start, a_start = m.start(), m.start("a") - 1  # "a" is the 2 digits after the leading 1
+    raw = "1" + m.group("a") + m.group("mid").strip(" -.") + m.group("c")
+    pieces = ((start, a_start), (a_start, m.end("a")), "****", m.span("c"))
+    return start, m.end("c"), pieces, "pii_phone", raw
 
 
-def _email(m: re.Match[str]) -> _Hit:
-    return f"{m.group(1)}***@{m.group(2)}", "pii_email", m.group(0)
+def _email(m: re.Match[str], f: str) -> _Edit | None:
+    at = m.start("at")
+    lo = max(0, at - 64)
+    j = at
+    while j > lo and f[j - 1] in EMAIL_LOCAL:
+        j -= 1
+    while j < at and not f[j].isalnum():  # a local part starts with a letter or digit
+        j += 1
+    if j == at:
+        return None
+    pieces = ((j, j + 1), "***@", m.span("d"))  # a trailing "." stays, as written
+    return j, m.end(), pieces, "pii_email", f[j : m.end()].rstrip(".")
 
 
-_LONG_DIGITS_RX = re.compile(r"[0-9](?:[ \-]?[0-9]){10}")  # 11+ digits: phone, card, ID
-_ASSIGN_GATE_RX = re.compile(_ASSIGN_KEYWORDS, re.IGNORECASE)
+# --------------------------------------------------------------------------------------------
+# Rules
+# --------------------------------------------------------------------------------------------
+
+
+def _numbers(st: _Text, hits: Hits) -> None:
+    """ID, card and phone rules, each behind a digit-run gate, scanning only the stretch from
+    the first digit to the last (plus context): a body with one block of digits pays for that
+    block, not for the whole text. The end keeps one character after the last digit, so the
+    "not glued on the right" lookahead sees the real neighbour, never an artificial end."""
+    f = st.fold
+    if not any(d in f for d in "0123456789") or LONG_DIGITS_RX.search(f) is None:
+        return
+    for rx, handle, run in ((ID_RX, _prc_id, 6), (CARD_RX, _card, 2), (PHONE_RX, _phone, 3)):
+        f = st.fold
+        raw = f.encode("ascii", "replace") if not f.isascii() else f.encode("ascii")
+        cls = raw.translate(DIGIT_CLASS)  # cheap gate: each rule needs a run of that many
+        if b"d" * run in cls:
+            first, last = cls.find(b"d"), cls.rfind(b"d")
+            _apply(st, rx, handle, hits, max(0, first - 8), min(len(f), last + 2))
+
+
+# Decoded base64 text goes through the rules only if it has something a rule could match: a
+# separator, digit, non-ASCII character or marker (plain words are the common, cheap case).
+# A nested base64 secret has digits or "+/" (encodings of "password=", "api_key", "token=").
+_DECODED_GATE = re.compile(r"[=:\-_@/\[(+0-9\x80-\U0010ffff]")
+_DECODED_MARKERS = ("earer", "Basic", "eyJ", "AKIA", "ASIA", "AIza")
+
+
+def _base64(st: _Text, hits: Hits, nest: int) -> None:
+    """Decode base64 tokens of B64_MIN..B64_MAX characters (padding included); redact a token
+    whose text has a finding. Runs are found with bytes.translate + find (C speed, no regex
+    entry per character); only bounded candidates are decoded, each distinct one once."""
+    f = st.fold
+    raw = f.encode("ascii", "replace") if not f.isascii() else f.encode("ascii")
+    cls = raw.translate(B64_CLASS)
+    needle = b"a" * (B64_MIN - 4)
+    n = len(f)
+    edits: list[_Edit] = []
+    verdicts: dict[str, str | None] = {}  # token -> finding kind, or None
+    find = cls.find
+    i = find(needle)
+    while i != -1:
+        j = find(b" ", i)
+        if j == -1:
+            j = n
+        end = j
+        if end < n and f[end] == "=":
+            end += 2 if f.startswith("==", end) else 1
+        if end - i >= B64_MIN and j - i <= B64_MAX and (end == n or f[end] != "="):
+            token = f[i:end]
+            kind = verdicts.get(token, "")
+            if kind == "":
+                kind = verdicts[token] = _b64_verdict(token, nest)
+            if kind is not None:
+                edits.append((i, end, (REDACTED,), kind, token))
+        i = find(needle, j)
+    st.commit(edits, hits)
+
+
+def _b64_verdict(token: str, nest: int) -> str | None:
+    """The kind of the first finding in what ``token`` decodes to, or None."""
+    decoded = b64_text(token)
+    if decoded is None or len(decoded) < 6:
+        return None
+    if _DECODED_GATE.search(decoded) is None and not any(m in decoded for m in _DECODED_MARKERS):
+        return None
+    inner: Hits = []
+    _pipeline(_Text(decoded), inner, nest + 1)
+    return inner[0][0] if inner else None
+
+
+# Gates: a one-character test (memchr speed) before each multi-character one (a scan).
+_PROVIDER_GATES = tuple(
+    (g, rx, random, "_" if "_" in g else "-" if "-" in g else g[-1])
+    for g, rx, random in PROVIDER_RULES
+)
+_ASCII_GROUPS = tuple((g, rx) for g, rx in ASSIGN_RXS if g[0].isascii())
+_PAIR_GATES = ('["', "['", '("', "('")
+
+
+def _families(lower: str) -> list[re.Pattern[str]]:
+    """The key-word groups with a stem in the text (substring tests: a stem may overlap
+    another, "passecret", which a single alternation pass would miss)."""
+    groups = _ASCII_GROUPS if lower.isascii() else ASSIGN_RXS
+    keyed = "key" in lower
+    return [
+        rx
+        for stems, rx in groups
+        if any((keyed or s not in KEYED_STEMS) and s in lower for s in stems)
+    ]
+
+
+def _pipeline(st: _Text, hits: Hits, nest: int = 0) -> None:
+    """One pass of every rule, in order: whole credentials first (a PEM block or JWT may hold
+    ``key=`` text), then key=value assignments, base64-wrapped secrets, then PII (an ID number
+    is checked before it can look like a card). Each rule runs behind a cheap gate."""
+    f = st.fold
+    if "-" in f and "-----BEGIN" in f:
+        _apply(st, PEM_RX, _whole, hits)
+    if ":" in st.fold and "://" in st.fold:
+        _apply(st, URL_CRED_RX, _url_cred, hits)
+    if "/" in st.fold and "hooks.slack.com" in st.fold:
+        _apply(st, SLACK_HOOK_RX, _slack_hook, hits)
+    lower = ""
+    if "r" in st.fold or "R" in st.fold:
+        lower = st.fold.lower()
+        if "bearer" in lower:
+            _apply(st, BEARER_RX, _bearer, hits)
+    if "B" in st.fold and "Basic" in st.fold:
+        _apply(st, BASIC_RX, _basic, hits)
+    for gate, rx, random, char in _PROVIDER_GATES:
+        if char in st.fold and gate in st.fold:
+            _apply(st, rx, _random_token if random else _whole, hits)
+    assign = "=" in st.fold or ":" in st.fold
+    pairs = "," in st.fold and any(g in st.fold for g in _PAIR_GATES)
+    if assign or pairs:
+        lower = lower or st.fold.lower()
+        families = _families(lower)
+        if assign:
+            for rx in families:
+                _assign_family(st, rx, hits)
+        if pairs and families:
+            _apply(st, PAIR_RX, _pair, hits)
+    if nest < 2 and len(st.fold) >= B64_MIN:
+        _base64(st, hits, nest)
+    _numbers(st, hits)
+    if "@" in st.fold:
+        dense = st.fold.count("@") * 4 > len(st.fold)
+        _apply(st, EMAIL_DENSE_RX if dense else EMAIL_RX, _email, hits)
+
+
 # Short strings seen clean before (keys, enum values, status words) skip the rules entirely.
 # Only strings with no finding are remembered, so no secret is ever kept here.
 KNOWN_CLEAN: dict[str, None] = {}
 _KNOWN_CLEAN_MAX_LEN = 64
 _KNOWN_CLEAN_MAX_ITEMS = 8192
-
-
-def _apply(text: str, rx: re.Pattern[str], handle: _Handler, hits: Hits) -> str:
-    if rx.search(text) is None:  # the common case: no match, no closure, no copy
-        return text
-
-    def sub(m: re.Match[str]) -> str:
-        hit = handle(m)
-        if hit is None:
-            return m.group(0)
-        replacement, kind, raw = hit
-        hits.append((kind, raw))
-        return replacement
-
-    return rx.sub(sub, text)
+_MAX_PASSES = 3
 
 
 def redact_text(text: str) -> tuple[str, Hits]:
     """Apply every value rule to one string; return the cleaned text and (kind, original) hits.
 
-    Order matters: whole-credential shapes first (a PEM block or JWT may contain ``key=`` text),
-    then key=value assignments, then PII (an ID number is checked before it can look like a
-    card). Each rule runs only behind a cheap gate (a marker substring), so the common case, a
-    short string with no digits and no markers, costs a few ``in`` tests.
+    The result is a fixed point: when a pass removed something, the rules run again on its
+    output (at most three passes), so ``redact_text(redact_text(x)[0])`` finds nothing new.
     """
     hits: Hits = []
+    text = fix_surrogates(text)
     if len(text) < 6:
         return text, hits
     short = len(text) <= _KNOWN_CLEAN_MAX_LEN
     if short and text in KNOWN_CLEAN:
         return text, hits
-    lower = text.lower()
-    if "-----BEGIN" in text:
-        text = _apply(text, _PEM_RX, _whole, hits)
-    if "://" in text:
-        text = _apply(text, _URL_CRED_RX, _url_cred, hits)
-    if "bearer" in lower:
-        text = _apply(text, _BEARER_RX, _bearer, hits)
-    if "Basic" in text:
-        text = _apply(text, _BASIC_RX, _basic, hits)
-    if "eyJ" in text:
-        text = _apply(text, _JWT_RX, _whole, hits)
-    if (
-        "gh" in text
-        or "xox" in text
-        or "k_live_" in text
-        or "k_test_" in text
-        or "AKIA" in text
-        or "ASIA" in text
-        or "github_pat_" in text
-    ):
-        text = _apply(text, _PROVIDER_RX, _whole, hits)
-    if ("=" in text or ":" in text or "：" in text) and _ASSIGN_GATE_RX.search(lower):
-        text = _redact_assignments(text, hits)
-    if _LONG_DIGITS_RX.search(text):
-        text = _apply(text, _ID_RX, _prc_id, hits)
-        text = _apply(text, _CARD_RX, _card, hits)
-        text = _apply(text, _PHONE_RX, _phone, hits)
-    if "@" in text:
-        text = _apply(text, _EMAIL_RX, _email, hits)
+    st = _Text(text)
+    for _ in range(_MAX_PASSES):
+        before = len(hits)
+        _pipeline(st, hits)
+        if len(hits) == before:
+            break
     if short and not hits:
         if len(KNOWN_CLEAN) >= _KNOWN_CLEAN_MAX_ITEMS:
             KNOWN_CLEAN.clear()
         KNOWN_CLEAN[text] = None
-    return text, hits
+    return st.src, hits
+
+
+def mask_mobile(text: str) -> str:
+    """Mask mainland mobile numbers only: ``13812341234`` -> ``138****1234`` (no audit)."""
+    text = fix_surrogates(text)
+    if not any(d in text for d in "0123456789"):
+        return text
+    st = _Text(text)
+    _apply(st, PHONE_RX, _phone, [])
+    return st.src

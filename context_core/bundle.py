@@ -8,6 +8,13 @@ Fragment provenance: ``source`` is ``"L1:session.<field>"``, ``"L2:<redis key>"`
 reads: relevance 1.0, confidence 1.0, label ``"exact"``. ``freshness_hours`` is the age of the
 value (L2 ``stored_at``, L3 ``updated_at_ts``/``updated_at``, series: newest point); ``-1.0``
 means the age is unknown.
+
+An L3 fragment from hot knowledge (answers confirmed during sessions, not yet merged into
+main) is ``"L3:hot_knowledge:<id>"``: its label is at most ``low_confidence``, its content adds
+``trust = "unreviewed"``, ``written_by`` (agent id, None for a system write) and ``namespace``
+(its trust scope), and its note says so (:func:`hot_note`). ``content["page"]`` of such a
+fragment is the server-made ``hot-<sha>`` id, never a page id a client claimed. A merged answer
+in main carries ``trust = "reviewed"`` and ``merged_from``.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ __all__ = [
     "Fragment",
     "Layer",
     "hit_timestamp",
+    "hot_note",
     "hours_since",
 ]
 
@@ -113,3 +121,10 @@ def hit_timestamp(payload: Mapping[str, Any]) -> float | None:
             parsed = parsed.replace(tzinfo=dt.UTC)
         return parsed.timestamp()
     return None
+
+
+def hot_note(written_by: str | None, namespace: object) -> str:
+    """The note on a hot fragment: low-confidence, unreviewed, and who wrote it where."""
+    who = f"agent {written_by!r}" if written_by else "the system"
+    where = f" in {namespace!r}" if namespace else ""
+    return f"{LOW_CONFIDENCE_NOTE}; unreviewed hot answer written by {who}{where}"

@@ -12,7 +12,11 @@ by the health report, and each one is implemented by exactly one handler below.
 * ``context_overflow``: L1 trace trimmed to the newest N pairs; low-priority L2 TTLs shortened.
 * ``session_timeout``: every L2 key of the session deleted; L1 returned as is (caller drops it).
 * ``goal_achieved``: confirmed answers upserted to L3 ``hot_knowledge`` (``confirmed=True``);
-  every L2 key of the session expires after a grace period.
+  every L2 key of the session expires after a grace period. Each answer records the agent that
+  wrote it (from the session's server-set auth context, never from the payload) and lands in
+  that agent's private scope unless the agent holds ``write`` on the answer's ``namespace``
+  (checked with the manager's ``namespaces`` registry). The answer's ``source`` is only a claim
+  (stored as ``claimed_source``); the hot point's source is server-made.
 * ``error_recovery``: L1 keeps only the newest trace pair; the L2 contract is locked.
 
 "Low priority" L2 data is what can be fetched again (raw API responses, sensor series); step
@@ -39,7 +43,7 @@ from context_core.errors import ConfigError, ContextError, UnknownEventError
 
 if TYPE_CHECKING:
     from context_core.gateway import Gateway
-    from context_core.knowledge.memory import KnowledgeMemory
+    from context_core.knowledge.memory import AclSource, KnowledgeMemory
     from context_core.session import AuthContext, SessionState
     from context_core.working_memory import SessionMemory, WorkingMemory
 
@@ -137,6 +141,7 @@ class LifecycleManager:
         wm: WorkingMemory,
         gateway: Gateway,
         knowledge: KnowledgeMemory | None = None,
+        namespaces: AclSource | None = None,
         overflow_keep_pairs: int = 3,
         low_priority_ttl_s: int = 60,
         goal_grace_s: int = 60,
@@ -153,6 +158,7 @@ class LifecycleManager:
         self.wm = wm
         self.gateway = gateway
         self.knowledge = knowledge
+        self.namespaces = namespaces
         self.overflow_keep_pairs = overflow_keep_pairs
         self.low_priority_ttl_s = low_priority_ttl_s
         self.goal_grace_s = goal_grace_s
@@ -310,6 +316,15 @@ class LifecycleManager:
         deleted = self._sm(state).clear()
         return EventResult(LifecycleEvent.SESSION_TIMEOUT, state, {"deleted": deleted})
 
+    @staticmethod
+    def _writer(state: SessionState) -> str | None:
+        """The agent behind the session: its auth context, set by the server from the API
+        key (never by the client). A state started without one writes as the system."""
+        from context_core.session import ANONYMOUS
+
+        auth = state.auth_context
+        return None if auth is ANONYMOUS or not auth.agent_id else auth.agent_id
+
     def _goal_achieved(
         self,
         state: SessionState,
@@ -317,7 +332,10 @@ class LifecycleManager:
         answers: Sequence[Mapping[str, Any]] = (),
         grace_s: int | None = None,
     ) -> EventResult:
+        from context_core.knowledge.memory import SYSTEM_SCOPE, resolve_hot_scope
+
         hot_ids: list[str] = []
+        scopes: list[str] = []
         if answers and self.knowledge is None:
             raise ConfigError(
                 "goal_achieved with answers needs knowledge memory (LifecycleManager(knowledge=))"
@@ -325,19 +343,30 @@ class LifecycleManager:
         for a in answers:
             if not a.get("text"):
                 raise ContextError("goal_achieved: every answer needs a non-empty 'text'")
+        writer = self._writer(state)
+        for a in answers:
             assert self.knowledge is not None
+            asked = a.get("namespace")
+            scope = resolve_hot_scope(writer, str(asked) if asked else None, self.namespaces)
+            shared = scope if scope != SYSTEM_SCOPE and ":" not in scope else None
             hot_ids.append(
                 self.knowledge.upsert_hot(
                     str(a["text"]),
-                    source=str(a.get("source") or "confirmed-answer"),
+                    source=str(a.get("source") or ""),
                     section=str(a.get("section") or state.device_prefix or "GENERAL"),
                     title=str(a.get("title", "")),
                     confirmed=True,
+                    written_by=writer,
+                    namespace=shared,
+                    namespaces=self.namespaces,
                 )
             )
+            scopes.append(scope)
         expiring = self._sm(state).expire_all(grace_s or self.goal_grace_s, only_shorten=True)
         return EventResult(
-            LifecycleEvent.GOAL_ACHIEVED, state, {"hot_ids": hot_ids, "expiring": expiring}
+            LifecycleEvent.GOAL_ACHIEVED,
+            state,
+            {"hot_ids": hot_ids, "hot_scopes": scopes, "expiring": expiring},
         )
 
     def _error_recovery(self, state: SessionState) -> EventResult:

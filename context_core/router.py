@@ -20,6 +20,14 @@ Per route:
 5. L3 hits are labelled by the :class:`ConfidencePolicy`: confident hits are used,
    low-confidence hits are passed with the note "for reference; real-time data wins", and
    when every hit is below skip L3 is left out entirely.
+
+   Hot (unmerged) knowledge is trust-scoped: the search only looks at the hot scopes the
+   calling agent may see (system answers, its own private answers, and answers in the
+   namespaces the intent declares, when the reader is granted the declared purpose and the
+   writer holds ``write``; :func:`context_core.knowledge.memory.hot_visible`). A hot hit is
+   never ``confident`` whatever its cosine: at most ``low_confidence``, with its confidence
+   capped below ``accept`` and provenance naming it unreviewed and its writer, until the
+   merge job has moved it into main.
 6. One trace record is appended (schema in :mod:`context_core.traces`): ``l2.required``
    names the keys the spec requires (the others were optional), and each fragment carries
    its citable tokens (:func:`context_core.traces.fragment_cites`) so CER can check that the
@@ -48,6 +56,7 @@ from context_core.bundle import (
     ContextBundle,
     Fragment,
     hit_timestamp,
+    hot_note,
     hours_since,
 )
 from context_core.bundle import Layer as Layer  # re-export: was defined here
@@ -55,12 +64,13 @@ from context_core.confidence import ConfidencePolicy
 from context_core.errors import AccessDeniedError, ConfigError, ContextMissError
 from context_core.exact_reads import read_l1, read_l2, read_namespaces
 from context_core.intents import IntentRegistry, IntentSpec, template_fields
+from context_core.knowledge.memory import UNREVIEWED, hot_scopes, hot_visible
 from context_core.traces import TraceWriter, fragment_cites, new_trace_id
 
 if TYPE_CHECKING:
     from context_core.knowledge.memory import KnowledgeMemory
     from context_core.knowledge.store import Hit
-    from context_core.namespaces import NamespaceRegistry
+    from context_core.namespaces import Grant, NamespaceRegistry
     from context_core.session import SessionState
     from context_core.working_memory import WorkingMemory
 
@@ -176,7 +186,7 @@ class ContextRouter:
         future: Future[_L3Outcome] | None = None
         if l3_wanted:
             sections = self._sections(spec, values)
-            future = self._pool.submit(self._search, query, sections)
+            future = self._pool.submit(self._search, query, sections, agent_id, _declared(spec))
         l3_submitted = time.perf_counter()
 
         # 2. L1
@@ -336,18 +346,39 @@ class ContextRouter:
                 out.append(sec)
         return out
 
-    def _search(self, query: str, sections: list[str | None]) -> _L3Outcome:
-        """Embed once, search each section, merge by score (ids de-duplicated)."""
+    def _search(
+        self,
+        query: str,
+        sections: list[str | None],
+        reader: str | None = None,
+        declared: Mapping[str, frozenset[str]] | None = None,
+    ) -> _L3Outcome:
+        """Embed once, search each section, merge by score (ids de-duplicated).
+
+        Hot points are searched in ``reader``'s scopes only, and each hot hit is checked
+        against the namespaces' current ACLs (:func:`hot_visible`) before it may count.
+        """
         t = time.perf_counter()
         assert self.knowledge is not None
+        declared = declared or {}
+        scopes = hot_scopes(reader, declared)
+        acls: dict[str, dict[str, Grant]] = {}
         try:
             self._check_model()
             vector = cast("Sequence[float]", self.knowledge.encoder.encode_query(query))
             best: dict[str, Hit] = {}
             for section in sections:
                 for hit in self.knowledge.search_vector(
-                    vector, section=section, limit=self.l3_limit, collection=self.l3_collection
+                    vector,
+                    section=section,
+                    limit=self.l3_limit,
+                    collection=self.l3_collection,
+                    hot_scopes=scopes,
                 ):
+                    if _is_hot(hit.payload) and not hot_visible(
+                        hit.payload, reader, declared, self.namespaces, acl_cache=acls
+                    ):
+                        continue
                     if hit.id not in best or hit.score > best[hit.id].score:
                         best[hit.id] = hit
         except Exception as e:  # any L3 failure degrades; it never fails the route
@@ -359,12 +390,20 @@ class ContextRouter:
     def _label_hits(
         self, hits: list[Hit], now: float, used: dict[str, Any]
     ) -> tuple[list[Fragment], list[dict[str, Any]]]:
-        """Label every hit; keep confident and low-confidence ones as fragments."""
+        """Label every hit; keep confident and low-confidence ones as fragments.
+
+        A hot hit is capped at ``low_confidence`` (and its confidence just below ``accept``):
+        nobody reviewed it, so no agent's answer is ever another agent's confident context.
+        """
         frags: list[Fragment] = []
         traced: list[dict[str, Any]] = []
+        cap = round(self.policy.accept - 1e-4, 4)
         for hit in hits:
-            label = self.policy.label(hit.score)
             payload = hit.payload
+            hot = _is_hot(payload)
+            label = self.policy.label(hit.score)
+            if hot and label == "confident":
+                label = "low_confidence"
             traced.append(
                 {
                     "id": hit.id,
@@ -376,24 +415,37 @@ class ContextRouter:
             )
             if label == "below_skip":
                 continue
-            # KnowledgeMemory merges unexpired hot points in; only they carry expires_at.
-            coll = self.hot_collection if "expires_at" in payload else self.l3_collection
+            coll = self.hot_collection if hot else self.l3_collection
             score = round(float(hit.score), 4)
+            content: dict[str, Any] = {
+                "text": payload.get("text", ""),
+                "title": payload.get("title", ""),
+                "heading_path": list(payload.get("heading_path", []) or []),
+                "page": payload.get("source", ""),
+            }
+            note = "" if label == "confident" else LOW_CONFIDENCE_NOTE
+            if hot:
+                writer = payload.get("written_by") or None
+                content.update(
+                    trust=UNREVIEWED, written_by=writer, namespace=payload.get("namespace")
+                )
+                note = hot_note(writer, payload.get("namespace"))
+            elif payload.get("merged_from"):
+                content.update(
+                    trust=str(payload.get("trust") or "reviewed"),
+                    merged_from=payload.get("merged_from"),
+                    written_by=payload.get("written_by"),
+                )
             frags.append(
                 Fragment(
                     layer="L3",
                     source=f"L3:{coll}:{hit.id}",
-                    content={
-                        "text": payload.get("text", ""),
-                        "title": payload.get("title", ""),
-                        "heading_path": list(payload.get("heading_path", []) or []),
-                        "page": payload.get("source", ""),
-                    },
+                    content=content,
                     relevance=score,
                     freshness_hours=hours_since(hit_timestamp(payload), now),
-                    confidence=score,
+                    confidence=min(score, cap) if hot else score,
                     label=label,
-                    note="" if label == "confident" else LOW_CONFIDENCE_NOTE,
+                    note=note,
                 )
             )
             used["l3" if label == "confident" else "l3_reference"].append(hit.id)
@@ -413,3 +465,17 @@ class ContextRouter:
     def _was_seen(self, session_id: str, key: str) -> bool:
         with self._seen_lock:
             return key in self._seen.get(session_id, ())
+
+
+def _is_hot(payload: Mapping[str, Any]) -> bool:
+    """An unmerged hot point: only hot points carry ``expires_at`` (the merge drops it) and
+    ``trust = "unreviewed"``; either marks it, so a doubtful point is treated as unreviewed."""
+    return "expires_at" in payload or payload.get("trust") == UNREVIEWED
+
+
+def _declared(spec: IntentSpec) -> dict[str, frozenset[str]]:
+    """Namespace -> purposes the intent declares: the shared hot scopes a route may read."""
+    out: dict[str, set[str]] = {}
+    for ns in spec.namespaces:
+        out.setdefault(ns.namespace, set()).add(ns.purpose)
+    return {name: frozenset(p) for name, p in out.items()}

@@ -210,3 +210,41 @@ def test_model_mismatch_on_existing_collection(
     km = KnowledgeMemory(store, encoder, settings, gateway)
     with pytest.raises(ModelMismatchError, match=r"'bge-m3' \(1024-d\).*'minilm' \(384-d\)"):
         km.ensure_collections()
+
+
+def test_hot_points_record_their_writer_and_search_by_scope(km: KnowledgeMemory) -> None:
+    """Trust fields are server-made (``extra`` cannot forge them), the caller's source is only
+    a claim, an ungranted namespace falls back to the private scope, and scoped search sees
+    only the scopes it names (both backends: the any-of filter on ``namespace``)."""
+    text = "Pump PUMP-0042 gland leak: re-torque the gland nuts to 12 Nm evenly."
+    forged = {"written_by": "agent-a", "namespace": "fleet", "trust": "reviewed", "ticket": "T"}
+    b = km.upsert_hot(
+        text,
+        source="sop-pump",
+        section="PUMP",
+        written_by="agent-b",
+        namespace="fleet",  # no ACL given: nothing can vouch for it
+        extra=forged,
+    )
+    system = km.upsert_hot(text, source="sop-pump", section="PUMP")
+    assert b != system  # another scope can never overwrite a point
+    pb = km.store.retrieve(km.hot, [b])[0].payload
+    assert (pb["written_by"], pb["namespace"], pb["trust"]) == (
+        "agent-b",
+        "agent:agent-b",
+        "unreviewed",
+    )
+    assert pb["ticket"] == "T" and pb["claimed_source"] == "sop-pump"
+    assert pb["source"].startswith("hot-") and pb["source"] != "sop-pump"
+    ps = km.store.retrieve(km.hot, [system])[0].payload
+    assert (ps["written_by"], ps["namespace"]) == (None, "system:local")
+
+    def hot_ids(scopes: list[str] | None) -> set[str]:
+        hits = km.search(text, section="PUMP", hot_scopes=scopes)
+        return {h.id for h in hits} & {b, system}
+
+    assert hot_ids(None) == {b, system}  # the operator's unscoped view
+    assert hot_ids(["system:local"]) == {system}
+    assert hot_ids(["system:local", "agent:agent-b"]) == {b, system}
+    assert hot_ids(["agent:agent-a", "fleet"]) == set()
+    assert hot_ids([]) == set()

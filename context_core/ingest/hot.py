@@ -7,21 +7,36 @@ main already holds a near-duplicate. Expired hot points are dropped by the same 
 
 What is stored is a de-personalised Q/A pair: the gateway strips PII and secrets, terms are
 normalised (NFKC folds full-width forms to half-width, whitespace collapses) and the pair's key
-is the lower-cased normalised question, so the same question asked twice maps to one point.
+is the lower-cased normalised question, so the same question asked twice in one trust scope
+maps to one point (scopes: :mod:`context_core.knowledge.memory`).
+
+Trust at the merge: only answers nobody-but-the-platform wrote (system scope) or written under a
+shared namespace by an agent that *still* holds ``write`` there graduate into main. An agent's
+private answers never do: they serve that agent until they expire. Merged points carry
+``merged_from``/``trust = "reviewed"`` and an id from their own UUID namespace
+(:func:`merged_point_id`), so they can never overwrite an ingested page's chunk
+(``point_id(page_id, i)``), and two different answers never share an id.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+import logging
 import re
 import time
 import unicodedata
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from context_core.knowledge.store import PointRecord, point_id
+from context_core.knowledge.memory import (
+    SYSTEM_SCOPE,
+    AclSource,
+    hot_source,
+    resolve_hot_scope,
+)
+from context_core.knowledge.store import PointRecord
 
 if TYPE_CHECKING:
     from context_core.config import Settings
@@ -31,7 +46,9 @@ __all__ = [
     "DUPLICATE_COSINE",
     "Feedback",
     "MergeSummary",
+    "merge_eligible",
     "merge_hot",
+    "merged_point_id",
     "normalise_terms",
     "on_fallback",
     "run_merge",
@@ -39,7 +56,11 @@ __all__ = [
 
 Feedback = Literal["confirmed", "unconfirmed", "rejected"]
 DUPLICATE_COSINE = 0.95
+REVIEWED = "reviewed"
 _WS = re.compile(r"\s+")
+# Merged answers get ids from their own UUID namespace: never equal to point_id(page, i).
+_MERGED_NAMESPACE = uuid.UUID("a3c1f0d4-6b2e-4f7a-9d58-2e4c8b1f6a03")
+log = logging.getLogger(__name__)
 
 
 def normalise_terms(text: str) -> str:
@@ -47,8 +68,10 @@ def normalise_terms(text: str) -> str:
     return _WS.sub(" ", unicodedata.normalize("NFKC", text)).strip()
 
 
-def _query_key(clean_query: str) -> str:
-    return "hot-" + hashlib.sha256(clean_query.lower().encode("utf-8")).hexdigest()[:24]
+def merged_point_id(source: str, content_hash: str) -> str:
+    """The id of a merged answer in main: its hot source *and* text, in a UUID namespace of
+    its own (so it differs from every ingested ``point_id(page_id, i)``)."""
+    return str(uuid.uuid5(_MERGED_NAMESPACE, f"hot:{source}:{content_hash}"))
 
 
 def on_fallback(
@@ -59,11 +82,16 @@ def on_fallback(
     knowledge: KnowledgeMemory,
     section: str | None = None,
     title: str = "",
+    agent_id: str | None = None,
+    namespace: str | None = None,
+    namespaces: AclSource | None = None,
 ) -> str | None:
     """Record a fallback answer in ``hot_knowledge`` (expires after ``CTX_HOT_TTL_HOURS``).
 
     ``feedback="confirmed"`` marks it for the next merge; ``"rejected"`` stores nothing and
-    removes an earlier copy of the same pair. Returns the hot point id (None when rejected).
+    removes an earlier copy of the same pair (in the same scope only). Returns the hot point
+    id (None when rejected). ``agent_id`` is the agent that gave the answer; it lands in its
+    private scope unless it holds ``write`` on ``namespace`` (checked with ``namespaces``).
     """
     fb = (feedback or "unconfirmed").strip().lower()
     if fb not in ("confirmed", "unconfirmed", "rejected"):
@@ -75,27 +103,36 @@ def on_fallback(
     a = normalise_terms(gw.clean_text(response, where="hot:on_fallback"))
     if not q or not a:
         raise ValueError("on_fallback needs a non-empty query and response")
-    source = _query_key(q)
+    scope = resolve_hot_scope(agent_id, namespace, namespaces)
+    key = q.lower()
     text = f"Q: {q}\nA: {a}"
-    # One point per question: an earlier answer to it is replaced (or, if rejected, removed).
+    # One point per question and scope: an earlier answer is replaced (or, if rejected,
+    # removed). Another scope's answer to the same question has another source: untouched.
     if knowledge.store.info(knowledge.hot) is not None:
-        knowledge.store.delete(knowledge.hot, filter={"source": source})
+        knowledge.store.delete(knowledge.hot, filter={"source": hot_source(scope, key)})
     if fb == "rejected":
         return None
     knowledge.ensure_collections()
     return knowledge.upsert_hot(
         text,
-        source=source,
+        key=key,
         section=section or "general",
         title=title or q[:120],
         confirmed=fb == "confirmed",
-        extra={"kind": "qa", "question_key": q.lower()},
+        extra={"kind": "qa", "question_key": key},
+        written_by=agent_id,
+        namespace=scope if scope != SYSTEM_SCOPE and ":" not in scope else None,
+        namespaces=namespaces,
     )
 
 
 @dataclass(frozen=True, slots=True)
 class MergeSummary:
-    """Counts of one merge: every hot point seen lands in exactly one bucket."""
+    """Counts of one merge: every hot point seen lands in exactly one bucket.
+
+    ``kept`` = stays in hot: unconfirmed, or confirmed but not eligible for main (see
+    :func:`merge_eligible`); both wait there until they expire.
+    """
 
     merged: int
     duplicates: int
@@ -106,26 +143,58 @@ class MergeSummary:
         return dataclasses.asdict(self)
 
 
+def merge_eligible(
+    payload: dict[str, Any],
+    namespaces: AclSource | None,
+    *,
+    acl_cache: dict[str, Any] | None = None,
+) -> bool:
+    """May this (confirmed) hot point become reviewed knowledge in main?
+
+    Yes for a system write (no agent); for a shared-namespace write only while the writer
+    holds ``write`` on that namespace (needs ``namespaces``); never for an agent's private
+    answer or a point without trust fields (written before scopes existed).
+    """
+    scope = payload.get("namespace")
+    writer = payload.get("written_by") or None
+    if scope == SYSTEM_SCOPE:
+        return writer is None
+    if not isinstance(scope, str) or ":" in scope or writer is None or namespaces is None:
+        return False
+    cache = acl_cache if acl_cache is not None else {}
+    try:
+        if scope not in cache:
+            cache[scope] = namespaces.acl(scope)
+    except Exception as e:  # an ACL we cannot read merges nothing shared
+        log.warning("hot merge: ACL of namespace %r unavailable: %s", scope, e)
+        return False
+    grant = cache[scope].get(str(writer))
+    return grant is not None and bool(grant.write)
+
+
 def merge_hot(
     knowledge: KnowledgeMemory,
     *,
     now: float | None = None,
     threshold: float = DUPLICATE_COSINE,
+    namespaces: AclSource | None = None,
 ) -> MergeSummary:
-    """Move confirmed, unexpired hot points into main; drop expired ones.
+    """Move confirmed, eligible, unexpired hot points into main; drop expired ones.
 
     A confirmed point whose nearest main point has cosine >= ``threshold`` is a duplicate: it
-    leaves hot without being copied (main already knows it). Unconfirmed, unexpired points
-    stay. The search is exact (no HNSW), so points merged earlier in the same run count as
-    possible duplicates of later ones.
+    leaves hot without being copied (main already knows it). Unconfirmed or ineligible
+    (:func:`merge_eligible`, using ``namespaces`` for the grants) unexpired points stay. The
+    search is exact (no HNSW), so points merged earlier in the same run count as possible
+    duplicates of later ones.
     """
     store, hot, main = knowledge.store, knowledge.hot, knowledge.main
     if store.info(hot) is None:
         return MergeSummary(0, 0, 0, 0)
     knowledge.ensure_collections()
     cutoff = time.time() if now is None else now
-    merged = duplicates = expired = kept = 0
+    merged = duplicates = expired = kept = held = 0
     leave: list[str] = []
+    acls: dict[str, Any] = {}
     for rec in list(store.scroll(hot, with_vectors=True)):
         p = rec.payload
         if float(p.get("expires_at", 0.0)) < cutoff:
@@ -134,6 +203,10 @@ def merge_hot(
             continue
         if not p.get("confirmed"):
             kept += 1
+            continue
+        if not merge_eligible(p, namespaces, acl_cache=acls):
+            kept += 1
+            held += 1
             continue
         assert rec.vector is not None
         near = store.search(main, rec.vector, limit=1, exact=True)
@@ -145,30 +218,48 @@ def merge_hot(
             }
             payload["merged_from"] = hot
             payload["merged_at"] = datetime.fromtimestamp(cutoff, UTC).isoformat()
-            store.upsert(main, [PointRecord(point_id(str(p["source"]), 0), rec.vector, payload)])
+            payload["trust"] = REVIEWED
+            pid = merged_point_id(str(p.get("source", "")), str(p.get("content_hash") or rec.id))
+            store.upsert(main, [PointRecord(pid, rec.vector, payload)])
             merged += 1
         leave.append(rec.id)
     if leave:
         store.delete(hot, ids=leave)
     if merged:
         store.optimize(main)
+    if held:
+        log.info("hot merge: %d confirmed answer(s) held (private or unauthorised scope)", held)
     return MergeSummary(merged=merged, duplicates=duplicates, expired=expired, kept=kept)
 
 
 def run_merge(settings: Settings, *, now: float | None = None) -> MergeSummary:
-    """The daily job: open the store and encoder from settings, merge, close."""
+    """The daily job: open the store and encoder from settings, merge, close.
+
+    With ``CTX_REDIS_URL`` set, the namespaces' ACLs are read from it so shared answers by
+    agents still holding ``write`` can merge; without it (an embedded server would be empty)
+    only system answers merge and shared ones wait.
+    """
     from context_core.embedding import load_encoder
     from context_core.gateway import Gateway
     from context_core.knowledge.memory import KnowledgeMemory
     from context_core.knowledge.store import open_store
 
     store = open_store(settings)
+    provider: Any = None
     try:
         if store.info(settings.collection_hot) is None:
             return MergeSummary(0, 0, 0, 0)
-        km = KnowledgeMemory(
-            store, load_encoder(settings), settings, Gateway.from_settings(settings)
-        )
-        return merge_hot(km, now=now)
+        gateway = Gateway.from_settings(settings)
+        namespaces: AclSource | None = None
+        if settings.redis_url:
+            from context_core.namespaces import NamespaceRegistry
+            from context_core.redis_conn import RedisProvider
+
+            provider = RedisProvider(settings)
+            namespaces = NamespaceRegistry.from_settings(settings, provider, gateway)
+        km = KnowledgeMemory(store, load_encoder(settings), settings, gateway)
+        return merge_hot(km, now=now, namespaces=namespaces)
     finally:
+        if provider is not None:
+            provider.close()
         store.close()

@@ -6,6 +6,24 @@ written by the weekly refresh) and ``hot_knowledge`` (answers confirmed during s
 hot points are filtered out at query time and deleted by :meth:`KnowledgeMemory.sweep_expired`
 (Qdrant has no native TTL).
 
+Hot knowledge is trust-scoped. Every hot point records who wrote it and where: ``written_by``
+(the agent id, None for in-process system writes), ``namespace`` (its *scope*, see below) and
+``trust = "unreviewed"``. Its ``source`` is always made here (``"hot-<sha>"`` of scope and key),
+never taken from the caller: a caller's source survives only as the inert ``claimed_source``,
+so no hot answer can pass for an ingested page. Scopes:
+
+* ``"system:local"`` - written in-process without an agent id (operator tools, jobs): every
+  reader may see it;
+* ``"agent:<id>"`` - the writer's private scope: only that agent sees it (an agent without a
+  ``write`` grant on the namespace it asked for lands here);
+* ``"<namespace>"`` - a shared namespace the writer holds a ``write`` grant on. A reader sees
+  it only when its route declares the namespace with a purpose the reader is granted *and*
+  the writer still holds ``write`` there (checked at read time: revoking a grant hides it).
+
+Namespace names cannot contain ``:``, so the two private forms never collide with a real one.
+How hot hits are labelled (never ``confident``) is the router's business; see
+:mod:`context_core.router`.
+
 Hard rule: nothing that identifies a session or a user may enter L3. A payload carrying
 ``session_id``/``user_id``/``sid``/``uid`` (any case or separator, at any depth) is refused with
 :class:`SessionDataInKnowledgeError` rather than silently stripped, because such a write is a
@@ -19,8 +37,8 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from context_core.errors import (
     CollectionNotFoundError,
@@ -33,8 +51,22 @@ if TYPE_CHECKING:  # pragma: no cover
     from context_core.config import Settings
     from context_core.embedding import Encoder
     from context_core.gateway import Gateway
+    from context_core.namespaces import Grant
 
-__all__ = ["FORBIDDEN_KEYS", "KnowledgeMemory", "find_session_keys", "hot_point_id"]
+__all__ = [
+    "FORBIDDEN_KEYS",
+    "SYSTEM_SCOPE",
+    "UNREVIEWED",
+    "AclSource",
+    "KnowledgeMemory",
+    "find_session_keys",
+    "hot_point_id",
+    "hot_scopes",
+    "hot_source",
+    "hot_visible",
+    "private_scope",
+    "resolve_hot_scope",
+]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +109,117 @@ def hot_point_id(source: str, content_hash: str) -> str:
     return str(uuid.uuid5(_HOT_NAMESPACE, f"hot:{source}:{content_hash}"))
 
 
+# --- trust scopes of hot knowledge --------------------------------------------------------------
+SYSTEM_SCOPE = "system:local"
+UNREVIEWED = "unreviewed"
+# Payload fields only this module writes on a hot point; a caller's ``extra`` cannot set them.
+_SERVER_FIELDS = frozenset(
+    {"written_by", "namespace", "trust", "claimed_source", "merged_from", "merged_at"}
+)
+
+
+class AclSource(Protocol):
+    """The part of :class:`context_core.namespaces.NamespaceRegistry` the trust checks use."""
+
+    def acl(self, name: str) -> dict[str, Grant]: ...
+
+
+def private_scope(agent_id: str | None) -> str:
+    """The scope only ``agent_id`` sees; no agent id means the in-process system scope."""
+    return f"agent:{agent_id}" if agent_id else SYSTEM_SCOPE
+
+
+def hot_source(scope: str, key: str) -> str:
+    """The server-made ``source`` of a hot point: ``"hot-<sha>"`` of its scope and key."""
+    digest = hashlib.sha256(f"{scope}\x00{key}".encode()).hexdigest()[:24]
+    return f"hot-{digest}"
+
+
+def resolve_hot_scope(
+    written_by: str | None, namespace: str | None, namespaces: AclSource | None
+) -> str:
+    """Where a write lands: the shared ``namespace`` only when ``written_by`` holds ``write``
+    on it (per ``namespaces``); otherwise the writer's private scope (system when anonymous).
+
+    Without a registry nothing can be verified, so the write stays private.
+    """
+    if not written_by:
+        return SYSTEM_SCOPE
+    own = private_scope(written_by)
+    if not namespace or ":" in namespace:
+        return own
+    if namespaces is None:
+        log.info(
+            "hot write by %r asked for namespace %r; no ACL to check: private",
+            written_by,
+            namespace,
+        )
+        return own
+    try:
+        grant = namespaces.acl(namespace).get(written_by)
+    except Exception as e:  # an invalid name or an unreachable ACL never widens a write
+        log.warning(
+            "hot write by %r: ACL of %r unavailable (%s): private", written_by, namespace, e
+        )
+        return own
+    if grant is None or not grant.write:
+        log.info("hot write by %r: no write grant on namespace %r: private", written_by, namespace)
+        return own
+    return namespace
+
+
+def hot_scopes(reader: str | None, declared: Iterable[str] = ()) -> list[str]:
+    """The scopes a search for ``reader`` may look in: system, its own, declared namespaces."""
+    out = [SYSTEM_SCOPE]
+    if reader:
+        out.append(private_scope(reader))
+    out += sorted({n for n in declared if n and ":" not in n})
+    return out
+
+
+def hot_visible(
+    payload: Mapping[str, Any],
+    reader: str | None,
+    declared: Mapping[str, Iterable[str]],
+    namespaces: AclSource | None,
+    *,
+    acl_cache: dict[str, dict[str, Grant]] | None = None,
+) -> bool:
+    """May ``reader`` see this hot point? ``declared`` maps namespace -> purposes the route
+    declares. A shared point needs the reader granted one of those purposes and the writer
+    granted ``write``, both in the namespace's current ACL; anything unverifiable is hidden."""
+    scope = payload.get("namespace")
+    writer = payload.get("written_by") or None
+    if not isinstance(scope, str):
+        return False  # written before scopes existed: nobody vouches for it
+    if scope == SYSTEM_SCOPE:
+        return writer is None
+    if scope.startswith("agent:"):
+        return bool(reader) and writer == reader and scope == private_scope(reader)
+    if scope not in declared or writer is None:
+        return False
+    if writer == reader:
+        return True
+    if namespaces is None or not reader:
+        return False
+    cache = acl_cache if acl_cache is not None else {}
+    try:
+        if scope not in cache:
+            cache[scope] = namespaces.acl(scope)
+    except Exception as e:  # fail closed: an ACL we cannot read shows nothing shared
+        log.warning("hot visibility: ACL of namespace %r unavailable: %s", scope, e)
+        return False
+    acl = cache[scope]
+    mine, theirs = acl.get(reader), acl.get(str(writer))
+    purposes = list(declared[scope])
+    return (
+        mine is not None
+        and any(mine.allows(p) for p in purposes)
+        and theirs is not None
+        and theirs.write
+    )
+
+
 class KnowledgeMemory:
     """Search and write L3 through one encoder, one store and the gateway.
 
@@ -115,6 +258,7 @@ class KnowledgeMemory:
         limit: int | None = None,
         collection: str | None = None,
         include_hot: bool = True,
+        hot_scopes: Sequence[str] | None = None,
     ) -> list[Hit]:
         """Top ``limit`` (default ``CTX_L3_TOP_K``) hits by cosine similarity.
 
@@ -126,10 +270,18 @@ class KnowledgeMemory:
         A missing hot collection means "no hot hits" (nothing was confirmed yet, or a scratch
         setup only built main); a missing main collection, or the hot one asked for by name,
         raises :class:`CollectionNotFoundError`.
+
+        ``hot_scopes`` limits hot points to those scopes (see :func:`hot_scopes`); None is the
+        operator's unscoped view. The router always passes the reader's scopes.
         """
         vector = self.encoder.encode_query(query)
         return self.search_vector(
-            vector, section=section, limit=limit, collection=collection, include_hot=include_hot
+            vector,
+            section=section,
+            limit=limit,
+            collection=collection,
+            include_hot=include_hot,
+            hot_scopes=hot_scopes,
         )
 
     def search_vector(
@@ -140,6 +292,7 @@ class KnowledgeMemory:
         limit: int | None = None,
         collection: str | None = None,
         include_hot: bool = True,
+        hot_scopes: Sequence[str] | None = None,
     ) -> list[Hit]:
         """:meth:`search` for a caller that already holds the query embedding."""
         k = limit if limit is not None else self.settings.l3_top_k
@@ -150,8 +303,10 @@ class KnowledgeMemory:
         hits: list[Hit] = []
         if main != self.hot:
             hits.extend(self.store.search(main, vector, limit=k, filter=base or None))
-        if include_hot or main == self.hot:
+        if (include_hot or main == self.hot) and (hot_scopes is None or hot_scopes):
             hot_filter: Filter = {**base, "expires_at": {"gt": self._clock()}}
+            if hot_scopes is not None:
+                hot_filter = {**hot_filter, "namespace": list(hot_scopes)}
             try:
                 hits.extend(self.store.search(self.hot, vector, limit=k, filter=hot_filter))
             except CollectionNotFoundError:
@@ -184,28 +339,41 @@ class KnowledgeMemory:
         self,
         text: str,
         *,
-        source: str,
+        source: str = "",
         section: str,
         title: str = "",
         confirmed: bool = False,
         extra: dict[str, Any] | None = None,
+        written_by: str | None = None,
+        namespace: str | None = None,
+        namespaces: AclSource | None = None,
+        key: str | None = None,
     ) -> str:
         """Store an answer confirmed during a session for ``CTX_HOT_TTL_HOURS`` (72 h).
 
         Refuses session/user ids anywhere in ``extra``; cleans text and payload through the
         gateway before embedding, so a secret never reaches the vector or the payload.
+
+        Trust: ``written_by`` is the writing agent (None: an in-process system write) and
+        ``namespace`` the shared namespace it asks to write under, kept only when
+        ``namespaces`` shows a ``write`` grant (:func:`resolve_hot_scope`). The stored
+        ``source`` is :func:`hot_source` of that scope and ``key`` (default: ``source``);
+        ``source`` itself is the caller's claim, stored as the inert ``claimed_source``. The
+        point id covers scope, key and text: another scope can never overwrite this point.
         """
         if not text.strip():
             raise InvalidStoreRequestError("upsert_hot needs non-empty text")
-        extra = dict(extra or {})
+        extra = {k: v for k, v in (extra or {}).items() if k not in _SERVER_FIELDS}
         refuse_session_data(extra, where=f"hot upsert for source {source!r}")
+        scope = resolve_hot_scope(written_by, namespace, namespaces)
+        stored_source = hot_source(scope, source if key is None else key)
         where = f"l3:{self.hot}"
         clean_text = self.gateway.clean_text(text, where=where)
         now = self._clock()
         content_hash = hashlib.sha256(clean_text.encode("utf-8")).hexdigest()
         payload: dict[str, Any] = {
             **extra,
-            "source": source,
+            "source": stored_source,
             "title": title,
             "section": section,
             "heading_path": [title] if title else [],
@@ -218,9 +386,16 @@ class KnowledgeMemory:
             "expires_at": now + self.settings.hot_ttl_hours * 3600.0,
             "confirmed": bool(confirmed),
         }
+        if source and key is None:
+            payload["claimed_source"] = source
         payload = self.gateway.clean(payload, where=where)
+        # Set after cleaning: server-made values from the authenticated identity, which
+        # visibility is matched on; a redaction rewriting them would orphan the point.
+        payload.update(
+            written_by=written_by or None, namespace=scope, trust=UNREVIEWED, source=stored_source
+        )
         refuse_session_data(payload, where=f"hot upsert for source {source!r}")
-        pid = hot_point_id(source, content_hash)
+        pid = hot_point_id(stored_source, content_hash)
         vector = self.encoder.encode([clean_text])[0]
         self.store.upsert(self.hot, [PointRecord(pid, vector, payload)])
         return pid

@@ -95,7 +95,7 @@ def _redis_client(url: str | None, tmp: Path) -> tuple[redis.Redis, str, Any]:
     from context_core.redis_conn import RedisProvider
 
     provider = RedisProvider(get_settings(data_dir=tmp / "valkey", redis_url=None))
-    return provider.client(decode_responses=False), f"embedded Valkey {provider.url}", provider
+    return provider.client(decode_responses=False), f"embedded Valkey {provider.safe_url}", provider
 
 
 def _build(store: Any, vecs: np.ndarray, payloads: list[dict[str, Any]], ids: list[str]) -> float:

@@ -16,18 +16,25 @@ Redis layout (the ``{<name>}`` hash tag keeps a namespace in one cluster slot):
 Every write passes the sanitize gateway. Every denial raises :class:`AccessDeniedError` *and*
 appends an audit line to ``<data_dir>/audit/access.jsonl`` (agent, purpose, namespace, key,
 reason; never the value), so a misbehaving agent leaves evidence even if it swallows errors.
+
+ACLs live in Redis only, so a Redis restart (or FLUSHDB) loses them. :class:`AclSync` keeps a
+fixed set of grants (the service's API keys file) present: it writes them with a marker key
+(``ns:_acl-synced:<grants digest>``, outside every namespace's hash tag); a registry it is
+attached to checks the marker before an ACL read, at most once per ``interval_s``; a missing
+marker means the server lost its data, and the grants are written again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,12 +52,22 @@ if TYPE_CHECKING:
     from context_core.gateway import Gateway
     from context_core.redis_conn import RedisProvider
 
-__all__ = ["AccessRecord", "Grant", "NamespaceRegistry", "NsEntry"]
+__all__ = [
+    "ACL_MARKER_KEY",
+    "AccessRecord",
+    "AclSync",
+    "Grant",
+    "GrantSpec",
+    "NamespaceRegistry",
+    "NsEntry",
+]
 
 log = logging.getLogger(__name__)
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ANY_PURPOSE = "*"
+#: Written with every ACL sync; its absence means Redis restarted empty or was flushed.
+ACL_MARKER_KEY = "ns:_acl-synced"
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +131,15 @@ class NamespaceRegistry:
         self._default_ttl_s = default_ttl_s
         self._audit_lock = threading.Lock()
         self._recent: deque[AccessRecord] = deque(maxlen=256)
+        self.acl_sync: AclSync | None = None
+
+    def keep_synced(self, sync: AclSync | None) -> None:
+        """Check ``sync`` (re-writing its grants if Redis lost them) before ACL reads."""
+        self.acl_sync = sync
+
+    def _check_sync(self) -> None:
+        if self.acl_sync is not None:
+            self.acl_sync.check()
 
     @classmethod
     def from_settings(
@@ -180,6 +206,7 @@ class NamespaceRegistry:
         self._r.hdel(self._acl_key(name), agent_id)
 
     def acl(self, name: str) -> dict[str, Grant]:
+        self._check_sync()
         raw: dict[str, str] = self._r.hgetall(self._acl_key(name))  # type: ignore[assignment]
         return {str(agent): Grant.from_json(str(v)) for agent, v in raw.items()}
 
@@ -210,6 +237,7 @@ class NamespaceRegistry:
         elif not purpose:
             reason = "no purpose declared"
         else:
+            self._check_sync()
             raw = self._r.hget(self._acl_key(name), agent_id)
             if raw is None:
                 reason = f"agent {agent_id!r} is not in the ACL"
@@ -272,6 +300,14 @@ class NamespaceRegistry:
 
     # --- audit ------------------------------------------------------------------------
     def _audit(self, rec: AccessRecord) -> None:
+        # key, agent and purpose come from requests: they pass the gateway like any value
+        rec = replace(
+            rec,
+            key=self._clean(rec.key),
+            agent_id=None if rec.agent_id is None else self._clean(rec.agent_id),
+            purpose=self._clean(rec.purpose),
+            reason=self._clean(rec.reason),
+        )
         self._recent.append(rec)
         log.warning(
             "namespace access denied: op=%s ns=%s key=%s agent=%s purpose=%s (%s)",
@@ -290,6 +326,102 @@ class NamespaceRegistry:
             with self._audit_path.open("a", encoding="utf-8") as fh:
                 fh.write(line)
 
+    def _clean(self, text: str) -> str:
+        return self._gateway.clean_text(str(text), where="ns.audit")
+
     @property
     def recent_denials(self) -> tuple[AccessRecord, ...]:
         return tuple(self._recent)
+
+
+# --- keeping configured grants present ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GrantSpec:
+    """One grant an operator configured (e.g. in the API keys file)."""
+
+    namespace: str
+    agent_id: str
+    purposes: tuple[str, ...] = (ANY_PURPOSE,)
+    write: bool = False
+
+
+class AclSync:
+    """Keeps ``grants`` in Redis across restarts and flushes of the server.
+
+    :meth:`sync` creates missing namespaces, writes every grant, then sets the marker
+    (``marker_key`` + ``:`` + a digest of the grants). :meth:`check` (cheap: one EXISTS, at
+    most once per ``interval_s`` and only in one thread at a time) re-syncs when the marker is
+    gone. A check that fails (Redis down) is repeated on the next call, so the grants come back
+    with the server. ``on_resync`` runs after every re-sync (not after the first sync); its
+    errors are logged.
+    """
+
+    def __init__(
+        self,
+        registry: NamespaceRegistry,
+        grants: Iterable[GrantSpec],
+        *,
+        interval_s: float = 5.0,
+        marker_key: str = ACL_MARKER_KEY,
+        on_resync: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.registry = registry
+        self.grants = tuple(grants)
+        self.interval_s = max(0.0, float(interval_s))
+        # one marker per grant set: instances with different keys files each notice the loss
+        digest = hashlib.sha256(repr(sorted(map(repr, self.grants))).encode()).hexdigest()[:12]
+        self.marker_key = f"{marker_key}:{digest}"
+        self.on_resync = on_resync
+        self._clock = clock
+        self._next = 0.0
+        self._lock = threading.Lock()
+        self.resyncs = 0
+
+    def sync(self) -> int:
+        """Write every grant (creating missing namespaces) and the marker; returns how many."""
+        reg = self.registry
+        for g in self.grants:
+            if not reg.exists(g.namespace):
+                reg.create(g.namespace)
+            reg.grant(g.namespace, g.agent_id, g.purposes, write=g.write)
+        reg._r.set(self.marker_key, json.dumps({"at": time.time(), "grants": len(self.grants)}))
+        self._next = self._clock() + self.interval_s
+        return len(self.grants)
+
+    def check(self, *, force: bool = False) -> bool:
+        """Re-sync if Redis lost the marker; True when it did. Never raises for Redis errors."""
+        if not force and self._clock() < self._next:
+            return False
+        if not self._lock.acquire(blocking=force):
+            return False  # another thread is checking right now
+        try:
+            if not force and self._clock() < self._next:
+                return False
+            try:
+                present = bool(self.registry._r.exists(self.marker_key))
+                if present:
+                    self._next = self._clock() + self.interval_s
+                    return False
+                log.warning(
+                    "namespace ACL marker %s is gone (Redis restarted empty or was flushed); "
+                    "re-writing %d configured grants",
+                    self.marker_key,
+                    len(self.grants),
+                )
+                self.sync()
+            except (redis.RedisError, BackendUnavailableError) as e:
+                self._next = 0.0  # check again on the next call
+                log.debug("namespace ACL check failed: %s", e)
+                return False
+            self.resyncs += 1
+            if self.on_resync is not None:
+                try:
+                    self.on_resync()
+                except Exception as e:  # the grants are back; a hook failure is only logged
+                    log.warning("after the ACL re-sync: %s: %s", type(e).__name__, e)
+            return True
+        finally:
+            self._lock.release()

@@ -58,13 +58,25 @@ schemas)::
     {"schema": 2, "kind": "step_output", "trace_id", "ts", "session_id", "step", "output": str}
 
 Query text, citable tokens and step outputs pass the sanitize gateway before they touch disk.
+
+Client-supplied strings never reach the file raw: key names, ``session_id`` and the L3 error
+pass the gateway; a ``trace_id`` must match ``[A-Za-z0-9._-]{1,64}`` and survive the gateway,
+else a new id replaces it. With ``hash_keys`` (``CTX_TRACE_HASH_KEYS``, on for writers built
+from settings) key segments carrying request values (``<device>`` in
+``wm:{<sid>}:series:<device>.vibration``, ``<key>`` in ``ns:{<ns>}:kv:<key>`` and
+``<ns>/<key>``) become ``#`` + 12 hex of their SHA-256 (HMAC under ``CTX_AUDIT_HMAC_KEY``),
+the same in ``l2``, ``ns``, ``fragments[].source`` and ``cites``. API digests, step numbers,
+``current`` and unfilled placeholders (``<{device}.vibration>``) are kept.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import hmac
 import itertools
 import json
+import logging
 import math
 import os
 import re
@@ -94,8 +106,11 @@ __all__ = [
     "new_trace_id",
     "read_traces",
     "trace_file",
+    "valid_trace_id",
     "validate_record",
 ]
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
 SUPPORTED_SCHEMAS = (1, 2)
@@ -343,6 +358,62 @@ def new_trace_id() -> str:
     return uuid.uuid4().hex
 
 
+_TRACE_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_OUR_TRACE_ID = re.compile(r"[0-9a-f]{32}")  # new_trace_id()
+
+
+def valid_trace_id(value: object) -> bool:
+    """A trace id a client may send back: 1-64 characters from ``A-Z a-z 0-9 . _ -``."""
+    return isinstance(value, str) and _TRACE_ID.fullmatch(value) is not None
+
+
+# --- key names in records --------------------------------------------------------------------
+
+_WM_KEY = re.compile(r"(wm:\{[^{}]*\}:[a-z][a-z0-9_]*:)(.+)", re.S)
+_NS_KEY = re.compile(r"(ns:\{[^{}]*\}:kv:|[^/]*/)(.+)", re.S)  # a Redis key or a ref
+# Idents carrying no request value: API digest, step number, contract, our hash, placeholder.
+_KEEP_IDENT = re.compile(r"[0-9a-f]{64}|\d{1,9}|current|#[0-9a-f]{12}|<[^<>]*\{[^<>]*>", re.S)
+
+
+class _KeyNames:
+    """Key names (``wm:``/``ns:`` keys, ``<ns>/<key>`` refs, ``L2:``/``NS:`` sources) as a
+    record may hold them; cached, since the route is the hot path."""
+
+    def __init__(self, gateway: Gateway, *, hash_keys: bool, hash_key: bytes | None) -> None:
+        self.gateway, self.hash_keys, self._hash_key = gateway, hash_keys, hash_key
+        self._cache: dict[str, str] = {}
+
+    def digest(self, text: str) -> str:
+        data = text.encode("utf-8", "surrogatepass")
+        if self._hash_key is not None:
+            return "#" + hmac.new(self._hash_key, data, hashlib.sha256).hexdigest()[:12]
+        return "#" + hashlib.sha256(data).hexdigest()[:12]
+
+    def map(self, text: Any) -> Any:
+        if not isinstance(text, str):
+            return text  # validation names the bad field
+        hit = self._cache.get(text)
+        if hit is None:
+            hit = self.gateway.clean_text(self._hashed(text), where="trace.key")
+            if len(self._cache) >= 4096:
+                self._cache.clear()
+            self._cache[text] = hit
+        return hit
+
+    def _hashed(self, text: str) -> str:
+        layer, sep, key = text.partition(":")
+        if sep and layer in ("L1", "L2", "L3", "NS"):  # a fragment source
+            return f"{layer}:{self._hashed(key)}" if layer in ("L2", "NS") else text
+        if not self.hash_keys:
+            return text
+        if m := _WM_KEY.fullmatch(text):
+            keep = _KEEP_IDENT.fullmatch(m.group(2))
+            return m.group(1) + (m.group(2) if keep else self.digest(m.group(2)))
+        if m := _NS_KEY.fullmatch(text):
+            return m.group(1) + self.digest(m.group(2))
+        return self.digest(text)
+
+
 def utc_now_iso() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
 
@@ -358,20 +429,49 @@ class TraceWriter:
     descriptor, so lines from several threads (or processes on one host) never interleave.
     """
 
-    def __init__(self, traces_dir: Path, *, gateway: Gateway | None = None) -> None:
+    def __init__(
+        self,
+        traces_dir: Path,
+        *,
+        gateway: Gateway | None = None,
+        hash_keys: bool = False,
+        hash_key: bytes | None = None,
+    ) -> None:
         if gateway is None:
             from context_core.gateway import Gateway
 
             gateway = Gateway()
         self.traces_dir = Path(traces_dir)
         self._gateway = gateway
+        self._names = _KeyNames(gateway, hash_keys=hash_keys, hash_key=hash_key)
         self._lock = threading.Lock()
         self._fd: int | None = None  # O_APPEND descriptor of the current day's file
         self._fd_path: Path | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, gateway: Gateway | None = None) -> TraceWriter:
-        return cls(settings.traces_dir, gateway=gateway)
+        key = settings.audit_hmac_key
+        return cls(
+            settings.traces_dir,
+            gateway=gateway,
+            hash_keys=settings.trace_hash_keys,
+            hash_key=key.get_secret_value().encode() if key is not None else None,
+        )
+
+    def key_name(self, key: str) -> str:
+        """How this writer records a Redis key, ref or fragment source (e.g. to match the key
+        an output cites against a hashed record)."""
+        return str(self._names.map(key))
+
+    def _trace_id(self, value: Any, where: str) -> Any:
+        """``value`` if it is one of ours or a valid id the gateway leaves alone, else new."""
+        if not isinstance(value, str) or _OUR_TRACE_ID.fullmatch(value):
+            return value  # a non-string is named by validation
+        if valid_trace_id(value) and self._gateway.clean_text(value, where=where) == value:
+            return value
+        new = new_trace_id()
+        log.warning("%s: invalid trace_id replaced by %s (the value is not recorded)", where, new)
+        return new
 
     def clean_query(self, query: str) -> str:
         """The query text as it may be stored: secrets and PII removed by the gateway."""
@@ -385,15 +485,38 @@ class TraceWriter:
         rec.setdefault("schema", 1 if legacy else SCHEMA_VERSION)
         rec.setdefault("kind", "route")
         rec.setdefault("ts", utc_now_iso())
+        rec["trace_id"] = self._trace_id(rec.get("trace_id"), "trace.route")
+        if isinstance(rec.get("session_id"), str):
+            rec["session_id"] = self._gateway.clean_text(rec["session_id"], where="trace.sid")
         l3 = dict(rec.get("l3") or {})
         if isinstance(l3.get("query"), str):
             l3["query"] = self.clean_query(l3["query"])
+        if isinstance(l3.get("error"), str):
+            l3["error"] = self._gateway.clean_text(l3["error"], where="trace.l3.error")
         rec["l3"] = l3
+        for block in ("l2", "ns"):
+            if isinstance(rec.get(block), Mapping):
+                rec[block] = {
+                    k: [self._names.map(x) for x in v] if isinstance(v, list) else v
+                    for k, v in rec[block].items()
+                }
         frags = rec.get("fragments")
-        if isinstance(frags, list) and any(isinstance(f, Mapping) and "cites" in f for f in frags):
-            rec["fragments"] = [self._clean_cites(f) for f in frags]
+        if isinstance(frags, list):
+            rec["fragments"] = [self._clean_fragment(f) for f in frags]
         self._append(rec)
         return rec
+
+    def _clean_fragment(self, frag: Any) -> Any:
+        """Source through the key mapping; with hashing, the key in ``cites`` likewise."""
+        if not isinstance(frag, Mapping) or not isinstance(frag.get("source"), str):
+            return frag
+        raw = frag["source"]
+        out = {**frag, "source": self._names.map(raw)}
+        cites = frag.get("cites")
+        if self._names.hash_keys and isinstance(cites, list) and frag.get("layer") in ("L2", "NS"):
+            key = raw.partition(":")[2]
+            out["cites"] = [self._names.map(key) if c == key else c for c in cites]
+        return self._clean_cites(out) if "cites" in out else out
 
     def _clean_cites(self, frag: Any) -> Any:
         """Cites pass the gateway again; a token it changes (redacts, masks) is dropped."""
@@ -408,9 +531,9 @@ class TraceWriter:
         rec = {
             "schema": SCHEMA_VERSION,
             "kind": "step_output",
-            "trace_id": trace_id,
+            "trace_id": self._trace_id(trace_id, "trace.step_output"),
             "ts": utc_now_iso(),
-            "session_id": session_id,
+            "session_id": self._gateway.clean_text(session_id, where="trace.sid"),
             "step": step,
             "output": self._gateway.clean_text(output, where="trace.step_output"),
         }

@@ -1,18 +1,121 @@
-"""`ctx serve` (the context service) and `ctx loadtest PROFILE` (a Locust campaign)."""
+"""`ctx serve` (the context service) and `ctx loadtest PROFILE` (a Locust campaign).
+
+Logs of `ctx serve`: uvicorn's own loggers (``uvicorn``, ``uvicorn.error``, ``uvicorn.access``)
+do not propagate to the root logger the CLI cleans, so each worker installs the gateway's
+redaction on them (:func:`install_serve_log_redaction`, from the :func:`serve_app` factory, i.e.
+after uvicorn configured logging) plus :class:`SecretQueryFilter`, which blanks the values of
+secret-looking query parameters (``?api_key=...``, ``&token=...``, ``sig=``...) in access lines.
+"""
 
 from __future__ import annotations
 
+import copy
+import logging
 import os
 import re
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 import typer
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from context_core.gateway import Gateway
 
 PROFILES_HELP = (
     "short_sessions (1,000 QPS, 2.3 min sessions), long_sessions (100 QPS, 47 min), "
     "burst (200 -> 3,000 QPS)"
 )
+
+
+SERVE_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
+_QUERY_PARAM = re.compile(r"([?&;])([^=&;#\s\"'?]+)=([^&;#\s\"']*)")
+_SECRET_WORDS = frozenset(
+    {
+        "key", "apikey", "token", "password", "passwd", "pwd", "pass", "secret", "signature",
+        "sig", "auth", "authorization", "credential", "credentials", "jwt", "otp", "code",
+        "cookie", "session", "sessionid", "privatekey", "accesskey",
+    }
+)  # fmt: skip
+_SECRET_ENDINGS = ("key", "token", "secret", "password", "signature", "sig", "auth")
+
+
+def secret_param(name: str) -> bool:
+    """True for a query parameter name that may carry a secret (generous on purpose: an
+    over-blanked access-log value costs nothing)."""
+    from context_core.redaction import is_secret_key
+
+    name = unquote(name)
+    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
+    return bool(words) and (
+        any(w in _SECRET_WORDS for w in words)
+        or "".join(words).endswith(_SECRET_ENDINGS)
+        or is_secret_key(name)
+    )
+
+
+def scrub_query(text: str) -> str:
+    """``text`` with the value of every secret-looking ``name=value`` query parameter blanked."""
+    if "=" not in text:
+        return text
+
+    def sub(m: re.Match[str]) -> str:
+        return f"{m.group(1)}{m.group(2)}=***" if secret_param(m.group(2)) else m.group(0)
+
+    return _QUERY_PARAM.sub(sub, text)
+
+
+class SecretQueryFilter(logging.Filter):
+    """Blanks secret query parameter values in a record, keeping uvicorn's args tuple intact
+    (its ``AccessFormatter`` unpacks it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(scrub_query(a) if isinstance(a, str) else a for a in record.args)
+        elif not record.args and isinstance(record.msg, str):
+            record.msg = scrub_query(record.msg)
+        return True
+
+
+def serve_log_config() -> dict[str, Any]:
+    """uvicorn's logging config with :class:`SecretQueryFilter` on its loggers and an access
+    format that prints the (cleaned) message, since the gateway's filter formats the record."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    cfg = copy.deepcopy(LOGGING_CONFIG)
+    cfg["filters"] = {"secret_query": {"()": f"{__name__}.SecretQueryFilter"}}
+    cfg["formatters"]["access"] = {
+        "()": "uvicorn.logging.DefaultFormatter",
+        "fmt": "%(levelprefix)s %(message)s",
+    }
+    for name in SERVE_LOGGERS:
+        cfg["loggers"].setdefault(name, {})["filters"] = ["secret_query"]
+    return cfg
+
+
+def install_serve_log_redaction(gateway: Gateway) -> None:
+    """The gateway's log redaction and :class:`SecretQueryFilter` on uvicorn's loggers."""
+    from context_core.gateway import install_log_redaction
+
+    for name in SERVE_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, SecretQueryFilter) for f in logger.filters):
+            logger.addFilter(SecretQueryFilter())
+        install_log_redaction(gateway, logger)
+
+
+def serve_app() -> FastAPI:
+    """The uvicorn factory `ctx serve` runs in each worker, after uvicorn set up logging."""
+    from context_core.config import get_settings
+    from context_core.gateway import Gateway
+    from context_core.service import create_app
+
+    settings = get_settings()
+    install_serve_log_redaction(Gateway.from_settings(settings))
+    return create_app(settings)
 
 
 def register(app: typer.Typer) -> None:
@@ -42,17 +145,23 @@ def serve(
     settings = get_settings()
     host = host or settings.service_host
     port = port or settings.service_port
+    app_ref = f"{__name__}:serve_app"
     if workers == 1:
-        from context_core.service import create_app
-
-        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+        uvicorn.run(
+            app_ref,
+            factory=True,
+            host=host,
+            port=port,
+            log_level="info",
+            log_config=serve_log_config(),
+        )
         return
     provider = None
     if not settings.redis_url:
         # One embedded Valkey for every worker, handed down as CTX_REDIS_URL.
         provider = RedisProvider(settings)
         os.environ["CTX_REDIS_URL"] = provider.url
-        typer.echo(f"embedded Valkey for {workers} workers at {provider.url}", err=True)
+        typer.echo(f"embedded Valkey for {workers} workers at {provider.safe_url}", err=True)
     if not settings.api_keys_file:
         raise typer.BadParameter(
             "--workers > 1 needs CTX_API_KEYS_FILE (a dev key generated per worker would differ); "
@@ -62,12 +171,13 @@ def serve(
     os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="ctx-metrics-"))
     try:
         uvicorn.run(
-            "context_core.service.app:create_app",
+            app_ref,
             factory=True,
             host=host,
             port=port,
             workers=workers,
             log_level="info",
+            log_config=serve_log_config(),
         )
     finally:
         if provider is not None:

@@ -75,6 +75,12 @@ class ServiceMetrics:
             ["backend"],
             registry=r,
         )
+        self.acl_resyncs = Counter(
+            "ctx_acl_resyncs",
+            "Namespace ACL re-syncs from the API keys file after Redis lost its data "
+            "(restart or flush)",
+            registry=r,
+        )
         # pre-create the label sets the SLO gates read, so they export 0 instead of nothing
         for reason in ("backend", "l2_miss", "error"):
             self.load_failures.labels(reason=reason)

@@ -106,6 +106,55 @@ class Settings(BaseSettings):
     fault_slow_l3_ms: float = Field(
         0.0, ge=0, description="Fault drill: every L3 store call sleeps this long (0 = off)."
     )
+    service_redis_timeout_s: float = Field(
+        0.15,
+        gt=0,
+        le=30,
+        description="Socket read timeout of every Redis client on the service's request path "
+        "(L2, owners, namespaces, embedding cache): a hung Redis is a 503 after this long.",
+    )
+    service_redis_connect_timeout_s: float = Field(
+        0.15, gt=0, le=30, description="Connect timeout of the service's Redis clients."
+    )
+    acl_check_interval_s: float = Field(
+        5.0,
+        ge=0,
+        description="At most this often the service checks (one EXISTS) that Redis still holds "
+        "the namespace ACLs synced from CTX_API_KEYS_FILE, and re-syncs them after a Redis "
+        "restart or flush.",
+    )
+    trace_hash_keys: bool = Field(
+        True,
+        description="Trace writers built from settings (the service, ctx demo) record a stable "
+        "hash instead of the client-supplied segments of L2/NS key names.",
+    )
+    l1_max_result_bytes: int = Field(
+        2048,
+        gt=0,
+        description="A tool call's args or result whose cleaned JSON is bigger than this goes "
+        "to L2 (wm:{<sid>}:result:<call id>); the L1 trace keeps status + sha256 + the L2 key.",
+    )
+    l1_max_state_bytes: int = Field(
+        64 * 1024,
+        gt=1024,
+        description="Largest signed L1 state the service hands out; an event that would make "
+        "a bigger one is refused with 413 and the state sent stays valid.",
+    )
+    max_step_result_bytes: int = Field(
+        16 * 1024,
+        gt=0,
+        description="Largest L2 step result (cleaned JSON of its fields); bigger ones are "
+        "refused (413), or stored as a pointer to the tool call's L2 copy.",
+    )
+    max_live_sessions_per_agent: int = Field(
+        1000, gt=0, description="Open service sessions one agent may hold (429 beyond)."
+    )
+    max_write_bytes_per_agent_per_min: int = Field(
+        32 * 1024 * 1024,
+        gt=0,
+        description="Request-body bytes one agent may send to the writing endpoints per "
+        "minute (sessions, events, outputs); 429 with Retry-After beyond.",
+    )
 
     log_level: str = "INFO"
 

@@ -2,9 +2,18 @@
 
 Every error says which resource failed and what the operator can do about it. Driver
 errors (redis, qdrant, torch) are wrapped with ``raise ... from e`` so the cause stays visible.
+
+Each class also says, in its own body, how the HTTP service answers it: ``http_status`` and
+``error_code`` (the ``"error"`` field of the JSON body). The service has one generic handler
+that reads them, so this file is the one place that decides. A new class must set both
+itself (``tests/test_service_hardening.py`` enumerates the classes and fails on one that
+only inherits them); ``details()`` adds machine-readable fields to the body and
+``retry_after_s`` a ``Retry-After`` header.
 """
 
 from __future__ import annotations
+
+from typing import Any, ClassVar
 
 __all__ = [
     "AccessDeniedError",
@@ -18,14 +27,20 @@ __all__ = [
     "DataValidationError",
     "EmptyExportError",
     "IngestError",
+    "InputTooDeepError",
     "InvalidStoreRequestError",
     "MassDeleteError",
     "ModelLoadError",
     "ModelMismatchError",
     "PayloadTooLargeError",
     "PersistenceRefusedError",
+    "QuotaExceededError",
     "SessionDataInKnowledgeError",
+    "SessionExistsError",
+    "StaleStateError",
+    "StateTooLargeError",
     "UnknownEventError",
+    "UnknownSessionError",
     "VersionConflictError",
 ]
 
@@ -33,13 +48,28 @@ __all__ = [
 class ContextError(Exception):
     """Root of every error this platform raises on purpose."""
 
+    http_status: ClassVar[int] = 409
+    error_code: ClassVar[str] = "state_conflict"
+    retry_after_s: int | None = None
+
+    def details(self) -> dict[str, Any]:
+        """Extra fields for the HTTP error body (never the input that caused the error)."""
+        return {}
+
 
 class ConfigError(ContextError):
     """A setting is missing or invalid; the message names the ``CTX_*`` variable."""
 
+    http_status: ClassVar[int] = 500
+    error_code: ClassVar[str] = "server_misconfigured"
+
 
 class BackendUnavailableError(ContextError):
     """Redis/Valkey or Qdrant could not be reached or answered with an error."""
+
+    http_status: ClassVar[int] = 503
+    error_code: ClassVar[str] = "backend_unavailable"
+    retry_after_s: int | None = 1
 
 
 class ContextMissError(ContextError, KeyError):
@@ -47,6 +77,9 @@ class ContextMissError(ContextError, KeyError):
 
     ``key`` is the full Redis key, so the caller can log exactly what was missing.
     """
+
+    http_status: ClassVar[int] = 409
+    error_code: ClassVar[str] = "context_miss"
 
     def __init__(self, key: str, hint: str = "") -> None:
         self.key = key
@@ -58,37 +91,151 @@ class ContextMissError(ContextError, KeyError):
     def __str__(self) -> str:  # KeyError would repr() the message otherwise
         return str(self.args[0])
 
+    def details(self) -> dict[str, Any]:
+        return {"key": self.key}
+
 
 class VersionConflictError(ContextError):
     """An optimistic-lock write was based on a stale version of a task contract."""
+
+    http_status: ClassVar[int] = 409
+    error_code: ClassVar[str] = "version_conflict"
 
 
 class ContractLockedError(ContextError):
     """A task contract is locked (e.g. during error recovery) and refuses writes."""
 
+    http_status: ClassVar[int] = 423
+    error_code: ClassVar[str] = "contract_locked"
+
 
 class PersistenceRefusedError(ContextError, TypeError):
     """L1 session state must never be pickled, copied to disk or shared."""
+
+    http_status: ClassVar[int] = 500
+    error_code: ClassVar[str] = "internal_error"
 
 
 class AccessDeniedError(ContextError, PermissionError):
     """An agent asked for a namespace or session that its ACL does not grant."""
 
+    http_status: ClassVar[int] = 403
+    error_code: ClassVar[str] = "forbidden"
+
+
+class UnknownSessionError(ContextError, LookupError):
+    """A session the caller may not see: never created, expired, closed, or another agent's
+    (deliberately indistinguishable, so session ids don't leak between agents)."""
+
+    http_status: ClassVar[int] = 404
+    error_code: ClassVar[str] = "unknown_session"
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} is unknown or expired; create it again")
+        self.session_id = session_id
+
+    def details(self) -> dict[str, Any]:
+        return {"session_id": self.session_id}
+
+
+class SessionExistsError(ContextError):
+    """The caller's own session id is already in use."""
+
+    http_status: ClassVar[int] = 409
+    error_code: ClassVar[str] = "session_exists"
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} already exists; close it or use another id")
+        self.session_id = session_id
+
+    def details(self) -> dict[str, Any]:
+        return {"session_id": self.session_id}
+
+
+class StaleStateError(ContextError):
+    """A signed L1 state that is not the session's latest (replayed, superseded by a newer
+    one, raced by a concurrent request, or from an earlier incarnation of the session)."""
+
+    http_status: ClassVar[int] = 409
+    error_code: ClassVar[str] = "stale_state"
+
+    def __init__(self, message: str, *, session_id: str, current_version: int | None) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+        self.current_version = current_version
+
+    def details(self) -> dict[str, Any]:
+        return {"session_id": self.session_id, "current_version": self.current_version}
+
+
+class QuotaExceededError(ContextError):
+    """An agent went over one of its quotas; ``retry_after_s`` says when to try again."""
+
+    http_status: ClassVar[int] = 429
+    error_code: ClassVar[str] = "quota_exceeded"
+
+    def __init__(self, message: str, *, quota: str, limit: int, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.quota = quota
+        self.limit = limit
+        self.retry_after_s = max(1, int(retry_after_s))
+
+    def details(self) -> dict[str, Any]:
+        return {"quota": self.quota, "limit": self.limit, "retry_after_s": self.retry_after_s}
+
 
 class ModelLoadError(ContextError):
     """An embedding model could not be loaded offline."""
+
+    http_status: ClassVar[int] = 503
+    error_code: ClassVar[str] = "model_unavailable"
+    retry_after_s: int | None = 30
 
 
 class ModelMismatchError(ContextError):
     """A collection was built with one embedding model and queried with another."""
 
+    http_status: ClassVar[int] = 500
+    error_code: ClassVar[str] = "model_mismatch"
+
 
 class SessionDataInKnowledgeError(ContextError, ValueError):
     """Someone tried to store session- or user-specific data in L3 knowledge memory."""
 
+    http_status: ClassVar[int] = 422
+    error_code: ClassVar[str] = "session_data_in_knowledge"
+
 
 class PayloadTooLargeError(ContextError, ValueError):
-    """A payload exceeded a configured size cap."""
+    """A payload exceeded a configured size cap.
+
+    ``limit_bytes`` (when known) is the cap; the message names the ``CTX_*`` setting.
+    """
+
+    http_status: ClassVar[int] = 413
+    error_code: ClassVar[str] = "payload_too_large"
+
+    def __init__(self, message: str, *, limit_bytes: int | None = None) -> None:
+        super().__init__(message)
+        self.limit_bytes = limit_bytes
+
+    def details(self) -> dict[str, Any]:
+        return {} if self.limit_bytes is None else {"limit_bytes": self.limit_bytes}
+
+
+class StateTooLargeError(PayloadTooLargeError):
+    """The signed L1 state an event would produce is over its cap; nothing changed, the
+    state the client sent stays valid."""
+
+    http_status: ClassVar[int] = 413
+    error_code: ClassVar[str] = "state_too_large"
+
+
+class InputTooDeepError(ContextError, ValueError):
+    """A value is nested deeper than the platform processes (hostile or broken input)."""
+
+    http_status: ClassVar[int] = 422
+    error_code: ClassVar[str] = "input_too_deep"
 
 
 class DataValidationError(ContextError, ValueError):
@@ -96,6 +243,9 @@ class DataValidationError(ContextError, ValueError):
 
     ``failures`` lists human-readable descriptions naming the failing rows/fields.
     """
+
+    http_status: ClassVar[int] = 500
+    error_code: ClassVar[str] = "data_validation_failed"
 
     def __init__(self, message: str, failures: list[str] | None = None) -> None:
         self.failures = list(failures or [])
@@ -107,12 +257,18 @@ class DataValidationError(ContextError, ValueError):
 class IngestError(ContextError):
     """An ingestion source could not be read at all (a bad page is quarantined instead)."""
 
+    http_status: ClassVar[int] = 500
+    error_code: ClassVar[str] = "ingest_failed"
+
 
 class EmptyExportError(IngestError):
     """An export yielded no readable page: a wrong or half-mounted path. Nothing was written.
 
     A refresh that reads nothing must never be taken for "every page was deleted".
     """
+
+    http_status: ClassVar[int] = 422
+    error_code: ClassVar[str] = "empty_export"
 
 
 class MassDeleteError(IngestError):
@@ -121,6 +277,9 @@ class MassDeleteError(IngestError):
     ``would_delete`` and ``in_scope`` are page counts; re-run with ``--allow-deletes`` (DAG param
     ``allow_deletes``) when the deletions are intended.
     """
+
+    http_status: ClassVar[int] = 409
+    error_code: ClassVar[str] = "mass_delete_refused"
 
     def __init__(self, message: str, *, would_delete: int, in_scope: int) -> None:
         self.would_delete = would_delete
@@ -131,6 +290,9 @@ class MassDeleteError(IngestError):
 class UnknownEventError(ContextError, ValueError):
     """A lifecycle event name that the platform does not define."""
 
+    http_status: ClassVar[int] = 422
+    error_code: ClassVar[str] = "unknown_event"
+
 
 class CalibrationError(ContextError, ValueError):
     """Thresholds could not be derived from the labelled data with the chosen criterion.
@@ -138,10 +300,20 @@ class CalibrationError(ContextError, ValueError):
     The message names the criterion and the target that was not reachable.
     """
 
+    http_status: ClassVar[int] = 500
+    error_code: ClassVar[str] = "calibration_failed"
+
 
 class CollectionNotFoundError(ContextError, LookupError):
     """A vector-store collection was used before it was created (run the ingestion first)."""
 
+    http_status: ClassVar[int] = 503
+    error_code: ClassVar[str] = "collection_missing"
+    retry_after_s: int | None = 30
+
 
 class InvalidStoreRequestError(ContextError, ValueError):
     """A filter, point id or vector handed to the vector store is malformed."""
+
+    http_status: ClassVar[int] = 422
+    error_code: ClassVar[str] = "invalid_store_request"

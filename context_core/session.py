@@ -24,6 +24,13 @@ The action trace keeps the last :data:`TRACE_PAIRS` tool_call/tool_result *pairs
   result together, so the trace never holds half a pair;
 * a result for an unknown ``call_id`` (never recorded, or evicted while open) and a second
   result for the same call raise :class:`ContextError` rather than being silently dropped.
+
+L1 keeps pointers, not entities. A state built with ``offload=TraceOffload(max_bytes, store)``
+keeps a tool call's args or result in the trace only while its cleaned JSON is at most
+``max_bytes``; a bigger one is handed to ``store`` (which writes it to L2 and returns the
+key) and the trace item holds ``{"l2_key", "sha256", "bytes"}`` instead, so the state stays
+small however big the tool output was. ``last_api_result`` keeps status + sha256 either way.
+Without an offload (plain library use) payloads stay inline, as before.
 """
 
 from __future__ import annotations
@@ -34,21 +41,23 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from context_core.errors import ContextError, PersistenceRefusedError
+from context_core.errors import ContextError, InputTooDeepError, PersistenceRefusedError
 from context_core.gateway import Gateway, mask_mobile
 
 __all__ = [
     "TRACE_PAIRS",
     "ApiResultPointer",
     "AuthContext",
+    "OffloadedPayload",
     "SessionState",
     "TraceItem",
+    "TraceOffload",
     "bind_session",
     "clean_trace_text",
     "current_session",
@@ -162,16 +171,23 @@ def clean_trace_text(text: str) -> str:
     return mask_mobile(_normalize_urls(strip_emoji(text)))
 
 
-def _deep_trace_clean(value: Any) -> Any:
+_MAX_TRACE_DEPTH = 200
+
+
+def _deep_trace_clean(value: Any, depth: int = 0) -> Any:
     if isinstance(value, str):
         return clean_trace_text(value)
+    if depth >= _MAX_TRACE_DEPTH and isinstance(value, Mapping | list | tuple | set | frozenset):
+        raise InputTooDeepError(
+            f"trace payload is nested deeper than {_MAX_TRACE_DEPTH} levels; flatten it"
+        )
     if isinstance(value, Mapping):
         return {
-            (clean_trace_text(k) if isinstance(k, str) else k): _deep_trace_clean(v)
+            (clean_trace_text(k) if isinstance(k, str) else k): _deep_trace_clean(v, depth + 1)
             for k, v in value.items()
         }
     if isinstance(value, list | tuple | set | frozenset):
-        return [_deep_trace_clean(v) for v in value]
+        return [_deep_trace_clean(v, depth + 1) for v in value]
     return value
 
 
@@ -202,6 +218,29 @@ class TraceItem:
     ts: float
     call_id: str
     status: str | None = None  # results only
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadedPayload:
+    """A trace payload that went to L2: its key, and sha256/size of its cleaned JSON."""
+
+    l2_key: str
+    sha256: str
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class TraceOffload:
+    """Where trace payloads over ``max_bytes`` (cleaned, canonical JSON, UTF-8) go.
+
+    ``store(ident, cleaned_value)`` writes the value to L2 and returns its key; ``ident`` is
+    the call id for a result and ``<call id>.args`` for arguments. ``stored`` records what
+    went out (ident -> :class:`OffloadedPayload`) for the caller that built the offload.
+    """
+
+    max_bytes: int
+    store: Callable[[str, Any], str]
+    stored: dict[str, OffloadedPayload] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +300,7 @@ class SessionState:
     trace: tuple[TraceItem, ...] = ()
     gateway: Gateway = field(kw_only=True, repr=False, compare=False)
     auth_context: AuthContext = field(default=ANONYMOUS, kw_only=True, repr=False, compare=False)
+    offload: TraceOffload | None = field(default=None, kw_only=True, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.gateway, Gateway):
@@ -270,6 +310,8 @@ class SessionState:
             )
         if not isinstance(self.auth_context, AuthContext):
             raise ContextError("SessionState.auth_context must be an AuthContext")
+        if self.offload is not None and not isinstance(self.offload, TraceOffload):
+            raise ContextError("SessionState.offload must be a TraceOffload or None")
         if not isinstance(self.current_step, int) or self.current_step < 0:
             raise ContextError(
                 f"SessionState.current_step must be a non-negative int, got {self.current_step!r}"
@@ -377,9 +419,21 @@ class SessionState:
             raise ContextError(f"advance(): current_step must be a non-negative int, got {step!r}")
         return self._successor(**changes)
 
-    def _clean_payload(self, value: Any) -> str:
+    def _clean_payload(self, value: Any, ident: str) -> tuple[str, str]:
+        """The trace payload (cleaned canonical JSON, or a pointer to its L2 copy when it is
+        over the offload's size) and the sha256 of the cleaned JSON."""
         cleaned = self.gateway.clean(_deep_trace_clean(value), where="L1.trace")
-        return _canonical_json(cleaned)
+        payload = _canonical_json(cleaned)
+        raw = payload.encode()
+        digest = hashlib.sha256(raw).hexdigest()
+        off = self.offload
+        if off is not None and len(raw) > off.max_bytes:
+            ref = OffloadedPayload(off.store(ident, cleaned), digest, len(raw))
+            off.stored[ident] = ref
+            payload = _canonical_json(
+                {"l2_key": ref.l2_key, "sha256": ref.sha256, "bytes": ref.bytes}
+            )
+        return payload, digest
 
     def record_tool_call(self, name: str, args: Any, *, call_id: str) -> SessionState:
         """Append an open pair; evicts the oldest pair(s) beyond :data:`TRACE_PAIRS`."""
@@ -390,7 +444,7 @@ class SessionState:
         item = TraceItem(
             kind="tool_call",
             name=self.gateway.clean_text(clean_trace_text(str(name)), where="L1.trace"),
-            payload=self._clean_payload(args),
+            payload=self._clean_payload(args, f"{call_id}.args")[0],
             ts=time.time(),
             call_id=call_id,
         )
@@ -406,7 +460,7 @@ class SessionState:
             )
         if any(i.call_id == call_id and i.kind == "tool_result" for i in self.trace):
             raise ContextError(f"record_tool_result: call {call_id!r} already has a result")
-        payload = self._clean_payload(result)
+        payload, digest = self._clean_payload(result, call_id)
         clean_status = self.gateway.clean_text(str(status), where="L1.trace")
         item = TraceItem(
             kind="tool_result",
@@ -416,9 +470,7 @@ class SessionState:
             call_id=call_id,
             status=clean_status,
         )
-        pointer = ApiResultPointer(
-            status=clean_status, data_sha256=hashlib.sha256(payload.encode()).hexdigest()
-        )
+        pointer = ApiResultPointer(status=clean_status, data_sha256=digest)
         return self._successor(trace=(*self.trace, item), last_api_result=pointer)
 
     def drop_last_trace_items(self, n: int) -> SessionState:

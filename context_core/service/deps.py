@@ -1,8 +1,9 @@
 """What one service instance holds for its lifetime, built once in the app's lifespan.
 
-Redis clients here fail fast on purpose (0.5 s connect, 1 s read, one immediate retry): a
-request that finds Redis down must come back as a 503 within about a second, never hang in
-the driver's default back-off.
+Redis clients here fail fast on purpose (``CTX_SERVICE_REDIS_TIMEOUT_S`` and
+``CTX_SERVICE_REDIS_CONNECT_TIMEOUT_S``, 0.15 s each; one immediate retry on a broken
+connection, none on a timeout): a request that finds Redis down *or hung* must come back as a
+503 within about a quarter second, never wait out the driver's default back-off.
 """
 
 from __future__ import annotations
@@ -11,20 +12,25 @@ import logging
 import secrets
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from context_core.config import Settings
-from context_core.errors import AccessDeniedError, BackendUnavailableError
+from context_core.errors import BackendUnavailableError, SessionExistsError, UnknownSessionError
 from context_core.service.auth import KeyStore
 from context_core.service.metrics import ServiceMetrics
+from context_core.service.owners import AgentQuotas, OwnerBinding
+
+if TYPE_CHECKING:
+    from context_core.namespaces import AclSync
 
 __all__ = [
+    "AgentQuotas",
     "OwnerBinding",
     "Services",
     "SessionExistsError",
@@ -40,14 +46,25 @@ STATE_KEY = "svc:state-signing-key"
 RedisClient = redis.Redis  # alias: the Services field named ``redis`` shadows the module
 
 
-def fail_fast_client(url: str, *, decode_responses: bool = True) -> redis.Redis:
+def fail_fast_client(
+    url: str,
+    *,
+    decode_responses: bool = True,
+    timeout_s: float = 0.15,
+    connect_timeout_s: float = 0.15,
+) -> redis.Redis:
+    """A client for the request path: every command gives up after ``timeout_s``.
+
+    A broken connection (reset by a restarted server) is retried once, immediately, on a new
+    connection; a timeout is not retried, since a hung server would just cost the time twice.
+    """
     return redis.Redis.from_url(
         url,
         decode_responses=decode_responses,
-        socket_connect_timeout=0.5,
-        socket_timeout=1.0,
-        retry=Retry(NoBackoff(), 1),
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        socket_connect_timeout=connect_timeout_s,
+        socket_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+        retry_on_error=[redis.ConnectionError],
         health_check_interval=0,
     )
 
@@ -70,61 +87,6 @@ class SlowStore:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
-
-
-class OwnerBinding:
-    """``svc:{<sid>}:owner`` -> agent id: which agent a session belongs to.
-
-    Set once at creation (SET NX) and refreshed on every use (GETEX), so a second agent
-    presenting the same session id is refused even with a validly signed state.
-    """
-
-    def __init__(self, client: redis.Redis, ttl_s: int) -> None:
-        self._r = client
-        self.ttl_s = ttl_s
-
-    @staticmethod
-    def key(session_id: str) -> str:
-        return f"svc:{{{session_id}}}:owner"
-
-    def claim(self, session_id: str, agent_id: str) -> None:
-        try:
-            ok = self._r.set(self.key(session_id), agent_id, nx=True, ex=self.ttl_s)
-            owner = None if ok else self._r.get(self.key(session_id))
-        except redis.RedisError as e:
-            raise BackendUnavailableError(f"Redis failed while creating session: {e}") from e
-        if not ok:
-            if owner == agent_id:
-                raise SessionExistsError(session_id)
-            raise AccessDeniedError(f"session {session_id!r} belongs to another agent")
-
-    def check(self, session_id: str, agent_id: str) -> None:
-        try:
-            owner = self._r.getex(self.key(session_id), ex=self.ttl_s)
-        except redis.RedisError as e:
-            raise BackendUnavailableError(f"Redis failed while checking session owner: {e}") from e
-        if owner is None:
-            raise UnknownSessionError(session_id)
-        if owner != agent_id:
-            raise AccessDeniedError(f"session {session_id!r} belongs to another agent")
-
-    def release(self, session_id: str) -> None:
-        try:
-            self._r.delete(self.key(session_id))
-        except redis.RedisError as e:
-            raise BackendUnavailableError(f"Redis failed while closing session: {e}") from e
-
-
-class UnknownSessionError(LookupError):
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"session {session_id!r} is unknown or expired; create it again")
-        self.session_id = session_id
-
-
-class SessionExistsError(Exception):
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"session {session_id!r} already exists; close it or use another id")
-        self.session_id = session_id
 
 
 def load_state_key(client: redis.Redis) -> bytes:
@@ -162,6 +124,7 @@ class Services:
     owners: OwnerBinding
     metrics: ServiceMetrics
     state_key: bytes
+    quotas: AgentQuotas
 
     def intents(self) -> list[str]:
         return list(self.registry.names())
@@ -198,16 +161,18 @@ def build_services(settings: Settings, *, echo_dev_key: bool = True) -> Services
     from context_core.traces import TraceWriter
     from context_core.working_memory import WorkingMemory
 
-    provider = RedisProvider(settings)
+    timeout_s = settings.service_redis_timeout_s
+    connect_s = settings.service_redis_connect_timeout_s
+    provider = RedisProvider(settings, socket_timeout=timeout_s, socket_connect_timeout=connect_s)
     opened: list[Any] = [provider]
     try:
-        client = fail_fast_client(provider.url)
+        client = fail_fast_client(provider.url, timeout_s=timeout_s, connect_timeout_s=connect_s)
         opened.append(client)
         try:
             client.ping()
         except redis.RedisError as e:
             raise BackendUnavailableError(
-                f"Redis at {provider.url} did not answer PING ({e}); fix CTX_REDIS_URL"
+                f"Redis at {provider.safe_url} did not answer PING ({e}); fix CTX_REDIS_URL"
             ) from e
         gateway = Gateway.from_settings(settings)
         wm = WorkingMemory(
@@ -216,13 +181,16 @@ def build_services(settings: Settings, *, echo_dev_key: bool = True) -> Services
             default_ttl_s=settings.wm_default_ttl_s,
             series_window=settings.wm_series_window,
             min_ttl_s=settings.wm_min_ttl_s,
+            max_step_bytes=settings.max_step_result_bytes,
         )
         store = open_store(settings)
         opened.append(store)
         if settings.fault_slow_l3_ms > 0:
             log.warning("fault drill: every L3 call sleeps %.0f ms", settings.fault_slow_l3_ms)
             store = SlowStore(store, settings.fault_slow_l3_ms)
-        bin_client = fail_fast_client(provider.url, decode_responses=False)
+        bin_client = fail_fast_client(
+            provider.url, decode_responses=False, timeout_s=timeout_s, connect_timeout_s=connect_s
+        )
         opened.append(bin_client)
         encoder = load_encoder(settings, redis_client=bin_client)
         knowledge = KnowledgeMemory(store, encoder, settings, gateway)
@@ -257,7 +225,19 @@ def build_services(settings: Settings, *, echo_dev_key: bool = True) -> Services
                     file=sys.stderr,
                     flush=True,
                 )
-        sync_grants(namespaces, keys.agents)
+        state_key = load_state_key(client)
+        metrics = ServiceMetrics()
+
+        def after_resync() -> None:  # Redis restarted empty or was flushed
+            metrics.acl_resyncs.inc()
+            restore_state_key(client, state_key)
+
+        sync_grants(
+            namespaces,
+            keys.agents,
+            interval_s=settings.acl_check_interval_s,
+            on_resync=after_resync,
+        )
         return Services(
             settings=settings,
             provider=provider,
@@ -271,11 +251,19 @@ def build_services(settings: Settings, *, echo_dev_key: bool = True) -> Services
             tracer=tracer,
             namespaces=namespaces,
             registry=registry,
-            lifecycle=LifecycleManager(wm=wm, gateway=gateway, knowledge=knowledge),
+            lifecycle=LifecycleManager(
+                wm=wm, gateway=gateway, knowledge=knowledge, namespaces=namespaces
+            ),
             keys=keys,
             owners=OwnerBinding(client, ttl_s=2 * settings.wm_default_ttl_s),
-            metrics=ServiceMetrics(),
-            state_key=load_state_key(client),
+            metrics=metrics,
+            state_key=state_key,
+            quotas=AgentQuotas(
+                client,
+                max_sessions=settings.max_live_sessions_per_agent,
+                max_bytes_per_min=settings.max_write_bytes_per_agent_per_min,
+                session_ttl_s=2 * settings.wm_default_ttl_s,
+            ),
         )
     except BaseException:
         for obj in reversed(opened):
@@ -286,17 +274,44 @@ def build_services(settings: Settings, *, echo_dev_key: bool = True) -> Services
         raise
 
 
-def sync_grants(namespaces: Any, agents: Sequence[Any]) -> None:
-    """Mirror the keys file's namespace/purpose lists into the namespaces' Redis ACLs.
+def sync_grants(
+    namespaces: Any,
+    agents: Sequence[Any],
+    *,
+    interval_s: float = 5.0,
+    on_resync: Callable[[], None] | None = None,
+) -> AclSync:
+    """Mirror the keys file's namespace/purpose lists into the namespaces' Redis ACLs, and
+    keep them there: the returned :class:`AclSync` is attached to ``namespaces``, which
+    re-writes the grants when Redis restarts empty or is flushed (checked at most once per
+    ``interval_s``).
 
     The keys file is the operator's statement of who may read what; the namespace ACL is
     where the router checks it. A ``"*"`` namespace entry grants nothing here (namespaces are
     not enumerated); name the namespaces an agent needs.
     """
-    for agent in agents:
-        for ns in agent.namespaces:
-            if ns == "*":
-                continue
-            if not namespaces.exists(ns):
-                namespaces.create(ns)
-            namespaces.grant(ns, agent.agent_id, agent.purposes or ("*",))
+    from context_core.namespaces import AclSync, GrantSpec
+
+    grants = [
+        GrantSpec(ns, agent.agent_id, tuple(agent.purposes or ("*",)))
+        for agent in agents
+        for ns in agent.namespaces
+        if ns != "*"
+    ]
+    sync = AclSync(namespaces, grants, interval_s=interval_s, on_resync=on_resync)
+    sync.sync()
+    namespaces.keep_synced(sync)
+    return sync
+
+
+def restore_state_key(client: redis.Redis, key: bytes) -> None:
+    """After Redis lost its data: put this instance's state-signing key back (SET NX), so
+    instances sharing the server keep agreeing on it; warn when another one won the race."""
+    client.set(STATE_KEY, key.decode(), nx=True)
+    raw = client.get(STATE_KEY)
+    current = raw.encode() if isinstance(raw, str) else raw
+    if current != key:
+        log.warning(
+            "the state-signing key in Redis differs from this instance's after a Redis "
+            "restart; restart this instance so all instances sign with the same key"
+        )

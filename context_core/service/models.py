@@ -3,7 +3,15 @@
 The service is stateless: the agent's L1 state travels in each request and comes back
 updated. It is signed (HMAC-SHA256, key shared by every instance through Redis), so a client
 can carry its state but not forge or edit it; rebuilding a :class:`SessionState` from the wire
-runs every field through the gateway again.
+runs every field through the gateway again. The signature also covers ``version`` (+1 per
+applied event) and ``nonce`` (drawn when the session id is created), which the service checks
+against Redis, so a replayed or superseded state, or one from an earlier incarnation of the
+session, is refused (see :mod:`context_core.service.owners`).
+
+Every request field has limits: ids match ``[A-Za-z0-9._-]`` (what L2 keys accept), texts
+have lengths and no lone surrogates, free-form JSON (tool args/results, contract fields,
+``api_params`` ...) is bounded in depth, items and string length (:mod:`.limits`), and the
+``params`` of ``/v1/context`` are typed. A violation is a 422 naming the field and the limit.
 """
 
 from __future__ import annotations
@@ -13,13 +21,23 @@ import hmac
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, FiniteFloat, model_validator
+from pydantic_core import PydanticCustomError
 
 from context_core.gateway import Gateway
-from context_core.session import ApiResultPointer, AuthContext, SessionState, TraceItem
+from context_core.service.limits import check_json, check_text, check_unicode
+from context_core.session import (
+    ApiResultPointer,
+    AuthContext,
+    SessionState,
+    TraceItem,
+    TraceOffload,
+)
 
 __all__ = [
+    "ID_PATTERN",
     "CloseResponse",
+    "ContextParams",
     "ContextRequest",
     "ContextResponse",
     "ContractResponse",
@@ -36,7 +54,47 @@ __all__ = [
     "verify_wire",
 ]
 
-SessionId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+ID_PATTERN = r"^[A-Za-z0-9._-]+$"
+"""Session and call ids: the characters an L2 key segment may hold (no colon or brace)."""
+
+SessionId = Annotated[str, Field(min_length=1, max_length=128, pattern=ID_PATTERN)]
+CallId = Annotated[str, Field(min_length=1, max_length=128, pattern=ID_PATTERN)]
+Nonce = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+NO_NONCE = "0" * 32
+
+
+Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(check_text)]
+ShortText = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(check_text)]
+Query = Annotated[str, Field(max_length=8000), AfterValidator(check_text)]
+AnswerText = Annotated[str, Field(min_length=1, max_length=8000), AfterValidator(check_text)]
+Intent = Annotated[str, Field(min_length=1, max_length=100), AfterValidator(check_text)]
+Output = Annotated[str, Field(max_length=64_000), AfterValidator(check_text)]
+WireId = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(check_unicode)]
+WireName = Annotated[str, Field(max_length=1000), AfterValidator(check_unicode)]
+WireText = Annotated[str, Field(max_length=256 * 1024), AfterValidator(check_unicode)]
+JsonValue = Annotated[Any, AfterValidator(check_json)]
+"""Free-form JSON, bounded by :func:`~context_core.service.limits.check_json`."""
+JsonObject = Annotated[dict[str, Any], AfterValidator(check_json)]
+"""A free-form JSON object (a list or a string is a 422 naming the field)."""
+
+
+def _scalar(v: Any) -> Any:
+    if isinstance(v, str):
+        if len(v) > 8000:
+            raise PydanticCustomError(
+                "string_too_long",
+                "String should have at most 8000 characters",
+                {"max_length": 8000},
+            )
+        return check_text(v)
+    if v is None or isinstance(v, int | float):
+        return v
+    raise PydanticCustomError(
+        "scalar_type", "expected a string, number, boolean or null", {"expected": "scalar"}
+    )
+
+
+Scalar = Annotated[Any, AfterValidator(_scalar)]
 
 
 class _Model(BaseModel):
@@ -44,30 +102,35 @@ class _Model(BaseModel):
 
 
 class WireApiResult(_Model):
-    status: str
-    data_sha256: str
+    status: WireName
+    data_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
 class WireTraceItem(_Model):
     kind: Literal["tool_call", "tool_result"]
-    name: str
-    payload: str
+    name: WireName
+    payload: WireText
     ts: float
-    call_id: str
-    status: str | None = None
+    call_id: CallId
+    status: WireName | None = None
 
 
 class WireState(_Model):
-    """L1 as JSON. ``sig`` covers every other field; the auth context never travels."""
+    """L1 as JSON. ``sig`` covers every other field; the auth context never travels.
+
+    Its texts were cleaned by the gateway (which may lengthen them a little, e.g. a masked
+    secret), so their limits are looser than the request fields they came from."""
 
     session_id: SessionId
-    user_id: str = Field(min_length=1, max_length=128)
+    user_id: WireId
     start_time: float
-    user_query: str = Field(max_length=8000)
+    user_query: WireText
     current_step: int = Field(ge=0)
-    last_device_id: str | None = Field(None, max_length=128)
+    last_device_id: WireName | None = None
     last_api_result: WireApiResult | None = None
     trace: list[WireTraceItem] = Field(default_factory=list, max_length=20)
+    version: int = Field(0, ge=0, description="+1 per applied event; stale versions are refused")
+    nonce: Nonce = Field(NO_NONCE, description="the session's incarnation")
     sig: str = Field(min_length=64, max_length=64)
 
     def signed_part(self) -> dict[str, Any]:
@@ -79,8 +142,13 @@ def _signature(key: bytes, body: dict[str, Any]) -> str:
     return hmac.new(key, canon.encode("utf-8"), hashlib.sha256).hexdigest()
 
 
-def state_to_wire_dict(state: SessionState, key: bytes) -> dict[str, Any]:
+def state_to_wire_dict(
+    state: SessionState, key: bytes, *, version: int = 0, nonce: str = NO_NONCE
+) -> dict[str, Any]:
     """The signed wire form as a plain dict, ready to JSON-encode into a response.
+
+    ``version``/``nonce`` come from the session's record in Redis (:mod:`.owners`); the
+    defaults are for states that never meet the service's replay check (tests, tools).
 
     One validation pass (limits and type coercion, e.g. an int ``start_time`` becomes a float)
     gives exactly the dict a client's echo parses back to, so the signature is over the same
@@ -112,23 +180,34 @@ def state_to_wire_dict(state: SessionState, key: bytes) -> dict[str, Any]:
             }
             for t in state.trace
         ],
+        "version": version,
+        "nonce": nonce,
     }
     unsigned = WireState.model_validate({**body, "sig": "0" * 64}).signed_part()
     unsigned["sig"] = _signature(key, unsigned)
     return unsigned
 
 
-def state_to_wire(state: SessionState, key: bytes) -> WireState:
+def state_to_wire(
+    state: SessionState, key: bytes, *, version: int = 0, nonce: str = NO_NONCE
+) -> WireState:
     """The signed wire form as a model (same bytes as :func:`state_to_wire_dict`)."""
-    return WireState.model_validate(state_to_wire_dict(state, key))
+    return WireState.model_validate(state_to_wire_dict(state, key, version=version, nonce=nonce))
 
 
 def verify_wire(wire: WireState, key: bytes) -> bool:
     return hmac.compare_digest(wire.sig, _signature(key, wire.signed_part()))
 
 
-def state_from_wire(wire: WireState, *, gateway: Gateway, auth: AuthContext) -> SessionState:
-    """Rebuild L1 (untrusted construction: the gateway cleans every field again)."""
+def state_from_wire(
+    wire: WireState,
+    *,
+    gateway: Gateway,
+    auth: AuthContext,
+    offload: TraceOffload | None = None,
+) -> SessionState:
+    """Rebuild L1 (untrusted construction: the gateway cleans every field again).
+    ``offload`` sends big trace payloads of later tool calls to L2 (see :mod:`..session`)."""
     ptr = wire.last_api_result
     return SessionState(
         session_id=wire.session_id,
@@ -143,6 +222,7 @@ def state_from_wire(wire: WireState, *, gateway: Gateway, auth: AuthContext) -> 
         ),
         gateway=gateway,
         auth_context=auth,
+        offload=offload,
     )
 
 
@@ -150,12 +230,14 @@ def state_from_wire(wire: WireState, *, gateway: Gateway, auth: AuthContext) -> 
 
 
 class CreateSessionRequest(_Model):
-    user_id: str = Field(min_length=1, max_length=128)
-    user_query: str = Field(max_length=8000)
+    user_id: ShortText
+    user_query: Query
     session_id: SessionId | None = Field(None, description="default: a fresh random id")
-    device_id: str | None = Field(None, max_length=128)
-    contract: dict[str, Any] = Field(
-        default_factory=dict, description="initial task-contract fields besides the goal"
+    device_id: ShortText | None = None
+    contract: JsonObject = Field(
+        default_factory=dict,
+        max_length=100,
+        description="initial task-contract fields besides the goal",
     )
 
 
@@ -164,41 +246,68 @@ class ToolCallEvent(_Model):
     L2 gets the cleaned, capped response (api key), the step result and any series points."""
 
     type: Literal["tool_call"]
-    name: str = Field(min_length=1, max_length=200, description="tool / endpoint name")
-    args: dict[str, Any] = Field(default_factory=dict)
-    result: Any = None
+    name: Name = Field(description="tool / endpoint name")
+    args: JsonObject = Field(default_factory=dict)
+    result: JsonValue = Field(
+        None, description="the tool's result: required (null allowed, absent is a 422)"
+    )
     status: Literal["ok", "error", "timeout"] = "ok"
-    call_id: str | None = Field(None, min_length=1, max_length=128)
+    call_id: CallId | None = None
     store_step: bool = True
     advance: bool = True
-    device_id: str | None = Field(None, max_length=128)
-    series: dict[str, list[tuple[float, float]]] | None = Field(
-        None, description='e.g. {"PUMP-0042.vibration": [[ts, value], ...]}'
+    device_id: ShortText | None = None
+    series: (
+        dict[
+            Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\s{}:*?\[\]\\]+$")],
+            Annotated[list[tuple[FiniteFloat, FiniteFloat]], Field(max_length=10_000)],
+        ]
+        | None
+    ) = Field(
+        None,
+        max_length=100,
+        description='e.g. {"PUMP-0042.vibration": [[ts, value], ...]}',
     )
 
 
 class UserCorrectionEvent(_Model):
     type: Literal["user_correction"]
-    fields: dict[str, Any] = Field(min_length=1, description="corrected task-contract fields")
-    user_query: str | None = Field(None, max_length=8000)
+    fields: JsonObject = Field(
+        min_length=1, max_length=100, description="corrected task-contract fields"
+    )
+    user_query: Query | None = None
 
 
 class ContextOverflowEvent(_Model):
     type: Literal["context_overflow"]
     keep_pairs: int | None = Field(None, ge=0, le=10)
-    low_priority_ttl_s: int | None = Field(None, gt=0)
+    low_priority_ttl_s: int | None = Field(None, gt=0, le=86_400)
 
 
 class SessionTimeoutEvent(_Model):
     type: Literal["session_timeout"]
 
 
+class Answer(BaseModel):
+    """A confirmed answer for hot knowledge; other fields pass through as JSON."""
+
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, JsonValue]
+
+    text: AnswerText
+    source: Name | None = None
+    section: Name | None = None
+    title: Name | None = None
+    namespace: Name | None = None
+
+
 class GoalAchievedEvent(_Model):
     type: Literal["goal_achieved"]
-    answers: list[dict[str, Any]] = Field(
-        default_factory=list, description="confirmed answers for hot knowledge: {text, ...}"
+    answers: list[Answer] = Field(
+        default_factory=list,
+        max_length=50,
+        description="confirmed answers for hot knowledge: {text, ...}",
     )
-    grace_s: int | None = Field(None, gt=0)
+    grace_s: int | None = Field(None, gt=0, le=86_400)
 
 
 class ErrorRecoveryEvent(_Model):
@@ -221,19 +330,42 @@ class EventRequest(_Model):
     event: Event
 
 
+class ContextParams(BaseModel):
+    """Template values of ``/v1/context``; names the intents use are typed, any other name
+    may carry a scalar (string, number, boolean, null)."""
+
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, Scalar]
+
+    device: ShortText | None = None
+    section: Name | None = None
+    query: Query | None = None
+    endpoint: Name | None = None
+    api_params: JsonObject | None = Field(
+        None, description="the tool call's args, to find its cached response (an object)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _few(cls, data: Any) -> Any:
+        if isinstance(data, dict) and len(data) > 64:
+            raise ValueError(f"at most 64 params, got {len(data)}")
+        return data
+
+
 class ContextRequest(_Model):
     session_id: SessionId
-    step_intent: str = Field(min_length=1, max_length=100)
+    step_intent: Intent
     state: WireState
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: ContextParams = Field(default_factory=lambda: ContextParams.model_validate({}))
 
 
 class OutputRequest(_Model):
     """The step's output, appended to the trace file for CER (under the bundle's step)."""
 
     state: WireState
-    trace_id: str = Field(min_length=1, max_length=64)
-    output: str = Field(max_length=64_000)
+    trace_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+    output: Output
     step: int | None = Field(None, ge=0, description="default: the state's current step")
 
 
@@ -265,6 +397,15 @@ class ContextResponse(_Model):
     timings_ms: dict[str, float]
     context_used: dict[str, Any]
     trace_id: str
+
+
+class ToolResultResponse(_Model):
+    session_id: str
+    call_id: str
+    key: str
+    data: Any
+    stored_at: float
+    ttl_s: float | None
 
 
 class CloseResponse(_Model):

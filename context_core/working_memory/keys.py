@@ -13,14 +13,16 @@ import json
 import re
 from typing import Any
 
-from context_core.errors import ContextError
+from context_core.errors import ContextError, PayloadTooLargeError
 
 __all__ = [
+    "DEFAULT_MAX_STEP_BYTES",
     "RESERVED_PREFIX",
     "canonical",
     "check_ident",
     "check_kind",
     "check_sid",
+    "check_size",
     "pref_pattern",
     "pref_prefix",
     "session_prefix",
@@ -33,6 +35,20 @@ _IDENT = re.compile(r"^[^\s{}:*?\[\]\\]{1,256}$")
 
 #: Hash fields starting with this are the store's own bookkeeping (``_stored_at``, ...).
 RESERVED_PREFIX = "_"
+
+#: Default cap of one step result's cleaned field values (``CTX_MAX_STEP_RESULT_BYTES``).
+DEFAULT_MAX_STEP_BYTES = 16 * 1024
+
+
+def check_size(what: str, size: int, cap: int, setting: str) -> None:
+    """Refuse a write of ``size`` bytes over ``cap``, naming the ``CTX_MAX_<setting>_BYTES``
+    setting behind it (:class:`PayloadTooLargeError`, a 413 in the service)."""
+    if size > cap:
+        raise PayloadTooLargeError(
+            f"{what} is {size} bytes after cleaning, over the {cap}-byte limit "
+            f"(CTX_MAX_{setting}_BYTES); store a summary, or a pointer to where the data is",
+            limit_bytes=cap,
+        )
 
 
 def _check(what: str, value: object, pattern: re.Pattern[str], allowed: str) -> str:

@@ -6,7 +6,9 @@ it is the only door to ``wm:{<sid>}:...`` keys; no method takes a raw key for re
 Value layout:
 
 * ``api``      String, JSON ``{"stored_at": <epoch>, "data": <cleaned response>}``
-* ``step``     Hash, one JSON-encoded value per field plus ``_stored_at``
+* ``step``     Hash, one JSON-encoded value per field plus ``_stored_at``; at most
+  ``max_step_bytes`` (``CTX_MAX_STEP_RESULT_BYTES``) of field values, else refused
+* ``result``   String like ``api``: a tool call's full result, when L1 keeps only a pointer
 * ``series``   Sorted Set, member ``"<ts>|<value>"``, score ``ts``; newest N kept
 * ``pending``  Set of task ids, no TTL (ident ``tasks``)
 * ``contract`` Hash ``current`` (``f:<name>`` JSON fields + ``_version``, ``_corrected``,
@@ -61,11 +63,13 @@ from context_core.working_memory.index import (
     index_key,
 )
 from context_core.working_memory.keys import (
+    DEFAULT_MAX_STEP_BYTES,
     RESERVED_PREFIX,
     canonical,
     check_ident,
     check_kind,
     check_sid,
+    check_size,
     session_prefix,
     ttl_from_pttl,
 )
@@ -103,6 +107,7 @@ class WorkingMemory:
         series_window: int = 1000,
         min_ttl_s: int = DEFAULT_MIN_TTL_S,
         now: Callable[[], float] = time.time,
+        max_step_bytes: int = DEFAULT_MAX_STEP_BYTES,
     ) -> None:
         if not client.connection_pool.connection_kwargs.get("decode_responses"):
             raise ConfigError(
@@ -120,6 +125,9 @@ class WorkingMemory:
         self.default_ttl_s = int(default_ttl_s)
         self.series_window = int(series_window)
         self.min_ttl_s = int(min_ttl_s)
+        if max_step_bytes <= 0:
+            raise ConfigError(f"CTX_MAX_STEP_RESULT_BYTES must be positive, got {max_step_bytes}")
+        self.max_step_bytes = int(max_step_bytes)
         self._now = now
         self._contract_script = client.register_script(CONTRACT_LUA)
         self._step_put_script = client.register_script(STEP_PUT_LUA)
@@ -144,6 +152,7 @@ class WorkingMemory:
             default_ttl_s=settings.wm_default_ttl_s,
             series_window=settings.wm_series_window,
             min_ttl_s=settings.wm_min_ttl_s,
+            max_step_bytes=settings.max_step_result_bytes,
         )
 
     def session(self, session_id: str) -> SessionMemory:
@@ -230,6 +239,19 @@ class SessionMemory:
             self.wm._api_put_script(keys=[key, self._idx], args=[body, self._ttl(ttl_s)])
         return key
 
+    def put_call_result(
+        self, call_id: str, data: Any, *, max_bytes: int, ttl_s: int | None = None
+    ) -> str:
+        """A tool call's full result (``result:<call_id>``, read back with ``load``), kept
+        here when L1 holds only a pointer. Cleaned, and refused over ``max_bytes``."""
+        key = self.key("result", call_id)
+        cleaned = self._gw.clean(data, where=f"L2.result {call_id}")
+        body = canonical({"stored_at": self.wm._now(), "data": cleaned})
+        check_size(f"tool result {call_id!r}", len(body.encode()), max_bytes, "BODY")
+        with self.wm._guard(f"SET {key}"):
+            self.wm._api_put_script(keys=[key, self._idx], args=[body, self._ttl(ttl_s)])
+        return key
+
     def get_api_response(self, endpoint: str, params: Mapping[str, Any]) -> Loaded:
         return self._load_string(self.api_key(endpoint, params))
 
@@ -265,6 +287,8 @@ class SessionMemory:
             )
         cleaned = self._gw.clean(dict(fields), where=f"L2.step {step_id}")
         mapping = {k: canonical(v) for k, v in cleaned.items()}
+        size = sum(len(v.encode()) for v in mapping.values())
+        check_size(f"step result {step_id!r}", size, self.wm.max_step_bytes, "STEP_RESULT")
         now = self.wm._now()
         mapping["_stored_at"] = repr(now)
         explicit = "" if ttl_s is None else str(self._ttl(ttl_s))

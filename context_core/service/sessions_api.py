@@ -1,0 +1,386 @@
+"""The session and context endpoints.
+
+Endpoints are plain ``def``: the memory layers are synchronous clients, so FastAPI runs them
+in its worker threads. The hot endpoints return pre-encoded JSON (:func:`json_response`)
+built from values the service made itself; ``response_model`` on the route still publishes
+the schema in OpenAPI.
+
+Per request, one script in Redis checks that the session is the caller's and that the signed
+state is its latest (:mod:`.owners`): another agent's session answers exactly like a missing
+one (404), an old or replayed state is 409 ``stale_state``. An event holds the session's write
+lease while it runs and commits the new version at the end; if anything fails, including a
+new state over ``CTX_L1_MAX_STATE_BYTES`` (413), nothing is committed and the state the client
+sent stays the latest. Tool args/results over ``CTX_L1_MAX_RESULT_BYTES`` go to L2
+(``wm:{<sid>}:result:<call id>``, readable with ``GET .../results/<call id>``) and L1 keeps a
+pointer, so one big tool output can no longer make the session's state too big to send.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import redis
+from fastapi import FastAPI, Path
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+
+from context_core.errors import (
+    AccessDeniedError,
+    BackendUnavailableError,
+    ContextMissError,
+    PayloadTooLargeError,
+    StaleStateError,
+    StateTooLargeError,
+    UnknownSessionError,
+)
+from context_core.service.errors_map import json_response
+from context_core.service.http_deps import BodyBytes, Svc, Who
+from context_core.service.models import (
+    ID_PATTERN,
+    CloseResponse,
+    ContextRequest,
+    ContextResponse,
+    ContractResponse,
+    CreateSessionRequest,
+    EventRequest,
+    OutputRequest,
+    StateResponse,
+    ToolCallEvent,
+    ToolResultResponse,
+    WireState,
+    state_from_wire,
+    state_to_wire_dict,
+    verify_wire,
+)
+from context_core.session import AuthContext, OffloadedPayload, SessionState, TraceOffload
+
+__all__ = ["install_session_routes"]
+
+PathSessionId = Annotated[str, Path(min_length=1, max_length=128, pattern=ID_PATTERN)]
+PathCallId = Annotated[str, Path(min_length=1, max_length=128, pattern=ID_PATTERN)]
+
+
+def _auth(who: Any) -> AuthContext:
+    return AuthContext(agent_id=who.agent_id, scopes=tuple(who.purposes))
+
+
+def _signed_for(svc: Any, wire: WireState, session_id: str) -> None:
+    """The state names this session and carries the service's signature."""
+    if wire.session_id != session_id:
+        raise RequestValidationError(
+            [
+                {
+                    "type": "value_error",
+                    "loc": ("body", "state", "session_id"),
+                    "msg": f"state belongs to session {wire.session_id!r}, not {session_id!r}",
+                }
+            ]
+        )
+    if not verify_wire(wire, svc.state_key):
+        raise AccessDeniedError(
+            "state signature does not match: send the state exactly as the service returned it"
+        )
+
+
+def _wire_out(
+    svc: Any, state: SessionState, version: int, nonce: str
+) -> tuple[dict[str, Any], str]:
+    """The signed state and its JSON; refused (413) when over ``CTX_L1_MAX_STATE_BYTES``."""
+    wire = state_to_wire_dict(state, svc.state_key, version=version, nonce=nonce)
+    text = json.dumps(wire, ensure_ascii=False, separators=(",", ":"))
+    size, cap = len(text.encode("utf-8")), svc.settings.l1_max_state_bytes
+    if size > cap:
+        raise StateTooLargeError(
+            f"this event would make the session's L1 state {size} bytes, over the {cap}-byte "
+            "limit (CTX_L1_MAX_STATE_BYTES); nothing was applied to L1 and the state you sent "
+            "is still valid: trim the trace with a context_overflow event (keep_pairs) or "
+            "send shorter texts, then retry",
+            limit_bytes=cap,
+        )
+    return wire, text
+
+
+def _offload(svc: Any, session_id: str) -> TraceOffload:
+    sm = svc.wm.session(session_id)
+    cap = svc.settings.max_body_bytes
+
+    def store(ident: str, value: Any) -> str:
+        return str(sm.put_call_result(ident, value, max_bytes=cap))
+
+    return TraceOffload(max_bytes=svc.settings.l1_max_result_bytes, store=store)
+
+
+def _tool_call(
+    svc: Any, state: SessionState, ev: ToolCallEvent, offload: TraceOffload
+) -> dict[str, Any]:
+    """Apply a tool call; the step result is written here, not by the lifecycle, so a result
+    too big for a step (``CTX_MAX_STEP_RESULT_BYTES``) can point at the call's L2 copy."""
+    payload = ev.model_dump(exclude={"type", "result", "store_step"}, exclude_none=True)
+    result = svc.lifecycle.apply("tool_call", state, result=ev.result, store_step=False, **payload)
+    effects = dict(result.effects)
+    if ev.store_step:
+        sm = svc.wm.session(state.session_id)
+        raw = ev.result
+        fields = dict(raw) if isinstance(raw, Mapping) and raw else {"result": raw}
+        fields = {str(k): v for k, v in fields.items() if not str(k).startswith("_")}
+        fields.setdefault("tool", ev.name)
+        step_id = str(state.current_step)
+        ref = offload.stored.get(str(effects["call_id"]))
+        if ref is not None and ref.bytes > sm.wm.max_step_bytes:  # the whole would not fit
+            effects["step_key"] = sm.put_step_result(step_id, _step_pointer(ev, ref))
+        else:
+            try:
+                effects["step_key"] = sm.put_step_result(step_id, fields)
+            except PayloadTooLargeError:
+                if ref is None:  # in L2 nowhere else: the client must send less
+                    raise
+                effects["step_key"] = sm.put_step_result(step_id, _step_pointer(ev, ref))
+    return {"result": result, "effects": effects}
+
+
+def _step_pointer(ev: ToolCallEvent, ref: OffloadedPayload) -> dict[str, Any]:
+    """The step result of a call whose result lives in L2 as ``result:<call id>``."""
+    return {
+        "tool": ev.name,
+        "status": ev.status,
+        "result_ref": ref.l2_key,
+        "result_sha256": ref.sha256,
+        "result_bytes": ref.bytes,
+    }
+
+
+def _require_result(ev: ToolCallEvent) -> None:
+    """A tool call must say what the tool returned (checked after the model's own checks,
+    so a request with other errors reports those first)."""
+    if "result" not in ev.model_fields_set:
+        raise RequestValidationError(
+            [
+                {
+                    "type": "missing",
+                    "loc": ("body", "event", "tool_call", "result"),
+                    "msg": "Field required: the tool's result (send null for none)",
+                }
+            ]
+        )
+
+
+def _contract_out(session_id: str, c: Any) -> ContractResponse:
+    canon = json.dumps(
+        {"version": c.version, "fields": c.fields}, sort_keys=True, separators=(",", ":")
+    )
+    return ContractResponse(
+        session_id=session_id,
+        version=c.version,
+        fields=c.fields,
+        corrected=c.corrected,
+        locked=c.locked,
+        sha256=hashlib.sha256(canon.encode()).hexdigest(),
+    )
+
+
+def install_session_routes(app: FastAPI) -> None:
+    @app.post("/v1/sessions", status_code=201, tags=["sessions"], response_model=StateResponse)
+    def create_session(
+        body: CreateSessionRequest, svc: Svc, who: Who, nbytes: BodyBytes
+    ) -> Response:
+        """Start a session owned by the calling agent; returns the signed L1 state."""
+        sid = body.session_id or f"s-{uuid.uuid4().hex}"
+        nonce = svc.owners.claim(sid, who.agent_id)
+        try:
+            svc.quotas.charge(who.agent_id, nbytes, session_id=sid, new_session=True)
+        except BaseException:
+            svc.owners.release(sid)
+            raise
+        try:
+            result = svc.lifecycle.apply(
+                "session_start",
+                None,
+                session_id=sid,
+                user_id=body.user_id,
+                user_query=body.user_query,
+                auth=_auth(who),
+                contract=body.contract,
+                device_id=body.device_id,
+            )
+            wire, text = _wire_out(svc, result.state, 0, nonce)
+            svc.owners.publish_initial(sid, text)
+        except BaseException:
+            _undo_create(svc, sid, who.agent_id)
+            raise
+        return json_response({"state": wire, "info": jsonable_encoder(result.effects)}, 201)
+
+    @app.post("/v1/sessions/{session_id}/events", tags=["sessions"], response_model=StateResponse)
+    def post_event(
+        session_id: PathSessionId, body: EventRequest, svc: Svc, who: Who, nbytes: BodyBytes
+    ) -> Response:
+        """A lifecycle event (tool_call, user_correction, context_overflow, session_timeout,
+        goal_achieved, error_recovery); everything stored passes the gateway. The returned
+        state is the session's new latest; the one sent is stale from then on."""
+        wire = body.state
+        _signed_for(svc, wire, session_id)
+        svc.quotas.charge(who.agent_id, nbytes, session_id=session_id)
+        ev = body.event
+        if isinstance(ev, ToolCallEvent):
+            _require_result(ev)
+        lease = svc.owners.reserve(session_id, who.agent_id, wire.nonce, wire.version)
+        try:
+            offload = _offload(svc, session_id)
+            state = state_from_wire(wire, gateway=svc.gateway, auth=_auth(who), offload=offload)
+            if isinstance(ev, ToolCallEvent):
+                done = _tool_call(svc, state, ev, offload)
+                result, effects = done["result"], done["effects"]
+            else:
+                payload = ev.model_dump(exclude={"type"}, exclude_none=True)
+                result = svc.lifecycle.apply(ev.type, state, **payload)
+                effects = result.effects
+            out, text = _wire_out(svc, result.state, lease.version + 1, lease.nonce)
+            svc.owners.commit(lease, text)
+        except BaseException:
+            svc.owners.abort(lease)
+            raise
+        info = {"event": ev.type, **jsonable_encoder(effects)}
+        return json_response({"state": out, "info": info})
+
+    @app.post(
+        "/v1/context",
+        tags=["context"],
+        response_model=ContextResponse,
+        responses={
+            409: {"description": "a required L2 key is missing or expired, or a stale state"},
+            503: {"description": "Redis is unreachable"},
+        },
+    )
+    def load_context(body: ContextRequest, svc: Svc, who: Who) -> Response:
+        """Route one step: the bundle of L1/L2/L3/shared fragments, each with provenance."""
+        allowed = svc.intents()
+        if body.step_intent not in allowed:
+            raise RequestValidationError(
+                [
+                    {
+                        "type": "unknown_intent",
+                        "loc": ("body", "step_intent"),
+                        "msg": f"unknown step_intent {body.step_intent!r}",
+                        "ctx": {"allowed": allowed},
+                    }
+                ]
+            )
+        m = svc.metrics
+        try:
+            wire = body.state
+            _signed_for(svc, wire, body.session_id)
+            svc.owners.verify(body.session_id, who.agent_id, wire.nonce, wire.version)
+            state = state_from_wire(wire, gateway=svc.gateway, auth=_auth(who))
+            bundle = svc.router.route(
+                state,
+                body.step_intent,
+                params=body.params.model_dump(exclude_unset=True),
+                agent_id=who.agent_id,
+            )
+        except ContextMissError:
+            m.load_failures.labels(reason="l2_miss").inc()
+            m.l2_misses.inc()
+            raise
+        except (BackendUnavailableError, redis.RedisError):
+            m.load_failures.labels(reason="backend").inc()
+            raise
+        except (AccessDeniedError, UnknownSessionError, StaleStateError, RequestValidationError):
+            raise
+        except Exception:
+            m.load_failures.labels(reason="error").inc()
+            raise
+        spec = svc.registry.get(body.step_intent)
+        m.observe_bundle(bundle.timings_ms, l3_requested=bool(spec.l3))
+        if bundle.degraded:
+            m.degraded.inc()
+        found = len((bundle.context_used or {}).get("l2", ()))
+        misses = len(spec.l2_keys) - found  # optional keys the step went without
+        if misses > 0:
+            m.l2_misses.inc(misses)
+        return json_response(
+            {
+                "session_id": bundle.session_id,
+                "step": bundle.step,
+                "intent": bundle.intent,
+                "fragments": [f.to_dict() for f in bundle.fragments],
+                "degraded": bundle.degraded,
+                "timings_ms": dict(bundle.timings_ms),
+                "context_used": bundle.context_used or {},
+                "trace_id": bundle.trace_id,
+            }
+        )
+
+    @app.post("/v1/sessions/{session_id}/outputs", tags=["sessions"], response_model=StateResponse)
+    def post_output(
+        session_id: PathSessionId, body: OutputRequest, svc: Svc, who: Who, nbytes: BodyBytes
+    ) -> Response:
+        """Record the step's output for CER (the state comes back unchanged)."""
+        wire = body.state
+        _signed_for(svc, wire, session_id)
+        svc.quotas.charge(who.agent_id, nbytes, session_id=session_id)
+        svc.owners.verify(session_id, who.agent_id, wire.nonce, wire.version)
+        step = wire.current_step if body.step is None else body.step
+        svc.tracer.record_output(body.trace_id, session_id, step, body.output)
+        return json_response(
+            {"state": wire.model_dump(), "info": {"step": step, "trace_id": body.trace_id}}
+        )
+
+    @app.get("/v1/sessions/{session_id}/state", tags=["sessions"], response_model=StateResponse)
+    def get_state(session_id: PathSessionId, svc: Svc, who: Who) -> Response:
+        """The session's latest signed state: where a client answered ``stale_state`` (or one
+        that lost a response) picks up again."""
+        latest = json.loads(svc.owners.latest_state(session_id, who.agent_id))
+        return json_response({"state": latest, "info": {"version": latest.get("version", 0)}})
+
+    @app.get(
+        "/v1/sessions/{session_id}/results/{call_id}",
+        tags=["sessions"],
+        response_model=ToolResultResponse,
+    )
+    def get_result(session_id: PathSessionId, call_id: PathCallId, svc: Svc, who: Who) -> Response:
+        """The L2 copy of a tool call's args (``<call id>.args``) or result, kept when it was
+        too big for L1 (the trace item and step result point here)."""
+        svc.owners.check(session_id, who.agent_id)
+        loaded = svc.wm.session(session_id).load("result", call_id)
+        return json_response(
+            {
+                "session_id": session_id,
+                "call_id": call_id,
+                "key": loaded.key,
+                "data": loaded.value,
+                "stored_at": loaded.stored_at,
+                "ttl_s": loaded.ttl_s,
+            }
+        )
+
+    @app.get("/v1/sessions/{session_id}/contract", tags=["sessions"])
+    def get_contract(session_id: PathSessionId, svc: Svc, who: Who) -> ContractResponse:
+        """The current task contract with a content hash (used to check nothing was lost)."""
+        svc.owners.check(session_id, who.agent_id)
+        return _contract_out(session_id, svc.wm.session(session_id).contract())
+
+    @app.delete("/v1/sessions/{session_id}", tags=["sessions"], response_model=CloseResponse)
+    def close_session(session_id: PathSessionId, svc: Svc, who: Who) -> Response:
+        """Close the session: its working memory is deleted now rather than left to expire;
+        its states are void (a session created again under the id starts a new incarnation)."""
+        svc.owners.check(session_id, who.agent_id)
+        n = svc.wm.session(session_id).clear()
+        svc.owners.release(session_id)
+        svc.quotas.forget(who.agent_id, session_id)
+        return json_response({"session_id": session_id, "deleted_keys": n})
+
+
+def _undo_create(svc: Any, session_id: str, agent_id: str) -> None:
+    """A creation failed after the claim: drop what it wrote, then free the id."""
+    for undo in (
+        lambda: svc.wm.session(session_id).clear(),
+        lambda: svc.owners.release(session_id),
+        lambda: svc.quotas.forget(agent_id, session_id),
+    ):
+        with contextlib.suppress(Exception):  # the client must hear the original error
+            undo()

@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +23,8 @@ from typing import Any
 import httpx
 import pytest
 import redis
-import uvicorn
 from conftest import cleanup_keys
+from test_service import running_service
 
 from context_core.bundle import ContextBundle, Fragment
 from context_core.confidence import ConfidencePolicy
@@ -381,38 +378,6 @@ def test_on_fallback_is_scoped_per_agent(env: Env) -> None:
 # --- through the real HTTP service --------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def _serve(settings: Settings) -> Iterator[str]:
-    from context_core.service import create_app
-
-    port = _free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(settings), host="127.0.0.1", port=port, log_level="warning", lifespan="on"
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError("the service failed to start (see the log above)")
-        if time.monotonic() > deadline:
-            raise TimeoutError("the service did not start within 120 s")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-
-
 def test_http_goal_achieved_from_an_agent_without_grants_is_not_served_to_another(
     tmp_path: Path, redis_url: str, encoder: Encoder
 ) -> None:
@@ -479,7 +444,7 @@ def test_http_goal_achieved_from_an_agent_without_grants_is_not_served_to_anothe
         return [f for f in r.json()["fragments"] if f["layer"] == "L3"]
 
     try:
-        with _serve(settings) as url:
+        with running_service(settings) as url:
             a = httpx.Client(base_url=url, headers={"X-API-Key": raw["agent-a"]}, timeout=60)
             b = httpx.Client(base_url=url, headers={"X-API-Key": raw["agent-b"]}, timeout=60)
             with a, b:

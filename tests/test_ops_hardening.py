@@ -30,12 +30,12 @@ import httpx
 import pytest
 import redis
 import uvicorn
+from test_service import _acl_keys
 
 from context_core.config import Settings, get_settings
 from context_core.gateway import Gateway
 from context_core.namespaces import AclSync, GrantSpec, NamespaceRegistry
 from context_core.service import create_app
-from context_core.service.auth import hash_key, new_key
 from context_core.traces import TraceWriter, new_trace_id, read_traces
 
 FAKE_SECRET = "sk_live_" + "q" * 24
@@ -142,22 +142,6 @@ def run_app(settings: Settings) -> Iterator[tuple[str, Any]]:
         thread.join(timeout=30)
 
 
-def write_keys(tmp: Path) -> tuple[Path, dict[str, str]]:
-    """agent-a may read namespace 'fleet' (diagnostics, reporting); agent-b nothing shared."""
-    raw = {"agent-a": new_key(), "agent-b": new_key()}
-    doc = {
-        "agent-a": {
-            "key_sha256": hash_key(raw["agent-a"]),
-            "namespaces": ["fleet"],
-            "purposes": ["diagnostics", "reporting"],
-        },
-        "agent-b": {"key_sha256": hash_key(raw["agent-b"]), "namespaces": [], "purposes": []},
-    }
-    path = tmp / "api_keys.json"
-    path.write_text(json.dumps(doc))
-    return path, raw
-
-
 @dataclass
 class Stack:
     url: str
@@ -174,7 +158,7 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("ops")
-    keys_file, raw = write_keys(tmp)
+    keys_file, raw = _acl_keys(tmp)
     with private_redis(tmp / "redis") as server:
         settings = get_settings(
             data_dir=tmp / "ctx",
@@ -311,7 +295,7 @@ def test_hung_redis_gives_a_fast_503_and_healthz_stays_instant(stack: Stack) -> 
 def test_healthz_never_queues_behind_an_exhausted_thread_pool(tmp_path: Path) -> None:
     """With a 2 s Redis timeout, 48 requests on a hung Redis hold all 40 worker threads;
     /healthz (event loop) and /readyz (threads of its own) still answer at once."""
-    keys_file, raw = write_keys(tmp_path)
+    keys_file, raw = _acl_keys(tmp_path)
     with private_redis(tmp_path / "redis") as server:
         settings = get_settings(
             data_dir=tmp_path / "ctx",

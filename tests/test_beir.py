@@ -67,8 +67,8 @@ def test_calibrate_beir_cranfield_subset(cranfield: Path, settings) -> None:
 def test_calibrate_sample_against_the_ingested_sample_export(
     settings, redis_url: str, session_id: str
 ) -> None:
-    pipeline = pytest.importorskip("context_core.ingest.pipeline")
     from context_core.confidence import ConfidencePolicy
+    from context_core.ingest import pipeline
     from evaluation.beir import SAMPLE_EVAL_DIR, calibrate_sample
 
     export = SAMPLE_EVAL_DIR.parent / "confluence" / "EQM"

@@ -127,7 +127,8 @@ def test_compare_with_current_counts_label_changes_per_class() -> None:
 
 
 def test_thresholds_json_round_trips_into_confidence_policy(settings) -> None:
-    confidence = pytest.importorskip("context_core.confidence")
+    from context_core import confidence
+
     scores, labels = _separable()
     r = calibrate(scores, labels, n_boot=20)
     path = write_thresholds(

@@ -1,17 +1,39 @@
-"""Calibrated confidence thresholds for L3 hits.
+"""Calibrated confidence thresholds for L3 hits, bound to the embedding model they were fit for.
 
 An L3 hit is only as useful as our belief that it answers the step. The calibration job
 (``ctx eval calibrate``) fits two cut points on labelled retrieval results and writes them to
-``reports/thresholds.json``; this module reads that file and labels every hit:
+``reports/thresholds.json``; this module reads that file and labels the hits of a route.
 
-* ``score >= accept``          -> ``"confident"``: used as context;
-* ``skip <= score < accept``   -> ``"low_confidence"``: passed on, marked "for reference";
-* ``score < skip``             -> ``"below_skip"``: dropped.
+Labelling a route's hit list (:meth:`ConfidencePolicy.label_hits`) follows one of two rules
+(``CTX_CONFIDENCE_RULE``):
+
+* ``"design"`` (default, the reference design): if **every** hit scores below ``skip``, L3 is
+  left out (all ``"below_skip"``); otherwise hits ``>= accept`` are ``"confident"`` and **all
+  the others** ``"low_confidence"`` (passed on "for reference; real-time data wins"), including
+  the ones below skip.
+* ``"per_hit"`` (the earlier behaviour, kept as an option): each hit on its own,
+  ``>= accept`` confident, ``[skip, accept)`` low-confidence, ``< skip`` dropped.
+
+A NaN score is never trusted: ``"below_skip"`` under either rule, and it does not count as a
+hit at or above skip.
 
 Scores are **cosine similarities** (higher = closer, identical text ~ 1.0), the convention of
 :class:`context_core.knowledge.store.Hit`. A distance (lower = closer) fed in by mistake would
 invert every label, so :meth:`ConfidencePolicy.label` refuses values outside [-1, 1] and the
 tests pin that a search for a stored text itself comes back ``confident``.
+
+**Thresholds belong to a model.** Cosine scales differ between embedding models (MiniLM's
+0.49/0.28 mean nothing for bge-m3), so ``thresholds.json`` records the model it was calibrated
+with (top-level ``"model"``, else ``provenance.model``). :class:`PolicySource` compares it with
+the encoder's model, by the name a collection records (:func:`model_name`): a file for another
+model is refused (an error log naming both models and the fix; the settings' defaults apply)
+or, with ``CTX_THRESHOLDS_MODEL_MISMATCH=warn``, used with a loud warning. A file that names no
+model (written before the binding existed) is used with a warning.
+
+**Reload without restart.** :meth:`PolicySource.current` does one ``os.stat`` per call and
+re-reads the file when its ``(mtime_ns, size, inode)`` changed, so a calibration written while
+the service runs (``write_thresholds`` replaces the file atomically: new inode) is in force on
+the next route.
 
 A missing thresholds file is normal (before the first calibration): the settings' defaults
 (``CTX_ACCEPT_THRESHOLD`` 0.72, ``CTX_SKIP_THRESHOLD`` 0.65) apply silently. A *malformed* file
@@ -20,16 +42,30 @@ is an operator problem: the defaults apply and a warning names the file and what
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import math
-from dataclasses import dataclass
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from context_core.config import Settings
 
-__all__ = ["DEFAULT_ACCEPT", "DEFAULT_SKIP", "ConfidenceLabel", "ConfidencePolicy"]
+__all__ = [
+    "DEFAULT_ACCEPT",
+    "DEFAULT_SKIP",
+    "RULES",
+    "ConfidenceLabel",
+    "ConfidencePolicy",
+    "ConfidenceRule",
+    "PolicySource",
+    "model_name",
+    "thresholds_model",
+]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +73,8 @@ DEFAULT_ACCEPT = 0.72
 DEFAULT_SKIP = 0.65
 
 ConfidenceLabel = Literal["confident", "low_confidence", "below_skip"]
+ConfidenceRule = Literal["design", "per_hit"]
+RULES: tuple[ConfidenceRule, ...] = ("design", "per_hit")
 
 # Float noise of a normalised dot product can land a hair outside [-1, 1]; a distance
 # metric (euclidean, 1 - cos) easily goes far beyond. This tolerance separates the two.
@@ -45,20 +83,26 @@ _COSINE_SLACK = 1e-3
 
 @dataclass(frozen=True, slots=True)
 class ConfidencePolicy:
-    """Two cut points on cosine similarity, and where they came from.
+    """Two cut points on cosine similarity, the rule that applies them, and their provenance.
 
     ``source`` is a human-readable provenance string (a file path, or which defaults), shown
-    in health reports so nobody wonders which thresholds a run used.
+    in health reports and traces so nobody wonders which thresholds a run used. ``model`` is
+    the embedding model the thresholds were calibrated for (None: unknown, e.g. defaults or a
+    legacy file).
     """
 
     accept: float = DEFAULT_ACCEPT
     skip: float = DEFAULT_SKIP
     source: str = "built-in defaults"
+    model: str | None = None
+    rule: ConfidenceRule = "design"
 
     def __post_init__(self) -> None:
         problem = _check_pair(self.accept, self.skip)
         if problem:
             raise ValueError(f"invalid confidence thresholds: {problem}")
+        if self.rule not in RULES:
+            raise ValueError(f"unknown confidence rule {self.rule!r}; use one of {list(RULES)}")
 
     @classmethod
     def defaults(cls, settings: Settings | None = None) -> ConfidencePolicy:
@@ -69,28 +113,45 @@ class ConfidencePolicy:
             accept=settings.accept_threshold,
             skip=settings.skip_threshold,
             source="settings (CTX_ACCEPT_THRESHOLD / CTX_SKIP_THRESHOLD)",
+            rule=settings.confidence_rule,
         )
 
     @classmethod
     def load(cls, settings: Settings) -> ConfidencePolicy:
-        """Thresholds from ``settings.resolved_thresholds_path`` if valid, else the defaults."""
+        """Thresholds from ``settings.resolved_thresholds_path`` if valid, else the defaults.
+
+        One-shot and model-blind (the file's model is recorded, not checked): long-running
+        code should use :class:`PolicySource`, which checks the model and reloads.
+        """
         return cls.from_file(settings.resolved_thresholds_path, fallback=cls.defaults(settings))
 
     @classmethod
     def from_file(cls, path: Path, *, fallback: ConfidencePolicy | None = None) -> ConfidencePolicy:
-        """Read a thresholds file; on any problem log a warning and return ``fallback``."""
+        """Read a thresholds file; on any problem log a warning and return ``fallback``.
+
+        The rule comes from ``fallback`` (a setting, not part of a calibration).
+        """
         fallback = fallback or cls()
         if not path.exists():
             log.debug("no thresholds file at %s; using %s", path, fallback.source)
             return fallback
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            return _fallback(fallback, path, f"cannot be read as JSON ({e})")
-        problem = _validate_document(raw)
+        raw, problem = _read_document(path)
         if problem:
             return _fallback(fallback, path, problem)
-        policy = cls(accept=float(raw["accept"]), skip=float(raw["skip"]), source=str(path))
+        assert raw is not None
+        return cls._from_document(raw, path, fallback.rule)
+
+    @classmethod
+    def _from_document(
+        cls, raw: dict[str, Any], path: Path, rule: ConfidenceRule
+    ) -> ConfidencePolicy:
+        policy = cls(
+            accept=float(raw["accept"]),
+            skip=float(raw["skip"]),
+            source=str(path),
+            model=thresholds_model(raw),
+            rule=rule,
+        )
         log.debug("confidence thresholds accept=%.4f skip=%.4f from %s", *policy.pair, path)
         return policy
 
@@ -99,7 +160,10 @@ class ConfidencePolicy:
         return (self.accept, self.skip)
 
     def label(self, score: float) -> ConfidenceLabel:
-        """Label one cosine similarity. NaN is never trusted; out-of-range values raise."""
+        """Label one cosine similarity on its own (the ``per_hit`` rule).
+
+        NaN is never trusted; out-of-range values raise.
+        """
         if math.isnan(score):
             return "below_skip"
         if not -1.0 - _COSINE_SLACK <= score <= 1.0 + _COSINE_SLACK:
@@ -114,8 +178,217 @@ class ConfidencePolicy:
             return "low_confidence"
         return "below_skip"
 
+    def label_hits(self, scores: Sequence[float]) -> list[ConfidenceLabel]:
+        """Label a route's whole hit list under :attr:`rule` (see the module docstring).
+
+        Returns one label per score, in order. Every score is range-checked as in
+        :meth:`label`.
+        """
+        own = [self.label(s) for s in scores]
+        if self.rule == "per_hit":
+            return own
+        if all(lab == "below_skip" for lab in own):
+            return own  # every hit below skip: L3 is left out
+        return [
+            lab if lab == "confident" or math.isnan(s) else "low_confidence"
+            for s, lab in zip(scores, own, strict=True)
+        ]
+
+    def with_rule(self, rule: ConfidenceRule) -> ConfidencePolicy:
+        return replace(self, rule=rule)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"accept": self.accept, "skip": self.skip, "source": self.source}
+        """``{accept, skip, source, model, rule}``: what every trace record carries."""
+        return {
+            "accept": self.accept,
+            "skip": self.skip,
+            "source": self.source,
+            "model": self.model,
+            "rule": self.rule,
+        }
+
+
+def model_name(name: str) -> str:
+    """``name`` as a collection records its model (``Encoder.name``, ``check_model``).
+
+    A registry name stays as it is; a registry model's hub id (``BAAI/bge-m3``) becomes its
+    registry name; an existing local directory becomes its resolved path (what
+    :func:`context_core.embedding.load_encoder` records); anything else is kept verbatim.
+    """
+    from context_core.embedding import MODEL_REGISTRY
+
+    name = str(name).strip()
+    if name in MODEL_REGISTRY:
+        return name
+    for spec in MODEL_REGISTRY.values():
+        if name == spec.model_id:
+            return spec.name
+    path = Path(name).expanduser()
+    try:
+        if name and path.is_dir():
+            return str(path.resolve())
+    except OSError:
+        pass
+    return name
+
+
+def thresholds_model(doc: Any) -> str | None:
+    """The model a thresholds document names: top-level ``model``, else ``provenance.model``."""
+    if not isinstance(doc, dict):
+        return None
+    value = doc.get("model")
+    if not (isinstance(value, str) and value.strip()):
+        prov = doc.get("provenance")
+        value = prov.get("model") if isinstance(prov, dict) else None
+    return value.strip() if isinstance(value, str) and value.strip() else None
+
+
+_FileKey = tuple[int, int, int]
+_UNREAD: Literal["unread"] = "unread"
+
+
+@dataclass(frozen=True, slots=True)
+class _Loaded:
+    """One (re)load of the thresholds file, swapped in as a whole so readers never see a
+    policy from one load and the file key of another."""
+
+    key: _FileKey | Literal["unread"] | None
+    policy: ConfidencePolicy
+    mismatch: bool = False
+    file_model: str | None = None
+    loaded_at: float = 0.0
+
+
+class PolicySource:
+    """The thresholds in force, re-read when ``thresholds.json`` changes, checked against
+    the encoder's model.
+
+    ``model`` is the encoder's name (``Encoder.name``); None means ``settings.embed_model``.
+    Thread-safe; :meth:`current` costs one ``os.stat`` when nothing changed.
+    """
+
+    def __init__(self, settings: Settings, *, model: str | None = None) -> None:
+        self.path = Path(settings.resolved_thresholds_path)
+        self.model = model_name(model if model is not None else settings.embed_model)
+        self.on_mismatch: Literal["refuse", "warn"] = settings.thresholds_model_mismatch
+        self._defaults = ConfidencePolicy.defaults(settings)
+        self._lock = threading.Lock()
+        self._state = _Loaded(_UNREAD, self._defaults)
+
+    def current(self) -> ConfidencePolicy:
+        """The policy for this route: the file's thresholds when valid (and for this model),
+        else the settings' defaults."""
+        return self._snapshot().policy
+
+    def status(self) -> dict[str, Any]:
+        """For ``/metrics`` and health reports: the pair in force and where it came from.
+
+        ``{accept, skip, source, model, rule}`` of the policy in force, plus ``mismatch``
+        (True when the file was calibrated for another model: refused, or used under
+        ``warn``), ``file_model`` (the model the file names), ``encoder_model``, ``path`` and
+        ``loaded_at`` (epoch seconds of the last (re)load).
+        """
+        snap = self._snapshot()
+        return {
+            **snap.policy.to_dict(),
+            "mismatch": snap.mismatch,
+            "file_model": snap.file_model,
+            "encoder_model": self.model,
+            "path": str(self.path),
+            "loaded_at": snap.loaded_at,
+        }
+
+    def _snapshot(self) -> _Loaded:
+        key = self._stat()
+        snap = self._state
+        if key == snap.key:
+            return snap
+        with self._lock:
+            if key != self._state.key:
+                self._state = self._load(key)
+            return self._state
+
+    def _stat(self) -> _FileKey | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def _load(self, key: _FileKey | None) -> _Loaded:
+        now = dt.datetime.now(dt.UTC).timestamp()
+        if key is None:
+            log.debug("no thresholds file at %s; using %s", self.path, self._defaults.source)
+            return _Loaded(key, self._defaults, loaded_at=now)
+        raw, problem = _read_document(self.path)
+        if problem:
+            return _Loaded(key, _fallback(self._defaults, self.path, problem), loaded_at=now)
+        assert raw is not None
+        policy = ConfidencePolicy._from_document(raw, self.path, self._defaults.rule)
+        if policy.model is None:
+            log.warning(
+                "thresholds file %s names no embedding model (written before thresholds were "
+                "bound to their model); using accept=%.4f skip=%.4f for model %r. Re-run "
+                "`ctx eval calibrate` to record the model.",
+                self.path,
+                policy.accept,
+                policy.skip,
+                self.model,
+            )
+            return _Loaded(key, policy, loaded_at=now)
+        if model_name(policy.model) == self.model:
+            # a reload while running is news (INFO); the first read is not (DEBUG)
+            log.log(
+                logging.DEBUG if self._state.key is _UNREAD else logging.INFO,
+                "confidence thresholds accept=%.4f skip=%.4f (model %r) loaded from %s",
+                policy.accept,
+                policy.skip,
+                policy.model,
+                self.path,
+            )
+            return _Loaded(key, policy, file_model=policy.model, loaded_at=now)
+        if self.on_mismatch == "warn":
+            log.warning(
+                "THRESHOLDS FOR ANOTHER MODEL IN USE: %s was calibrated for embedding model "
+                "%r but the encoder is %r; using accept=%.4f skip=%.4f anyway because "
+                "CTX_THRESHOLDS_MODEL_MISMATCH=warn. Their labels are probably wrong: re-run "
+                "`ctx eval calibrate` with model %r.",
+                self.path,
+                policy.model,
+                self.model,
+                policy.accept,
+                policy.skip,
+                self.model,
+            )
+            return _Loaded(key, policy, mismatch=True, file_model=policy.model, loaded_at=now)
+        log.error(
+            "thresholds file %s was calibrated for embedding model %r, but the encoder is %r: "
+            "refused; using accept=%.2f skip=%.2f (%s). Fix: re-run `ctx eval calibrate` with "
+            "model %r (or set CTX_THRESHOLDS_MODEL_MISMATCH=warn to use them anyway).",
+            self.path,
+            policy.model,
+            self.model,
+            self._defaults.accept,
+            self._defaults.skip,
+            self._defaults.source,
+            self.model,
+        )
+        refused = replace(
+            self._defaults,
+            source=f"{self._defaults.source}; {self.path} refused (model {policy.model!r})",
+        )
+        return _Loaded(key, refused, mismatch=True, file_model=policy.model, loaded_at=now)
+
+
+def _read_document(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return None, f"cannot be read as JSON ({e})"
+    problem = _validate_document(raw)
+    if problem:
+        return None, problem
+    return raw, None
 
 
 def _fallback(fallback: ConfidencePolicy, path: Path, problem: str) -> ConfidencePolicy:
@@ -152,4 +425,7 @@ def _validate_document(raw: Any) -> str | None:
     missing = [k for k in ("accept", "skip") if k not in raw]
     if missing:
         return f"missing key(s) {', '.join(repr(k) for k in missing)}"
+    model = raw.get("model")
+    if model is not None and not isinstance(model, str):
+        return f'"model" must be a string, got {model!r}'
     return _check_pair(raw["accept"], raw["skip"])

@@ -6,7 +6,7 @@ Nothing is read at import time: call :func:`get_settings` and pass the result do
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -36,6 +36,47 @@ class Settings(BaseSettings):
         gt=0,
         description="Floor of a plan-derived step TTL: an output whose dependent is already "
         "due or overdue still lives this long, so a late agent finds its input.",
+    )
+    wm_contract_ttl_s: int = Field(
+        7200,
+        gt=0,
+        description="Lifetime of a session's task contract, refreshed by every session "
+        "activity (event or route): the contract lives for the task, not for the 15-minute "
+        "L2 default. The reference design's working range is 300-7200 s (5 min - 2 h).",
+    )
+    wm_contract_history_ttl_s: int = Field(
+        30 * 86_400,
+        gt=0,
+        description="Retention of the contract's version history (audit): every accepted "
+        "version, and the archived one of a completed task, kept this long after its last "
+        "write. At least CTX_WM_CONTRACT_TTL_S.",
+    )
+    session_idle_s: int = Field(
+        90,
+        gt=0,
+        description="A session with no activity (event or route) for this long is timed out "
+        "by the idle sweep: session_timeout semantics (trace cleared, contract marked "
+        "expired and kept, other L2 keys deleted).",
+    )
+    idle_sweep_interval_s: float = Field(
+        15.0,
+        ge=0,
+        description="How often the service runs the idle sweep (0 = never; `ctx session "
+        "sweep-idle` runs it once).",
+    )
+    l1_max_trace_tokens: int = Field(
+        2000,
+        gt=0,
+        description="context_overflow trigger: when the L1 trace holds more tokens than this "
+        "(counted with the embedding model's tokenizer), the oldest pairs are evicted and "
+        "low-priority L2 TTLs shortened.",
+    )
+    correction_min_confidence: float = Field(
+        0.6,
+        ge=0.0,
+        le=1.0,
+        description="user_message: a message is treated as a correction of the task contract "
+        "(negation + a value that contradicts the contract) above this confidence.",
     )
 
     # --- L3 knowledge memory (Qdrant) ---------------------------------------------------
@@ -88,6 +129,25 @@ class Settings(BaseSettings):
     skip_threshold: float = Field(0.65, ge=-1.0, le=1.0)
     thresholds_path: Path | None = Field(
         None, description="thresholds.json from calibration; default <reports_dir>/thresholds.json"
+    )
+    confidence_rule: Literal["design", "per_hit"] = Field(
+        "design",
+        description="design: L3 is left out only when every hit is below skip, otherwise "
+        "hits below accept are low_confidence; per_hit: each hit below skip is dropped.",
+    )
+    thresholds_model_mismatch: Literal["refuse", "warn"] = Field(
+        "refuse",
+        description="thresholds.json calibrated for another embedding model than the one "
+        "in use: refuse (log an error, use the CTX_ACCEPT/SKIP_THRESHOLD defaults) or warn "
+        "(log a warning, use them anyway).",
+    )
+    bundle_max_fragments: int = Field(
+        3,
+        gt=0,
+        le=100,
+        description="A bundle holds at most this many fragments (the most relevant across "
+        "layers); the rest are listed by reference in context_used.by_reference. An intent "
+        "may set its own max_fragments.",
     )
 
     # --- gateway ------------------------------------------------------------------------
@@ -172,6 +232,12 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"CTX_SKIP_THRESHOLD ({self.skip_threshold}) must not exceed "
                 f"CTX_ACCEPT_THRESHOLD ({self.accept_threshold})"
+            )
+        if self.wm_contract_history_ttl_s < self.wm_contract_ttl_s:
+            raise ValueError(
+                f"CTX_WM_CONTRACT_HISTORY_TTL_S ({self.wm_contract_history_ttl_s}) must be at "
+                f"least CTX_WM_CONTRACT_TTL_S ({self.wm_contract_ttl_s}): the audit history "
+                "outlives the contract it records"
             )
         if self.chunk_overlap_tokens >= self.chunk_max_tokens:
             raise ValueError("CTX_CHUNK_OVERLAP_TOKENS must be smaller than CTX_CHUNK_MAX_TOKENS")

@@ -2,33 +2,42 @@
 
 Split out of :mod:`context_core.router` because these reads share one shape (look a key up,
 record it in the route's trace dict, wrap the value in an ``"exact"`` :class:`Fragment`) and
-none of them needs the router's L3 machinery. The router owns the trace dicts and the
-"seen before" memory and passes them in.
+none of them needs the router's L3 machinery. The router owns the trace dicts and passes
+them in.
+
+Expired vs never written is decided in Redis, not in process memory: a missing session key is
+traced ``expired`` when :meth:`SessionMemory.key_expired` says this session wrote it and it is
+gone, so every router process (or service worker) over the same Redis gives the same answer.
+Preferences (``pref`` keys, per user, no TTL) are never ``expired``, only missing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from context_core.bundle import Fragment, hours_since
-from context_core.errors import AccessDeniedError, ContextMissError
-from context_core.intents import IntentSpec, L2KeySpec, TemplateParamError, fill
+from context_core.errors import AccessDeniedError, ContextError, ContextMissError
+from context_core.intents import ALL_PREFERENCES, IntentSpec, L2KeySpec, TemplateParamError, fill
 
 if TYPE_CHECKING:
     from context_core.namespaces import NamespaceRegistry
     from context_core.session import SessionState
-    from context_core.working_memory import SessionMemory
+    from context_core.working_memory import SessionMemory, WorkingMemory
 
-__all__ = ["read_l1", "read_l2", "read_namespaces"]
+__all__ = ["L2Trace", "read_l1", "read_l2", "read_namespaces", "read_prefs"]
+
+#: The route's ``l2`` trace block: key lists plus ``contract_lost`` (bool).
+L2Trace = dict[str, Any]
 
 _SERIES_IN_BUNDLE = 60  # newest points handed to the agent; the count says how many exist
 
 
 def read_l1(
-    state: SessionState, spec: IntentSpec, now: float, used: dict[str, Any]
+    state: SessionState, spec: IntentSpec, now: float, used: dict[str, Any] | None = None
 ) -> list[Fragment]:
-    """The spec's session fields as exact fragments; empty/absent fields are left out."""
+    """The spec's session fields as exact fragments; empty/absent fields are left out
+    (their names are appended to ``used["l1"]`` when ``used`` is given)."""
     out = []
     for name in spec.l1_fields:
         value: Any = getattr(state, name, None)
@@ -48,11 +57,12 @@ def read_l1(
         if value is None:
             continue
         out.append(Fragment("L1", f"L1:session.{name}", value, 1.0, fresh, 1.0, "exact"))
-        used["l1"].append(name)
+        if used is not None:
+            used["l1"].append(name)
     return out
 
 
-def _request(l2_trace: dict[str, list[str]], key: str, key_spec: L2KeySpec) -> None:
+def _request(l2_trace: L2Trace, key: str, key_spec: L2KeySpec) -> None:
     """Trace a requested key; ``required`` tells CER which misses are loading failures."""
     l2_trace["requested"].append(key)
     if key_spec.required:
@@ -65,10 +75,10 @@ def read_l2(
     values: Mapping[str, Any],
     params: Mapping[str, Any],
     now: float,
-    l2_trace: dict[str, list[str]],
-    was_seen: Callable[[str, str], bool],
+    l2_trace: L2Trace,
 ) -> tuple[Fragment | None, ContextMissError | None]:
-    """One L2 key: its fragment, or the miss (traced ``expired`` if ``was_seen`` knew the key)."""
+    """One session L2 key: its fragment, or the miss (traced ``expired`` when Redis says this
+    session wrote the key and it is gone, :meth:`SessionMemory.key_expired`)."""
     try:
         ident = fill(key_spec.ident, values)
     except TemplateParamError as e:
@@ -101,7 +111,7 @@ def read_l2(
                 "series": points[-_SERIES_IN_BUNDLE:],
             }
             stored_at = points[-1][0]
-        else:  # contract
+        elif key_spec.kind == "contract":
             contract = sm.contract()
             if contract.version == 0:
                 raise ContextMissError(key)
@@ -110,16 +120,78 @@ def read_l2(
                 "fields": contract.fields,
                 "corrected": contract.corrected,
                 "locked": contract.locked,
+                "status": contract.status,
             }
             stored_at = contract.updated_at
+        else:  # pref keys are per user: read_prefs
+            raise ValueError(f"read_l2 cannot read {key_spec.kind!r} keys")
     except ContextMissError as e:
         l2_trace["missing"].append(key)
-        if was_seen(sm.session_id, key):
+        if sm.key_expired(key):
             l2_trace["expired"].append(key)
         return None, e
     l2_trace["found"].append(key)
     frag = Fragment("L2", f"L2:{key}", content, 1.0, hours_since(stored_at, now), 1.0, "exact")
     return frag, None
+
+
+def read_prefs(
+    wm: WorkingMemory,
+    user_id: str,
+    key_spec: L2KeySpec,
+    values: Mapping[str, Any],
+    now: float,
+    l2_trace: L2Trace,
+) -> tuple[list[Fragment], ContextMissError | None]:
+    """The session user's preferences: one type, or all of them (ident ``*``).
+
+    Traced under the preference key (``pref:{<uid>}:<type>``, or ``pref:{<uid>}:*`` for all,
+    found when the user has at least one). Each preference is a fragment
+    ``L2:pref:{<uid>}:<type>`` with ``{value, confidence, last_updated}``, relevance and
+    confidence = its confidence, label ``"preference"``; "all" comes most confident first.
+    """
+    placeholder = f"pref:{{{user_id}}}:<{key_spec.ident}>"
+    try:
+        ident = (
+            key_spec.ident if key_spec.ident == ALL_PREFERENCES else fill(key_spec.ident, values)
+        )
+        prefs = wm.preferences(user_id)
+    except (TemplateParamError, ContextError) as e:
+        _request(l2_trace, placeholder, key_spec)
+        l2_trace["missing"].append(placeholder)
+        return [], ContextMissError(placeholder, str(e))
+    try:
+        if ident == ALL_PREFERENCES:
+            key = f"pref:{{{prefs.user_id}}}:{ALL_PREFERENCES}"
+            _request(l2_trace, key, key_spec)
+            found = sorted(prefs.all().values(), key=lambda p: (-p.confidence, p.type))
+            if not found:
+                raise ContextMissError(key, "the user has no preferences yet")
+        else:
+            key = prefs.key(ident)
+            _request(l2_trace, key, key_spec)
+            found = [prefs.get(ident)]
+    except ContextMissError as e:
+        l2_trace["missing"].append(key)
+        return [], e
+    except ContextError as e:  # an invalid preference type
+        _request(l2_trace, placeholder, key_spec)
+        l2_trace["missing"].append(placeholder)
+        return [], ContextMissError(placeholder, str(e))
+    l2_trace["found"].append(key)
+    frags = [
+        Fragment(
+            "L2",
+            f"L2:{prefs.key(p.type)}",
+            {"value": p.value, "confidence": p.confidence, "last_updated": p.last_updated},
+            p.confidence,
+            hours_since(p.last_updated, now),
+            p.confidence,
+            "preference",
+        )
+        for p in found
+    ]
+    return frags, None
 
 
 def read_namespaces(

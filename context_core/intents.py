@@ -19,8 +19,14 @@ any other name      ``params[name]`` (``endpoint`` for ``api`` keys, for example
 L2 keys: ``("step", "{prev_step}")`` is a step result, ``("api", "{endpoint}")`` a cached tool
 response whose parameters are ``params["api_params"]`` (hashed with the endpoint, as L2 does),
 ``("series", "{device}.vibration")`` a sensor time series, ``("contract", "current")`` the
-versioned task contract. L2 idents may not contain ``:`` (working memory refuses them), hence
-the dot in series names.
+versioned task contract, ``("pref", "<type>")`` one of the session user's structured
+preferences (``pref:{<user id>}:<type>``) and ``("pref", "*")`` all of them (one fragment each,
+relevance = the preference's confidence). L2 idents may not contain ``:`` (working memory
+refuses them), hence the dot in series names.
+
+Budget: ``max_fragments`` (None = the router's, ``CTX_BUNDLE_MAX_FRAGMENTS``) caps the
+fragments a bundle of this intent delivers; the rest are listed by reference (priority in
+:mod:`context_core.bundle`). It may not be below the number of required keys.
 
 Required vs optional, the rule used by the built-ins: a key is **required** when the step can
 not produce a correct output without it (comparing vibration needs the series; a report needs
@@ -50,6 +56,7 @@ from typing import Any
 from context_core.errors import ConfigError
 
 __all__ = [
+    "ALL_PREFERENCES",
     "BUILTIN_INTENTS",
     "DEFAULT_INTENT",
     "IntentRegistry",
@@ -65,7 +72,8 @@ DEFAULT_INTENT = "default"
 L1_FIELDS = frozenset(
     {"user_query", "current_step", "last_device_id", "last_api_result", "trace", "user_id"}
 )
-L2_KINDS = frozenset({"step", "api", "series", "contract"})
+L2_KINDS = frozenset({"step", "api", "series", "contract", "pref"})
+ALL_PREFERENCES = "*"
 DEFAULT_L1_FIELDS = ("user_query", "current_step", "last_device_id")
 
 
@@ -124,6 +132,7 @@ class IntentSpec:
     l3_sections: tuple[str, ...] = ("{device_prefix}",)
     namespaces: tuple[NsKeySpec, ...] = ()
     description: str = ""
+    max_fragments: int | None = None
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.l1_fields if f not in L1_FIELDS]
@@ -136,6 +145,19 @@ class IntentSpec:
         object.__setattr__(self, "l2_keys", keys)
         ns = tuple(n if isinstance(n, NsKeySpec) else NsKeySpec(*n) for n in self.namespaces)
         object.__setattr__(self, "namespaces", ns)
+        cap = self.max_fragments
+        if cap is not None:
+            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+                raise ConfigError(
+                    f"intent {self.name!r}: max_fragments must be a positive integer or "
+                    f"null, got {cap!r}"
+                )
+            if cap < len(self.required_keys):
+                raise ConfigError(
+                    f"intent {self.name!r}: max_fragments={cap} is below its "
+                    f"{len(self.required_keys)} required L2 keys; required keys are always "
+                    "delivered, so raise max_fragments or make keys optional"
+                )
 
     @property
     def required_keys(self) -> tuple[L2KeySpec, ...]:
@@ -176,11 +198,20 @@ BUILTIN_INTENTS: tuple[IntentSpec, ...] = (
         l2_keys=(
             L2KeySpec("step", "{prev_step}", required=True),
             L2KeySpec("contract", "current"),
+            L2KeySpec("pref", ALL_PREFERENCES),
         ),
         l3=True,
         l3_query="maintenance work report template {device_prefix}",
         l3_sections=("{device_prefix}", "Report Templates"),
         namespaces=(NsKeySpec("fleet", "baseline:{device_prefix}", "reporting"),),
+    ),
+    IntentSpec(
+        name="preferences",
+        description="The user's structured preferences (units, report language, ...), "
+        "most confident first.",
+        l1_fields=("user_query", "current_step"),
+        l2_keys=(L2KeySpec("pref", ALL_PREFERENCES),),
+        l3=False,
     ),
     IntentSpec(
         name=DEFAULT_INTENT,
@@ -225,6 +256,7 @@ class IntentRegistry:
                     l3_sections=tuple(raw.get("l3_sections", ("{device_prefix}",))),
                     namespaces=tuple(tuple(n) for n in raw.get("namespaces", ())),  # type: ignore[misc]
                     description=str(raw.get("description", "")),
+                    max_fragments=raw.get("max_fragments"),
                 )
             except TypeError as e:
                 raise ConfigError(f"intent {name!r} is malformed: {e}") from e

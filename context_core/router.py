@@ -13,13 +13,21 @@ Per route:
    submission. An error or a timeout leaves L3 out and sets ``degraded=True``: the agent
    still gets L1 + L2, which are authoritative.
 2. L1 fields come from the in-process :class:`SessionState`.
-3. L2 keys are read from the session's working memory; a *required* miss raises
-   :class:`ContextMissError` after the trace record (with the miss) is written.
+3. The session is touched once (:meth:`SessionMemory.touch`): a route is session activity,
+   so it slides the task contract's TTL (the contract lives for the task) and the idle
+   clock. Then the L2 keys are read from the session's working memory (preferences from the
+   session user's, :func:`context_core.exact_reads.read_prefs`); a *required* miss raises
+   :class:`ContextMissError` after the trace record (with the miss) is written. A missing
+   key this session had written is traced ``expired``, decided in Redis
+   (:meth:`SessionMemory.key_expired`), so every process agrees.
 4. Shared-namespace keys are read with the agent's id and the spec's declared purpose; a
    denied read is traced and left out (a *required* denied read re-raises).
-5. L3 hits are labelled by the :class:`ConfidencePolicy`: confident hits are used,
-   low-confidence hits are passed with the note "for reference; real-time data wins", and
-   when every hit is below skip L3 is left out entirely.
+5. L3 hits are labelled by the thresholds in force (:class:`ConfidencePolicy`, or a
+   :class:`PolicySource` that reloads ``thresholds.json`` when it changes and refuses one
+   calibrated for another model), under the policy's rule (``CTX_CONFIDENCE_RULE``, see
+   :mod:`context_core.confidence`). Design rule: when every hit is below skip L3 is left out
+   entirely; otherwise confident hits are used and all other hits are passed with the note
+   "for reference; real-time data wins".
 
    Hot (unmerged) knowledge is trust-scoped: the search only looks at the hot scopes the
    calling agent may see (system answers, its own private answers, and answers in the
@@ -28,23 +36,31 @@ Per route:
    never ``confident`` whatever its cosine: at most ``low_confidence``, with its confidence
    capped below ``accept`` and provenance naming it unreviewed and its writer, until the
    merge job has moved it into main.
-6. One trace record is appended (schema in :mod:`context_core.traces`): ``l2.required``
-   names the keys the spec requires (the others were optional), and each fragment carries
-   its citable tokens (:func:`context_core.traces.fragment_cites`) so CER can check that the
-   output used it without the trace storing the values.
+6. The bundle budget (:func:`context_core.bundle.apply_budget`): at most ``max_fragments``
+   fragments (the router's, or the intent's ``max_fragments``) are delivered, chosen by a
+   documented priority; the others are listed in ``context_used["by_reference"]``.
+   ``context_used["l1"/"l2"/"l3"/"l3_reference"/"ns"]`` list only what was delivered.
+7. Fallback: a step query that refers to earlier teaching (:func:`teaching_cue`) with no
+   main-collection hit at or above skip sets ``context_used["fallback"]``.
+8. One trace record is appended (schema in :mod:`context_core.traces`): ``l2.required``
+   names the keys the spec requires (the others were optional), ``l2.contract_lost`` says
+   the intent asked for the task contract and this session's contract is gone, each
+   delivered fragment carries its citable tokens (:func:`context_core.traces.fragment_cites`)
+   so CER can check that the output used it without the trace storing the values, and
+   ``by_reference``, ``fallback`` and ``confidence`` (the thresholds and rule in force, with
+   their source and model) are recorded too.
 
 Fragment provenance is described in :mod:`context_core.bundle` (the value types, re-exported
-here); the exact-key L1/L2/namespace reads live in :mod:`context_core.exact_reads`. Namespace
-reads are counted in the ``l2`` timing.
+here); the exact-key L1/L2/namespace reads live in :mod:`context_core.exact_reads`. The touch
+and the namespace reads are counted in the ``l2`` timing.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -55,14 +71,19 @@ from context_core.bundle import (
     LOW_CONFIDENCE_NOTE,
     ContextBundle,
     Fragment,
+    Tier,
+    apply_budget,
+    confirm_path,
     hit_timestamp,
     hot_note,
     hours_since,
+    reference_entry,
+    teaching_cue,
 )
 from context_core.bundle import Layer as Layer  # re-export: was defined here
-from context_core.confidence import ConfidencePolicy
+from context_core.confidence import ConfidencePolicy, PolicySource
 from context_core.errors import AccessDeniedError, ConfigError, ContextMissError
-from context_core.exact_reads import read_l1, read_l2, read_namespaces
+from context_core.exact_reads import L2Trace, read_l1, read_l2, read_namespaces, read_prefs
 from context_core.intents import IntentRegistry, IntentSpec, template_fields
 from context_core.knowledge.memory import UNREVIEWED, hot_scopes, hot_visible
 from context_core.traces import TraceWriter, fragment_cites, new_trace_id
@@ -78,7 +99,7 @@ __all__ = ["LOW_CONFIDENCE_NOTE", "ContextBundle", "ContextRouter", "Fragment"]
 
 log = logging.getLogger(__name__)
 
-_SEEN_SESSIONS = 4096  # sessions whose found keys we remember to tell "expired" from "never"
+DEFAULT_MAX_FRAGMENTS = 3
 
 
 @dataclass
@@ -100,7 +121,7 @@ class ContextRouter:
         *,
         wm: WorkingMemory,
         knowledge: KnowledgeMemory | None,
-        policy: ConfidencePolicy,
+        policy: ConfidencePolicy | PolicySource,
         tracer: TraceWriter,
         namespaces: NamespaceRegistry | None = None,
         registry: IntentRegistry | None = None,
@@ -108,12 +129,18 @@ class ContextRouter:
         l3_collection: str | None = None,
         l3_limit: int | None = None,
         l3_workers: int = 4,
+        max_fragments: int = DEFAULT_MAX_FRAGMENTS,
     ) -> None:
         if l3_timeout_ms <= 0:
             raise ConfigError(f"l3_timeout_ms must be positive, got {l3_timeout_ms}")
+        if isinstance(max_fragments, bool) or not isinstance(max_fragments, int):
+            raise ConfigError(f"max_fragments must be an integer, got {max_fragments!r}")
+        if max_fragments < 1:
+            raise ConfigError(f"max_fragments must be at least 1, got {max_fragments}")
         self.wm = wm
         self.knowledge = knowledge
-        self.policy = policy
+        self._policy = policy
+        self.max_fragments = max_fragments
         self.tracer = tracer
         self.namespaces = namespaces
         self.registry = registry or IntentRegistry.builtin()
@@ -123,8 +150,19 @@ class ContextRouter:
         self._model_checked = False
         self.l3_limit = l3_limit
         self._pool = ThreadPoolExecutor(max_workers=l3_workers, thread_name_prefix="ctx-l3")
-        self._seen: OrderedDict[str, set[str]] = OrderedDict()
-        self._seen_lock = threading.Lock()
+
+    @property
+    def policy(self) -> ConfidencePolicy:
+        """The thresholds in force now (a :class:`PolicySource` re-reads a changed file)."""
+        if isinstance(self._policy, PolicySource):
+            return self._policy.current()
+        return self._policy
+
+    def policy_status(self) -> dict[str, Any]:
+        """``{accept, skip, source, model, rule, mismatch, loaded_at, ...}`` for /metrics."""
+        if isinstance(self._policy, PolicySource):
+            return self._policy.status()
+        return {**self._policy.to_dict(), "mismatch": False, "loaded_at": None}
 
     def close(self) -> None:
         # Don't wait: a hung L3 call must not hang shutdown (its thread is a daemon-like
@@ -177,6 +215,7 @@ class ContextRouter:
         now = time.time()
         params = dict(params or {})
         spec = self.registry.get(step_intent)
+        policy = self.policy  # one snapshot per route, even if the file changes meanwhile
         values = self._values(state, params)
         trace_id = new_trace_id()
 
@@ -190,14 +229,13 @@ class ContextRouter:
         l3_submitted = time.perf_counter()
 
         # 2. L1
-        fragments: list[Fragment] = []
-        used: dict[str, Any] = {"l1": [], "l2": [], "l3": [], "l3_reference": [], "ns": []}
-        fragments += read_l1(state, spec, now, used)
+        ranked: list[tuple[Tier, Fragment]] = [("l1", f) for f in read_l1(state, spec, now)]
         t_l1 = time.perf_counter()
 
-        # 3. L2 (+ 4. shared namespaces)
+        # 3. L2 (+ 4. shared namespaces); the route is session activity.
         sm = self.wm.session(state.session_id)
-        l2_trace: dict[str, list[str]] = {
+        sm.touch()
+        l2_trace: L2Trace = {
             "requested": [],
             "required": [],
             "found": [],
@@ -208,28 +246,38 @@ class ContextRouter:
         required_miss: ContextMissError | None = None
         required_denied: AccessDeniedError | None = None
         for key_spec in spec.l2_keys:
-            frag, err = read_l2(sm, key_spec, values, params, now, l2_trace, self._was_seen)
-            if frag is not None:
-                fragments.append(frag)
-                used["l2"].append(frag.source.removeprefix("L2:"))
-            elif err is not None and key_spec.required and required_miss is None:
+            if key_spec.kind == "pref":
+                frags, err = read_prefs(self.wm, state.user_id, key_spec, values, now, l2_trace)
+            else:
+                frag, err = read_l2(sm, key_spec, values, params, now, l2_trace)
+                frags = [frag] if frag is not None else []
+            tier: Tier = (
+                "required"
+                if key_spec.required
+                else "contract"
+                if key_spec.kind == "contract"
+                else "optional_l2"
+            )
+            ranked += [(tier, f) for f in frags]
+            if err is not None and key_spec.required and required_miss is None:
                 required_miss = err
+        contract_key = sm.key("contract", "current")
+        l2_trace["contract_lost"] = contract_key in l2_trace["expired"]
         if required_miss is None:
             for ns_frag, denied in read_namespaces(
                 self.namespaces, spec, values, agent_id, now, ns_trace
             ):
                 if ns_frag is not None:
-                    fragments.append(ns_frag)
-                    used["ns"].append(ns_frag.source.removeprefix("NS:"))
+                    ranked.append(("namespace", ns_frag))
                 if denied is not None and required_denied is None:
                     required_denied = denied
-        self._remember(state.session_id, l2_trace["found"])
         t_l2 = time.perf_counter()
 
         # 5. L3 result (not awaited when the route is failing anyway)
         outcome = _L3Outcome()
         # An intent that wants L3 on a router without knowledge memory is degraded too.
         degraded = spec.l3 and not l3_wanted
+        searched = False  # an L3 search ran to completion for this route
         if future is not None and required_miss is None and required_denied is None:
             remaining = self.l3_timeout_ms / 1000.0 - (time.perf_counter() - l3_submitted)
             try:
@@ -245,12 +293,27 @@ class ContextRouter:
                     step_intent,
                     outcome.error,
                 )
+            else:
+                searched = True
         elif future is not None:
             future.cancel()
         t_l3 = time.perf_counter()
 
-        l3_frags, hits_trace = self._label_hits(outcome.hits, now, used)
-        fragments += l3_frags
+        l3_ranked, hits_trace = self._label_hits(outcome.hits, now, policy)
+        ranked += l3_ranked
+
+        # 6. the budget
+        cap = spec.max_fragments or self.max_fragments
+        delivered, by_reference = apply_budget(ranked, cap)
+        used = _used(delivered)
+        used["by_reference"] = [reference_entry(f) for f in by_reference]
+
+        # 7. fallback: the user refers to earlier teaching and main L3 knows nothing of it
+        fallback = None
+        if searched:
+            fallback = self._fallback(state, params, outcome.hits, policy)
+            if fallback is not None:
+                used["fallback"] = fallback
 
         total_ms = (time.perf_counter() - t0) * 1000.0
         timings = {
@@ -263,12 +326,13 @@ class ContextRouter:
             session_id=state.session_id,
             step=state.current_step,
             intent=step_intent,
-            fragments=tuple(fragments),
+            fragments=tuple(delivered),
             degraded=degraded,
             timings_ms=timings,
             context_used=used,
             trace_id=trace_id,
             resolved_intent=spec.name,
+            l2_missing=tuple(l2_trace["missing"]),
         )
         self.tracer.write_route(
             {
@@ -282,7 +346,7 @@ class ContextRouter:
                     "requested": bool(spec.l3),
                     "query": query,
                     "hits": hits_trace,
-                    "used": bool(l3_frags),
+                    "used": any(f.layer == "L3" for f in delivered),
                     "error": outcome.error
                     if l3_wanted
                     else (None if not spec.l3 else "no knowledge memory configured"),
@@ -296,8 +360,11 @@ class ContextRouter:
                         "label": f.label,
                         "cites": fragment_cites(f.layer, f.source, f.content),
                     }
-                    for f in fragments
+                    for f in delivered
                 ],
+                "by_reference": used["by_reference"],
+                "fallback": fallback,
+                "confidence": policy.to_dict(),
                 "degraded": degraded,
                 "timings_ms": timings,
             }
@@ -312,6 +379,39 @@ class ContextRouter:
         if required_denied is not None:
             raise required_denied
         return bundle
+
+    def _fallback(
+        self,
+        state: SessionState,
+        params: Mapping[str, Any],
+        hits: Sequence[Hit],
+        policy: ConfidencePolicy,
+    ) -> dict[str, Any] | None:
+        """The fallback section when the step's query refers to earlier teaching and no
+        main-collection hit reaches skip (hot answers are unreviewed: they do not count)."""
+        raw = params.get("query")
+        text = raw if isinstance(raw, str) and raw.strip() else state.user_query
+        cue = teaching_cue(text or "")
+        if cue is None:
+            return None
+        main = [
+            float(h.score)
+            for h in hits
+            if not _is_hot(h.payload) and not math.isnan(float(h.score))
+        ]
+        best = max(main, default=None)
+        if best is not None and best >= policy.skip:
+            return None
+        found = "no main-collection hit" if best is None else f"best main hit {best:.3f}"
+        return {
+            "triggered": True,
+            "reason": (
+                f"the query refers to earlier teaching ({cue!r}) and L3 has nothing for it "
+                f"({found} < skip {policy.skip:.3f}); answer, ask the user to confirm, and "
+                "post the confirmed answer"
+            ),
+            "confirm_at": confirm_path(state.session_id),
+        }
 
     # --- layers -----------------------------------------------------------------------
     def _check_model(self) -> None:
@@ -388,20 +488,21 @@ class ContextRouter:
         return _L3Outcome(hits=hits, ms=(time.perf_counter() - t) * 1000.0)
 
     def _label_hits(
-        self, hits: list[Hit], now: float, used: dict[str, Any]
-    ) -> tuple[list[Fragment], list[dict[str, Any]]]:
-        """Label every hit; keep confident and low-confidence ones as fragments.
+        self, hits: list[Hit], now: float, policy: ConfidencePolicy
+    ) -> tuple[list[tuple[Tier, Fragment]], list[dict[str, Any]]]:
+        """Label the hit list under the policy's rule; keep confident and low-confidence hits
+        as fragments (with their budget tier).
 
         A hot hit is capped at ``low_confidence`` (and its confidence just below ``accept``):
         nobody reviewed it, so no agent's answer is ever another agent's confident context.
         """
-        frags: list[Fragment] = []
+        ranked: list[tuple[Tier, Fragment]] = []
         traced: list[dict[str, Any]] = []
-        cap = round(self.policy.accept - 1e-4, 4)
-        for hit in hits:
+        cap = round(policy.accept - 1e-4, 4)
+        labels = policy.label_hits([float(h.score) for h in hits])
+        for hit, label in zip(hits, labels, strict=True):
             payload = hit.payload
             hot = _is_hot(payload)
-            label = self.policy.label(hit.score)
             if hot and label == "confident":
                 label = "low_confidence"
             traced.append(
@@ -436,35 +537,34 @@ class ContextRouter:
                     merged_from=payload.get("merged_from"),
                     written_by=payload.get("written_by"),
                 )
-            frags.append(
-                Fragment(
-                    layer="L3",
-                    source=f"L3:{coll}:{hit.id}",
-                    content=content,
-                    relevance=score,
-                    freshness_hours=hours_since(hit_timestamp(payload), now),
-                    confidence=min(score, cap) if hot else score,
-                    label=label,
-                    note=note,
-                )
+            frag = Fragment(
+                layer="L3",
+                source=f"L3:{coll}:{hit.id}",
+                content=content,
+                relevance=score,
+                freshness_hours=hours_since(hit_timestamp(payload), now),
+                confidence=min(score, cap) if hot else score,
+                label=label,
+                note=note,
             )
-            used["l3" if label == "confident" else "l3_reference"].append(hit.id)
-        return frags, traced
+            ranked.append(("confident_l3" if label == "confident" else "low_l3", frag))
+        return ranked, traced
 
-    # --- expired vs never written -------------------------------------------------------
-    def _remember(self, session_id: str, keys: list[str]) -> None:
-        if not keys:
-            return
-        with self._seen_lock:
-            seen = self._seen.setdefault(session_id, set())
-            seen.update(keys)
-            self._seen.move_to_end(session_id)
-            while len(self._seen) > _SEEN_SESSIONS:
-                self._seen.popitem(last=False)
 
-    def _was_seen(self, session_id: str, key: str) -> bool:
-        with self._seen_lock:
-            return key in self._seen.get(session_id, ())
+def _used(delivered: Sequence[Fragment]) -> dict[str, Any]:
+    """``context_used`` for the delivered fragments: what the output should cite."""
+    used: dict[str, Any] = {"l1": [], "l2": [], "l3": [], "l3_reference": [], "ns": []}
+    for f in delivered:
+        if f.layer == "L1":
+            used["l1"].append(f.source.removeprefix("L1:session."))
+        elif f.layer == "L2":
+            used["l2"].append(f.source.removeprefix("L2:"))
+        elif f.layer == "NS":
+            used["ns"].append(f.source.removeprefix("NS:"))
+        else:
+            point = f.source.rpartition(":")[2]
+            used["l3" if f.label == "confident" else "l3_reference"].append(point)
+    return used
 
 
 def _is_hot(payload: Mapping[str, Any]) -> bool:

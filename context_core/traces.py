@@ -8,29 +8,44 @@ Files: ``<CTX_DATA_DIR>/traces/traces-YYYY-MM-DD.jsonl`` (UTC date of the record
 of record share a file:
 
 ``kind = "route"`` (written by :class:`context_core.router.ContextRouter` on every route),
-schema 2::
+schema 3::
 
-    {"schema": 2, "kind": "route", "trace_id": "<uuid4 hex>", "ts": "<ISO-8601 UTC>",
+    {"schema": 3, "kind": "route", "trace_id": "<uuid4 hex>", "ts": "<ISO-8601 UTC>",
      "session_id": str, "step": int, "intent": str, "agent_id": str | null,
      "l2": {"requested": [key], "required": [key], "found": [key], "missing": [key],
-            "expired": [key]},
+            "expired": [key], "contract_lost": bool},
      "l3": {"requested": bool, "query": str (gateway-cleaned), "used": bool,
             "error": str | null,
             "hits": [{"id", "score", "label", "source", "section"}]},
      "ns": {"requested": [ref], "found": [ref], "denied": [ref]},
      "fragments": [{"layer": "L1"|"L2"|"L3"|"NS", "source", "confidence", "label",
                     "cites": [str]}],
+     "by_reference": [{"layer", "source", "relevance", "label"}],
+     "fallback": {"triggered": true, "reason": str, "confirm_at": str} | null,
+     "confidence": {"accept": float, "skip": float, "source": str, "model": str | null,
+                    "rule": "design"|"per_hit"},
      "degraded": bool,
      "timings_ms": {"l1", "l2", "l3", "total"}}
 
-``l2`` keys are full Redis keys (``wm:{<sid>}:<kind>:<id>``). ``required`` is the subset of
-``requested`` the intent *requires* (``L2KeySpec.required``); the other requested keys were
-asked for opportunistically (a cached API response, the sensor series before it was fetched)
-and their absence is not a loading failure. ``expired`` lists keys this router had found
-earlier in the same session and now misses (so evaluation can tell decay from never-written);
-a key is in ``missing`` whenever absent, expired or not. ``ns`` refs are
-``"<namespace>/<key>"``. ``l3.hits`` lists every hit with its label, including the ones
+``l2`` keys are full Redis keys (``wm:{<sid>}:<kind>:<id>``; preferences
+``pref:{<uid>}:<type>``, ``pref:{<uid>}:*`` for "all of the user's"). ``required`` is the
+subset of ``requested`` the intent *requires* (``L2KeySpec.required``); the other requested
+keys were asked for opportunistically (a cached API response, the sensor series before it was
+fetched) and their absence is not a loading failure. ``expired`` lists missing keys this
+session had written and that are gone (decided in Redis, ``SessionMemory.key_expired``, so
+evaluation can tell decay from never-written whichever process routed); a key is in
+``missing`` whenever absent, expired or not. ``contract_lost`` is true when the intent asked
+for the task contract and this session's contract is expired: a live session lost its goal,
+which CER counts as a loading failure even though the contract key is optional. ``ns`` refs
+are ``"<namespace>/<key>"``. ``l3.hits`` lists every hit with its label, including the ones
 dropped as below skip; ``l3.used`` says whether any L3 fragment reached the bundle.
+
+``fragments`` are the fragments *delivered* (within the bundle budget); ``by_reference`` the
+ones the budget left out, without content or cites (an output citing them did not get them
+from this bundle). ``fallback`` is the bundle's fallback section when the route triggered it,
+else null. ``confidence`` is the threshold pair and rule the route labelled hits with, with
+their provenance (file path or defaults) and the model the file was calibrated for; CER judges
+a schema-3 record against *its* ``accept``.
 
 ``fragments[].cites`` are the fragment's **citable tokens**: what an output that used the
 fragment would repeat, so CER can check use from the trace alone (see
@@ -46,16 +61,18 @@ an unsalted hash would be reversed by enumeration and only pretend to protect th
 plain tokens let a failing step's report say what it could have cited. The step output,
 stored next to the route record, already carries the same kind of values.
 
-Schema 1 (the first version, still valid and still read by evaluation) has no
-``l2.required`` and no ``fragments[].cites``; CER treats every requested key of a schema-1
-record as required. ``TraceWriter.write_route`` stamps a record that names no schema with
-the schema its ``l2`` block follows: 2 when it has ``required``, else 1.
+Older schemas stay valid and are still read by evaluation. Schema 2 has no
+``l2.contract_lost``, ``by_reference``, ``fallback`` or ``confidence``. Schema 1 has, in
+addition, no ``l2.required`` and no ``fragments[].cites``; CER treats every requested key of a
+schema-1 record as required. ``TraceWriter.write_route`` stamps a record that names no schema
+with the schema its fields follow: 3 when it has ``confidence``, else 2 when its ``l2`` has
+``required``, else 1.
 
 ``kind = "step_output"`` (written by :meth:`TraceWriter.record_output` once the agent has
 produced the step's output, so CER can check the context was *used*; the same shape in both
 schemas)::
 
-    {"schema": 2, "kind": "step_output", "trace_id", "ts", "session_id", "step", "output": str}
+    {"schema": 3, "kind": "step_output", "trace_id", "ts", "session_id", "step", "output": str}
 
 Query text, citable tokens and step outputs pass the sanitize gateway before they touch disk.
 
@@ -65,7 +82,8 @@ else a new id replaces it. With ``hash_keys`` (``CTX_TRACE_HASH_KEYS``, on for w
 from settings) key segments carrying request values (``<device>`` in
 ``wm:{<sid>}:series:<device>.vibration``, ``<key>`` in ``ns:{<ns>}:kv:<key>`` and
 ``<ns>/<key>``) become ``#`` + 12 hex of their SHA-256 (HMAC under ``CTX_AUDIT_HMAC_KEY``),
-the same in ``l2``, ``ns``, ``fragments[].source`` and ``cites``. API digests, step numbers,
+the same in ``l2``, ``ns``, ``fragments[].source``, ``by_reference[].source`` and ``cites``;
+in a preference key ``pref:{<uid>}:<type>`` the user id is hashed. API digests, step numbers,
 ``current`` and unfilled placeholders (``<{device}.vibration>``) are kept.
 """
 
@@ -99,6 +117,7 @@ __all__ = [
     "SUPPORTED_SCHEMAS",
     "RouteTrace",
     "RouteTraceV1",
+    "RouteTraceV2",
     "StepOutputTrace",
     "TraceWriter",
     "citable_tokens",
@@ -112,8 +131,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
-SUPPORTED_SCHEMAS = (1, 2)
+SCHEMA_VERSION = 3
+SUPPORTED_SCHEMAS = (1, 2, 3)
 FILE_PREFIX = "traces-"
 
 
@@ -128,8 +147,12 @@ class L2TraceV1(_Strict):
     expired: list[str]
 
 
-class L2Trace(L2TraceV1):
+class L2TraceV2(L2TraceV1):
     required: list[str]
+
+
+class L2Trace(L2TraceV2):
+    contract_lost: bool
 
 
 class L3Hit(_Strict):
@@ -165,6 +188,27 @@ class FragmentTrace(FragmentTraceV1):
     cites: list[str]
 
 
+class ReferenceTrace(_Strict):
+    layer: Literal["L1", "L2", "L3", "NS"]
+    source: str
+    relevance: float
+    label: str
+
+
+class FallbackTrace(_Strict):
+    triggered: bool
+    reason: str
+    confirm_at: str
+
+
+class ConfidenceTrace(_Strict):
+    accept: float
+    skip: float
+    source: str
+    model: str | None
+    rule: Literal["design", "per_hit"]
+
+
 class Timings(_Strict):
     l1: float = Field(ge=0)
     l2: float = Field(ge=0)
@@ -172,8 +216,9 @@ class Timings(_Strict):
     total: float = Field(ge=0)
 
 
-class RouteTrace(_Strict):
-    """One routing decision (``kind = "route"``), schema 2."""
+class RouteTraceV2(_Strict):
+    """A schema-2 route record: no ``l2.contract_lost``, ``by_reference``, ``fallback``,
+    ``confidence``."""
 
     schema_: Literal[2] = Field(alias="schema")
     kind: Literal["route"]
@@ -183,7 +228,7 @@ class RouteTrace(_Strict):
     step: int
     intent: str = Field(min_length=1)
     agent_id: str | None
-    l2: L2Trace
+    l2: L2TraceV2
     l3: L3Trace
     ns: NsTrace
     fragments: list[FragmentTrace]
@@ -191,7 +236,17 @@ class RouteTrace(_Strict):
     timings_ms: Timings
 
 
-class RouteTraceV1(RouteTrace):
+class RouteTrace(RouteTraceV2):
+    """One routing decision (``kind = "route"``), schema 3 (the one written now)."""
+
+    schema_: Literal[3] = Field(alias="schema")  # type: ignore[assignment]
+    l2: L2Trace
+    by_reference: list[ReferenceTrace]
+    fallback: FallbackTrace | None
+    confidence: ConfidenceTrace
+
+
+class RouteTraceV1(RouteTraceV2):
     """A schema-1 route record: no ``l2.required``, no ``fragments[].cites``."""
 
     schema_: Literal[1] = Field(alias="schema")  # type: ignore[assignment]
@@ -200,9 +255,9 @@ class RouteTraceV1(RouteTrace):
 
 
 class StepOutputTrace(_Strict):
-    """The agent's output for a routed step (``kind = "step_output"``), both schemas."""
+    """The agent's output for a routed step (``kind = "step_output"``), every schema."""
 
-    schema_: Literal[1, 2] = Field(alias="schema")
+    schema_: Literal[1, 2, 3] = Field(alias="schema")
     kind: Literal["step_output"]
     trace_id: str = Field(min_length=1)
     ts: str
@@ -212,8 +267,10 @@ class StepOutputTrace(_Strict):
 
 
 _MODELS: dict[tuple[str, int], type[_Strict]] = {
-    ("route", 2): RouteTrace,
+    ("route", 3): RouteTrace,
+    ("route", 2): RouteTraceV2,
     ("route", 1): RouteTraceV1,
+    ("step_output", 3): StepOutputTrace,
     ("step_output", 2): StepOutputTrace,
     ("step_output", 1): StepOutputTrace,
 }
@@ -223,7 +280,7 @@ _KINDS = ("route", "step_output")
 def validate_record(record: dict[str, Any]) -> None:
     """Raise :class:`DataValidationError` naming the bad fields if ``record`` breaks its schema.
 
-    The record's own ``"schema"`` (1 or 2) picks the model; both stay readable.
+    The record's own ``"schema"`` (1, 2 or 3) picks the model; all stay readable.
     """
     kind = record.get("kind")
     if kind not in _KINDS:
@@ -371,6 +428,7 @@ def valid_trace_id(value: object) -> bool:
 
 _WM_KEY = re.compile(r"(wm:\{[^{}]*\}:[a-z][a-z0-9_]*:)(.+)", re.S)
 _NS_KEY = re.compile(r"(ns:\{[^{}]*\}:kv:|[^/]*/)(.+)", re.S)  # a Redis key or a ref
+_PREF_KEY = re.compile(r"pref:\{([^{}]*)\}(:.*)", re.S)  # the user id is hashed
 # Idents carrying no request value: API digest, step number, contract, our hash, placeholder.
 _KEEP_IDENT = re.compile(r"[0-9a-f]{64}|\d{1,9}|current|#[0-9a-f]{12}|<[^<>]*\{[^<>]*>", re.S)
 
@@ -409,6 +467,8 @@ class _KeyNames:
         if m := _WM_KEY.fullmatch(text):
             keep = _KEEP_IDENT.fullmatch(m.group(2))
             return m.group(1) + (m.group(2) if keep else self.digest(m.group(2)))
+        if m := _PREF_KEY.fullmatch(text):
+            return f"pref:{{{self.digest(m.group(1))}}}{m.group(2)}"
         if m := _NS_KEY.fullmatch(text):
             return m.group(1) + self.digest(m.group(2))
         return self.digest(text)
@@ -481,8 +541,13 @@ class TraceWriter:
         """Validate and append one ``route`` record (``l3.query`` is cleaned here)."""
         rec = dict(record)
         l2 = rec.get("l2")
-        legacy = isinstance(l2, Mapping) and "required" not in l2
-        rec.setdefault("schema", 1 if legacy else SCHEMA_VERSION)
+        if "schema" not in rec:
+            if "confidence" in rec:
+                rec["schema"] = SCHEMA_VERSION
+            elif isinstance(l2, Mapping) and "required" not in l2:
+                rec["schema"] = 1
+            else:
+                rec["schema"] = 2
         rec.setdefault("kind", "route")
         rec.setdefault("ts", utc_now_iso())
         rec["trace_id"] = self._trace_id(rec.get("trace_id"), "trace.route")
@@ -503,6 +568,22 @@ class TraceWriter:
         frags = rec.get("fragments")
         if isinstance(frags, list):
             rec["fragments"] = [self._clean_fragment(f) for f in frags]
+        refs = rec.get("by_reference")
+        if isinstance(refs, list):
+            rec["by_reference"] = [
+                {**r, "source": self._names.map(r["source"])}
+                if isinstance(r, Mapping) and "source" in r
+                else r
+                for r in refs
+            ]
+        fallback = rec.get("fallback")
+        if isinstance(fallback, Mapping) and isinstance(fallback.get("confirm_at"), str):
+            where = "trace.fallback"
+            rec["fallback"] = {
+                **fallback,
+                "confirm_at": self._gateway.clean_text(fallback["confirm_at"], where=where),
+                "reason": self._gateway.clean_text(str(fallback.get("reason", "")), where=where),
+            }
         self._append(rec)
         return rec
 

@@ -378,9 +378,16 @@ def _tool_version() -> str:
 
 
 def thresholds_document(result: CalibrationResult, provenance: Provenance) -> dict[str, Any]:
-    """The thresholds.json content. ``accept``/``skip`` at top level are the runtime contract."""
+    """The thresholds.json content. ``accept``/``skip``/``model`` at top level are the runtime
+    contract: the router uses the pair only with the embedding model named here
+    (:class:`context_core.confidence.PolicySource`), so ``model`` is recorded the way a
+    collection records it (:func:`context_core.confidence.model_name`)."""
+    from context_core.confidence import model_name
+
     doc = result.summary()
-    doc["provenance"] = asdict(provenance.filled())
+    filled = provenance.filled()
+    doc["model"] = model_name(filled.model) if filled.model else None
+    doc["provenance"] = asdict(filled)
     return doc
 
 

@@ -11,8 +11,18 @@ Loaded (from the ``route`` record, schema in :mod:`context_core.traces`):
   response) are not loading failures: a miss becomes an info note on the verdict
   (``l2_optional_missing`` / ``l2_optional_expired``). Schema-1 records have no
   ``l2.required``; there every requested key counts as required, as it did then.
+* the task contract was not lost (schema 3, ``l2.contract_lost``): the intent asked for the
+  task contract and this session's contract had expired. The contract key is optional for
+  every built-in intent (a session may not have one yet), so a plain miss is only a note; but
+  a *live session that lost its contract* has lost the user's goal and constraints, and
+  silently so, which is exactly the failure CER exists to catch: the step fails loading with
+  reason ``contract_lost`` (and no ``l2_optional_expired`` note for that key).
 * when the intent asked for L3 (``l3.requested``): no L3 error and at least one hit scoring at
   or above ``accept``.
+
+``accept`` is the threshold the route itself used when the record carries it (schema 3,
+``confidence.accept``: the thresholds in force at that moment, which may have been reloaded
+since); the ``accept`` passed to :func:`judge_steps` applies to older records.
 
 Used (from the ``step_output`` record with the same ``trace_id``): a rule-based matcher finds
 a value of the step's context in the agent's output. The step's context, as the trace carries
@@ -184,10 +194,16 @@ def _loaded_reasons(route: Mapping[str, Any], accept: float) -> tuple[list[str],
     expired = set(l2.get("expired") or ())
     missing = set(l2.get("missing") or ())
     found = set(l2.get("found") or ())
+    lost = bool(l2.get("contract_lost"))
     for key in requested:
         if key in found and key not in missing:
             continue
-        if key not in required:
+        if lost and key in expired and _is_contract(key):
+            reasons.append(
+                f"contract_lost: {key} expired while the session was live (the user's goal "
+                "and constraints are gone)"
+            )
+        elif key not in required:
             state = "expired" if key in expired else "missing"
             notes.append(f"l2_optional_{state}: {key} (optional for this intent; not a failure)")
         elif key in expired:
@@ -206,6 +222,21 @@ def _loaded_reasons(route: Mapping[str, Any], accept: float) -> tuple[list[str],
             if best < accept:
                 reasons.append(f"l3_below_accept: best hit {best:.3f} < accept {accept:.3f}")
     return reasons, notes
+
+
+def _is_contract(key: str) -> bool:
+    """A session's current task contract key (``wm:{<sid>}:contract:current``), hashed or not."""
+    return key.endswith(":contract:current")
+
+
+def _accept_of(route: Mapping[str, Any], default: float) -> float:
+    """The accept threshold the route used (schema 3 records carry it), else ``default``."""
+    conf = route.get("confidence")
+    if isinstance(conf, Mapping):
+        value = conf.get("accept")
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return default
 
 
 def _context_texts(
@@ -307,8 +338,9 @@ def judge_steps(
 ) -> list[StepVerdict]:
     """One verdict per ``route`` record; ``step_output`` records are matched by ``trace_id``.
 
-    ``accept`` is the L3 accept threshold in force (``ConfidencePolicy.accept``).
-    ``context_values`` optionally maps trace_id -> the bundle's ``context_used``.
+    ``accept`` is the L3 accept threshold for records that do not carry their own (schema
+    1/2; a schema-3 record is judged against ``confidence.accept``, the threshold its route
+    used). ``context_values`` optionally maps trace_id -> the bundle's ``context_used``.
     """
     routes: list[Mapping[str, Any]] = []
     outputs: dict[str, list[str]] = defaultdict(list)
@@ -321,10 +353,11 @@ def judge_steps(
     verdicts = []
     for route in routes:
         tid = str(route["trace_id"])
-        load_reasons, notes = _loaded_reasons(route, accept)
+        route_accept = _accept_of(route, accept)
+        load_reasons, notes = _loaded_reasons(route, route_accept)
         out = "\n".join(outputs[tid]) if tid in outputs else None
         used, use_reasons, matched = _used(
-            route, out, rules, accept, (context_values or {}).get(tid)
+            route, out, rules, route_accept, (context_values or {}).get(tid)
         )
         verdicts.append(
             StepVerdict(

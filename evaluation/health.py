@@ -475,7 +475,7 @@ def run_health_report(
 
     Opens Redis (``RedisProvider``) and the vector store from ``settings`` when not given.
     """
-    from context_core.confidence import ConfidencePolicy
+    from context_core.confidence import PolicySource
     from context_core.errors import ContextError
     from evaluation.report import write_health_report
 
@@ -499,11 +499,21 @@ def run_health_report(
                 own.append(store)
             except ContextError:
                 store = None
-        policy = ConfidencePolicy.load(settings)
+        # The router's view of the thresholds: a file calibrated for another model is
+        # refused here too (the settings' defaults apply), and the report says so.
+        thresholds = PolicySource(settings)
+        policy = thresholds.current()
+        status = thresholds.status()
         snap = snapshot(settings, day=day, redis_client=redis_client, store=store,
                         accept=policy.accept)  # fmt: skip
     finally:
         for thing in own:
             thing.close()
     history = store_snapshot(_history_path(settings), snap)
-    return write_health_report(snap, history, settings.reports_dir, policy_source=policy.source)
+    described = f"{policy.source} (model {policy.model or 'not recorded'}, rule {policy.rule})"
+    if status["mismatch"]:
+        described += (
+            f"; WARNING: thresholds.json was calibrated for model {status['file_model']!r}, "
+            f"not {status['encoder_model']!r}: re-run `ctx eval calibrate`"
+        )
+    return write_health_report(snap, history, settings.reports_dir, policy_source=described)

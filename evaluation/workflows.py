@@ -53,7 +53,7 @@ def calibrate_labels_file(
 ) -> LabelsCalibration:
     """Validate ``labels_path``, calibrate, write thresholds (default: the file the router
     reads) and ``<reports>/<report_name>_report.md``; compare with the thresholds in force."""
-    from context_core.confidence import ConfidencePolicy
+    from context_core.confidence import ConfidencePolicy, model_name
     from evaluation.calibration import (
         Provenance,
         calibrate,
@@ -67,7 +67,7 @@ def calibrate_labels_file(
     labels = load_labels(labels_path, min_rows=min_rows)
     result = calibrate(labels.scores, labels.labels, **calib_kwargs)
     prov = Provenance(
-        model=model or settings.embed_model,
+        model=model_name(model or settings.embed_model),
         collection=collection or settings.collection_main,
         labels_sha256=labels.sha256,
         labels_path=str(labels_path),

@@ -140,6 +140,7 @@ def test_thresholds_json_round_trips_into_confidence_policy(settings) -> None:
     doc = json.loads(path.read_text())
     assert doc["accept"] == r.accept and doc["skip"] == r.skip
     assert doc["provenance"]["model"] == "minilm" and doc["provenance"]["date"]
+    assert doc["model"] == "minilm"  # top level: what the router checks against its encoder
     assert doc["criteria"]["accept"] == "youden" and doc["n"] == 700
 
     before = confidence.ConfidencePolicy.load(
@@ -151,3 +152,22 @@ def test_thresholds_json_round_trips_into_confidence_policy(settings) -> None:
     # 0.74 was confident under the 0.72 default and is not under the calibrated ~0.75.
     assert before.label(0.74) == "confident"
     assert policy.label(0.74) != "confident"
+
+
+def test_thresholds_record_the_model_as_collections_name_it(settings) -> None:
+    """A hub id is written as the registry name the collection records, so the router's
+    PolicySource accepts the file for that encoder and refuses it for another."""
+    from context_core.confidence import PolicySource
+
+    scores, labels = _separable()
+    r = calibrate(scores, labels, n_boot=0)
+    prov = Provenance(model="sentence-transformers/all-MiniLM-L6-v2", collection="knowledge_main",
+                      labels_sha256="ab" * 32, labels_path="labels.csv")  # fmt: skip
+    path = write_thresholds(r, settings.resolved_thresholds_path, prov)
+    doc = json.loads(path.read_text())
+    assert doc["model"] == "minilm"
+    assert doc["provenance"]["model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert PolicySource(settings, model="minilm").current().pair == (r.accept, r.skip)
+    refused = PolicySource(settings, model="bge-m3")
+    assert refused.current().pair == (settings.accept_threshold, settings.skip_threshold)
+    assert refused.status()["mismatch"] is True

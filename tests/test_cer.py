@@ -261,3 +261,66 @@ def test_a_step_with_nothing_citable_is_not_checkable_and_counts_as_failed() -> 
     assert (rep.overall.n_steps, rep.overall.n_effective, rep.overall.n_not_checkable) == (2, 0, 1)
     assert rep.overall.to_dict()["n_not_checkable"] == 1
     assert rep.failure_reasons == {"not_checkable": 1, "not_cited": 1}
+
+
+# --- schema 3: a lost contract, the thresholds the route used --------------------------------
+
+
+def route_v3(tid: str, *, contract_lost: bool = False, accept: float = ACCEPT,
+             **kw: Any) -> dict[str, Any]:  # fmt: skip
+    rec = route_v2(tid, **kw)
+    rec["schema"] = 3
+    rec["l2"]["contract_lost"] = contract_lost
+    conf = {"accept": accept, "skip": 0.5, "source": "test", "model": "minilm", "rule": "design"}
+    rec.update(by_reference=[], fallback=None, confidence=conf)
+    return rec
+
+
+def test_a_lost_contract_is_a_loading_failure() -> None:
+    from context_core.traces import validate_record
+
+    series = frag("L2", f"L2:{SERIES}", [SERIES, "5.27"])
+    recs = [
+        # the contract was never written in this session: an optional miss, a note
+        route_v3("c1", requested=(SERIES, CONTRACT), required=(), missing=(CONTRACT,),
+                 fragments=[series]),
+        output("c1", "RMS 5.27"),
+        # the session had one and it expired: the step lost the user's goal
+        route_v3("c2", requested=(SERIES, CONTRACT), required=(), missing=(CONTRACT,),
+                 expired=(CONTRACT,), contract_lost=True, fragments=[series]),
+        output("c2", "RMS 5.27"),
+    ]  # fmt: skip
+    for r in recs:
+        if r["kind"] == "route":
+            validate_record({**r, "trace_id": r["trace_id"] * 8})
+    v = {x.trace_id: x for x in judge_steps(recs, accept=ACCEPT)}
+    assert v["c1"].effective
+    assert v["c1"].notes == (f"l2_optional_missing: {CONTRACT} (optional for this intent; not "
+                             "a failure)",)  # fmt: skip
+    assert not v["c2"].loaded and v["c2"].used
+    assert v["c2"].reasons == (
+        f"contract_lost: {CONTRACT} expired while the session was live (the user's goal and "
+        "constraints are gone)",
+    )
+    assert v["c2"].notes == ()  # a failure, not also an info note
+    rep = cer_report(list(v.values()))
+    assert rep.failure_reasons == {"contract_lost": 1}
+    assert rep.overall.cer == pytest.approx(1 / 2)
+
+
+def test_schema_3_records_are_judged_against_their_own_accept() -> None:
+    hit = [{"id": "h0", "score": 0.6, "label": "confident", "source": "Manual 7781",
+            "section": "PUMP"}]  # fmt: skip
+    recs = []
+    for tid, accept in (("a1", 0.55), ("a2", 0.72)):
+        rec = route_v3(tid, requested=(), required=(), accept=accept)
+        rec["l3"] = {"requested": True, "query": "status", "used": True, "error": None,
+                     "hits": hit}  # fmt: skip
+        recs += [rec, output(tid, "see Manual 7781")]
+    old = route("a3", requested=(), hits=((0.6, "Manual 7781"),), query="status")
+    recs += [old, output("a3", "see Manual 7781")]
+    v = {x.trace_id: x for x in judge_steps(recs, accept=0.72, rules=())}
+    assert v["a1"].effective  # the route's own accept (0.55) was in force
+    assert not v["a2"].loaded  # 0.6 < 0.72, recorded in the route itself
+    assert v["a2"].reasons[0] == "l3_below_accept: best hit 0.600 < accept 0.720"
+    assert not v["a3"].loaded  # schema 1: the accept passed in applies

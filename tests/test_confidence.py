@@ -103,3 +103,75 @@ def test_malformed_file_falls_back_with_warning(
 def test_policy_constructor_validates() -> None:
     with pytest.raises(ValueError, match="must not exceed"):
         ConfidencePolicy(accept=0.5, skip=0.6)
+
+
+# --- labelling a route's hit list: the design rule vs per hit ------------------------------
+
+POLICY = ConfidencePolicy(accept=0.72, skip=0.65, source="test")
+
+
+@pytest.mark.parametrize(
+    ("scores", "design", "per_hit"),
+    [
+        # one hit at/above skip: everything else is "for reference", even below skip
+        (
+            [0.80, 0.66, 0.40],
+            ["confident", "low_confidence", "low_confidence"],
+            ["confident", "low_confidence", "below_skip"],
+        ),
+        (
+            [0.70, 0.30],
+            ["low_confidence", "low_confidence"],
+            ["low_confidence", "below_skip"],
+        ),
+        # exactly skip counts as at/above skip
+        ([0.65, 0.10], ["low_confidence", "low_confidence"], ["low_confidence", "below_skip"]),
+        # every hit below skip: L3 is left out under both rules
+        ([0.6499, 0.2], ["below_skip", "below_skip"], ["below_skip", "below_skip"]),
+        # NaN is never trusted and never counts as a hit at or above skip
+        ([float("nan"), 0.5], ["below_skip", "below_skip"], ["below_skip", "below_skip"]),
+        (
+            [0.9, float("nan")],
+            ["confident", "below_skip"],
+            ["confident", "below_skip"],
+        ),
+        ([], [], []),
+    ],
+)
+def test_label_hits_design_rule_and_per_hit_option(
+    scores: list[float], design: list[str], per_hit: list[str]
+) -> None:
+    assert POLICY.rule == "design"  # the default
+    assert POLICY.label_hits(scores) == design
+    assert POLICY.with_rule("per_hit").label_hits(scores) == per_hit
+
+
+def test_label_hits_range_checks_every_score() -> None:
+    with pytest.raises(ValueError, match="cosine similarity"):
+        POLICY.label_hits([0.9, 3.5])
+
+
+def test_rule_comes_from_settings_and_is_validated(tmp_path: Path) -> None:
+    settings = _settings(tmp_path).model_copy(update={"confidence_rule": "per_hit"})
+    assert ConfidencePolicy.defaults(settings).rule == "per_hit"
+    path = settings.resolved_thresholds_path
+    assert tmp_path in path.parents  # never the repository's reports/
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"accept": 0.7, "skip": 0.5, "model": "minilm"}))
+    loaded = ConfidencePolicy.load(settings)
+    assert (loaded.rule, loaded.model) == ("per_hit", "minilm")
+    assert loaded.to_dict() == {
+        "accept": 0.7, "skip": 0.5, "source": str(path), "model": "minilm", "rule": "per_hit",
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="unknown confidence rule"):
+        ConfidencePolicy(rule="loose")  # type: ignore[arg-type]
+
+
+def test_model_from_provenance_when_no_top_level_model(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    path = settings.resolved_thresholds_path
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"accept": 0.7, "skip": 0.5, "provenance": {"model": "bge-m3"}}))
+    assert ConfidencePolicy.load(settings).model == "bge-m3"
+    path.write_text(json.dumps({"accept": 0.7, "skip": 0.5, "model": 3}))
+    assert ConfidencePolicy.load(settings).pair == (0.72, 0.65)  # malformed: defaults

@@ -176,3 +176,26 @@ def test_health_report_is_idempotent_per_day_and_tracks_growth(
     assert "| empty body | 2 |" in md
     for key in ("l1_memory", "l2_keys", "l3_points", "cer"):
         assert paths[key].stat().st_size > 1000
+
+
+def test_health_report_names_the_thresholds_and_a_model_mismatch(settings, redis_url: str) -> None:
+    from context_core.knowledge.edge import EdgeStore
+
+    path = settings.resolved_thresholds_path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"accept": 0.49, "skip": 0.28, "model": "bge-m3"}))
+    c = redis.Redis.from_url(redis_url, decode_responses=True)
+    store = EdgeStore(settings.qdrant_dir)
+    try:
+        paths = run_health_report(settings, redis_client=c, store=store)
+        md = paths["markdown"].read_text()
+        # refused (the encoder is minilm): the settings' defaults are in force, and it says why
+        assert "Thresholds in force: accept 0.720" in md
+        assert "calibrated for model 'bge-m3', not 'minilm'" in md and "rule design" in md
+        path.write_text(json.dumps({"accept": 0.5, "skip": 0.3, "model": "minilm"}))
+        md = run_health_report(settings, redis_client=c, store=store)["markdown"].read_text()
+        assert "Thresholds in force: accept 0.500" in md and "(model minilm, rule design)" in md
+        assert "calibrated for model" not in md
+    finally:
+        store.close()
+        c.close()

@@ -1,4 +1,9 @@
-"""Lifecycle events on real Redis (and real Qdrant Edge + MiniLM for goal_achieved)."""
+"""Lifecycle events on real Redis (and real Qdrant Edge + MiniLM for goal_achieved).
+
+Every L2 test runs on both server kinds (``any_redis``: Redis 7 and embedded Valkey). The
+platform-computed triggers (user_message, overflow, idle sweep, recovery_complete) are in
+test_lifecycle_triggers.py.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from context_core.knowledge.memory import KnowledgeMemory
 from context_core.lifecycle import EFFECTS, EventResult, LifecycleEvent, LifecycleManager
 from context_core.session import SessionState
 from context_core.working_memory import SessionMemory, WorkingMemory
+from context_core.working_memory.lifetime import ACTIVITY_KEY
 
 
 @dataclass
@@ -31,6 +37,7 @@ class Env:
     wm: WorkingMemory
     client: redis.Redis
     session_id: str
+    user_id: str = "u-1"
 
     def sm(self) -> SessionMemory:
         return self.wm.session(self.session_id)
@@ -38,15 +45,26 @@ class Env:
     def ttl(self, key: str) -> int:
         return int(self.client.ttl(key))
 
+    def session_keys(self) -> list[str]:
+        """Every key of the session on the server (a SCAN, for assertions only)."""
+        return sorted(self.client.scan_iter(match=f"wm:{{{self.session_id}}}:*", count=1000))
+
+
+def _teardown(url: str, client: redis.Redis, session_id: str, user_id: str) -> None:
+    cleanup_keys(url, f"wm:{{{session_id}}}:*")
+    cleanup_keys(url, f"pref:{{{user_id}}}:*")
+    client.zrem(ACTIVITY_KEY, session_id)
+
 
 @pytest.fixture
-def env(redis_url: str, session_id: str) -> Iterator[Env]:
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
+def env(any_redis: str, session_id: str) -> Iterator[Env]:
+    client = redis.Redis.from_url(any_redis, decode_responses=True)
     gw = Gateway()
     wm = WorkingMemory(client, gw, default_ttl_s=900)
     mgr = LifecycleManager(wm=wm, gateway=gw, low_priority_ttl_s=30)
-    yield Env(mgr, wm, client, session_id)
-    cleanup_keys(redis_url, f"wm:{{{session_id}}}:*")
+    e = Env(mgr, wm, client, session_id, f"u-{uuid.uuid4().hex[:10]}")
+    yield e
+    _teardown(any_redis, client, session_id, e.user_id)
     client.close()
 
 
@@ -65,7 +83,7 @@ def _start(env: Env) -> SessionState:
         "session_start",
         None,
         session_id=env.session_id,
-        user_id="u-1",
+        user_id=env.user_id,
         user_query="Why is PUMP-0042 vibrating? Keep the report under 1 page.",
         contract={"max_pages": 1},
         device_id="PUMP-0042",
@@ -95,7 +113,16 @@ def test_effects_table_covers_every_event() -> None:
         "session_timeout",
         "goal_achieved",
         "error_recovery",
+        "user_message",
+        "recovery_complete",
     ]
+    for ev, row in EFFECTS.items():
+        assert row.event is ev and row.l1 and row.l2 and row.l3
+    # the rows state the design's semantics the handlers implement (README renders them)
+    assert "expired" in EFFECTS[LifecycleEvent.SESSION_TIMEOUT].l2
+    assert EFFECTS[LifecycleEvent.SESSION_TIMEOUT].l1 == "trace cleared"
+    assert "last_completed_task" in EFFECTS[LifecycleEvent.GOAL_ACHIEVED].l2
+    assert "unlocked" in EFFECTS[LifecycleEvent.RECOVERY_COMPLETE].l2
 
 
 def test_unknown_event_lists_valid_names(env: Env) -> None:
@@ -183,13 +210,37 @@ def test_context_overflow_trims_trace_and_shortens_low_priority_ttls(env: Env) -
     assert env.ttl(contract_key) > 800
 
 
-def test_session_timeout_clears_l2(env: Env) -> None:
+def test_session_timeout_clears_trace_keeps_expired_contract(env: Env) -> None:
+    """Design: clear the L1 trace, mark the contract expired and keep it (with its history),
+    delete the other L2 keys; the session's next activity resumes the contract."""
     state = _calls(env, _start(env), 2)
-    assert list(env.client.scan_iter(match=f"wm:{{{env.session_id}}}:*"))
+    sm = env.sm()
+    sm.add_pending("task-1")
+    contract_key, history_key = sm.key("contract", "current"), sm.key("contract", "history")
+    listed = sm.keys()
+    data_keys = [k for k in listed if k not in (contract_key, history_key)]
+    assert len(data_keys) == 5  # 2 api + 2 step + pending
+    assert env.client.zscore(ACTIVITY_KEY, env.session_id) is not None  # events touched it
+    contract_ttl = env.ttl(contract_key)
+
     res = env.mgr.apply("session_timeout", state)
-    assert res.effects["deleted"] >= 5  # 2 api + 2 step + contract + history
-    assert res.state is state
-    assert list(env.client.scan_iter(match=f"wm:{{{env.session_id}}}:*")) == []
+    assert res.state.trace == () and state.trace_pairs == 2  # new state, old one untouched
+    assert res.effects == {"deleted": 5, "contract_version": 1, "contract_status": "expired"}
+    assert env.client.exists(*data_keys) == 0
+    assert env.session_keys() == sorted([contract_key, history_key, sm.index_key, sm.expired_key])
+    c = sm.contract()
+    assert (c.status, c.version, c.fields["max_pages"]) == ("expired", 1, 1)
+    assert contract_ttl - 5 <= env.ttl(contract_key) <= contract_ttl  # kept, not shortened
+    assert [h.version for h in sm.contract_history()] == [1]
+    assert all(sm.key_expired(k) for k in data_keys)  # gone, and known to be gone
+    assert env.client.zscore(ACTIVITY_KEY, env.session_id) is None  # no longer idle-swept
+    assert sm.keys() == sorted([contract_key, history_key])
+
+    # the session comes back: any event resumes the contract
+    back = env.mgr.apply("tool_call", res.state, name="sensor_api", args={}, result={"v": 1})
+    assert sm.contract().status == "active"
+    assert back.state.trace_pairs == 1
+    assert env.client.zscore(ACTIVITY_KEY, env.session_id) is not None
 
 
 def test_error_recovery_keeps_last_pair_and_locks_contract(env: Env) -> None:
@@ -201,17 +252,63 @@ def test_error_recovery_keeps_last_pair_and_locks_contract(env: Env) -> None:
         env.mgr.handle("user_correction", new, fields={"x": 1})
 
 
-def test_goal_achieved_without_answers_expires_l2(env: Env) -> None:
+def test_goal_achieved_archives_contract_and_records_last_task(env: Env) -> None:
+    """Design: clear the trace, archive the contract version to history (completed), record
+    last_completed_task in the user's long-term profile; other L2 keys expire after grace."""
     state = _calls(env, _start(env), 1)
     sm = env.sm()
+    v2 = sm.update_contract({"max_pages": 2}, expected_version=1, corrected=True)
     sm.add_pending("task-1")  # no TTL until the goal is reached
     pending_key = sm.key("pending", "tasks")
+    history_key = sm.key("contract", "history")
     assert env.ttl(pending_key) == -1
     res = env.mgr.apply("goal_achieved", state, grace_s=20)
-    assert res.effects["hot_ids"] == []
+    assert res.state.trace == ()
+    assert res.effects["hot_ids"] == [] and res.effects["hot_scopes"] == []
+    assert (res.effects["contract_version"], res.effects["contract_status"]) == (2, "completed")
     assert pending_key in res.effects["expiring"]
-    for key in env.client.scan_iter(match=f"wm:{{{env.session_id}}}:*"):
-        assert 0 < env.ttl(key) <= 20, key
+    assert history_key not in res.effects["expiring"]
+    for key in env.session_keys():
+        if key == history_key:
+            assert env.ttl(key) > 29 * 86_400  # the audit history keeps its 30 days
+        elif key != sm.expired_key:
+            assert 0 < env.ttl(key) <= 20, key
+    hist = sm.contract_history()
+    assert [(h.version, h.status) for h in hist] == [(1, "active"), (2, "active"), (2, "completed")]
+    assert hist[-1].fields == v2.fields
+    assert sm.contract().status == "completed"
+    assert env.client.zscore(ACTIVITY_KEY, env.session_id) is None
+
+    pref = env.wm.preferences(env.user_id).get("last_completed_task")
+    assert pref.value == res.effects["last_completed_task"]
+    assert pref.value["session_id"] == env.session_id
+    assert pref.value["goal"] == state.user_query
+    assert pref.value["contract"] == {"max_pages": 2}
+    assert pref.value["version"] == 2
+    assert pref.value["completed_at"] == pytest.approx(time.time(), abs=30)
+    assert env.client.pttl(f"pref:{{{env.user_id}}}:last_completed_task") == -1
+    assert "last_completed_task" in env.wm.preferences(env.user_id).all()
+
+
+def test_goal_achieved_profile_write_passes_the_gateway(env: Env) -> None:
+    """The last_completed_task record is written through the gateway like every value."""
+    secret = "sk_live_" + "q" * 24
+    state = env.mgr.handle(
+        "session_start",
+        None,
+        session_id=env.session_id,
+        user_id="alice@example.com",  # outside the key alphabet: hashed into a key id
+        user_query=f"rotate the key {secret}",
+        contract={"ticket": "INC-7"},
+    )
+    try:
+        res = env.mgr.apply("goal_achieved", state)
+        task = env.wm.preferences("alice@example.com").get("last_completed_task").value
+        assert task == res.effects["last_completed_task"]
+        assert secret not in str(task) and "[REDACTED]" in task["goal"]
+        assert task["contract"] == {"ticket": "INC-7"}
+    finally:
+        env.wm.preferences("alice@example.com").delete("last_completed_task")
 
 
 def test_goal_achieved_promotes_confirmed_answers_to_hot(env: Env, knowledge_env: object) -> None:
@@ -227,6 +324,7 @@ def test_goal_achieved_promotes_confirmed_answers_to_hot(env: Env, knowledge_env
         answers=[{"text": answer, "source": "case-PUMP-0042", "title": "Resolved case"}],
     )
     (hot_id,) = res.effects["hot_ids"]
+    assert res.effects["contract_status"] == "completed"  # L2 and L3 effects together
     settings = knowledge_env.settings
     (point,) = knowledge_env.store.retrieve(settings.collection_hot, [hot_id])
     assert point.payload["text"] == answer
@@ -264,12 +362,12 @@ def test_scripted_demo_session_runs_every_layer(settings: Settings, redis_url: s
         assert f"L2:wm:{{{sid}}}:series:PUMP-0042.vibration" in compare.sources
         assert "NS:ns:{fleet}:kv:baseline:PUMP" in compare.sources
         report = result.steps[3].bundle
-        assert report.sources[4:6] == (
-            f"L2:wm:{{{sid}}}:step:2",
-            f"L2:wm:{{{sid}}}:contract:current",
-        )
-        assert report.fragments[5].content["version"] == 2  # the user's correction
-        assert report.fragments[5].content["corrected"] is True
+        step2, contract = f"L2:wm:{{{sid}}}:step:2", f"L2:wm:{{{sid}}}:contract:current"
+        assert {step2, contract} <= set(report.sources)  # kept within the bundle budget
+        (current,) = [f for f in report.fragments if f.source == contract]
+        assert current.content["version"] == 2  # the user's correction
+        assert current.content["corrected"] is True
+        assert current.content["status"] == "active"
         routes = list(read_traces(settings.traces_dir, kind="route"))
         outputs = list(read_traces(settings.traces_dir, kind="step_output"))
         assert [r["trace_id"] for r in routes] == [s.bundle.trace_id for s in result.steps]
@@ -279,7 +377,9 @@ def test_scripted_demo_session_runs_every_layer(settings: Settings, redis_url: s
         assert hot_id
     finally:
         cleanup_keys(redis_url, f"wm:{{{sid}}}:*")
+        cleanup_keys(redis_url, "pref:{demo-user}:*")  # goal_achieved's last_completed_task
         c = redis.Redis.from_url(redis_url)
+        c.zrem(ACTIVITY_KEY, sid)
         c.delete("ns:{fleet}:kv:baseline:PUMP")
         c.hdel("ns:{fleet}:acl", AGENT, "fleet-etl")
         c.close()
@@ -289,16 +389,19 @@ def test_scripted_demo_session_runs_every_layer(settings: Settings, redis_url: s
 def test_ttl_events_touch_only_the_session_and_never_scan(
     crowded_redis: CrowdedRedis, event: str
 ) -> None:
-    """Among 20k unrelated keys, each TTL-changing event works from the session's key index:
-    zero SCAN calls (INFO commandstats) and the same effects as before."""
+    """Among 20k unrelated keys, each TTL-changing event works from the session's key index
+    (and goal_achieved's profile write from the user's preference index): zero SCAN calls
+    (INFO commandstats) and the same effects as before."""
     client = redis.Redis.from_url(crowded_redis.url, decode_responses=True)
     gw = Gateway()
     wm = WorkingMemory(client, gw, default_ttl_s=900)
     mgr = LifecycleManager(wm=wm, gateway=gw, low_priority_ttl_s=30, goal_grace_s=20)
     started: list[SessionMemory] = []
+    users: list[str] = []
 
     def prepare() -> Callable[[], tuple[SessionMemory, list[str], EventResult]]:
-        env = Env(mgr, wm, client, f"t-{uuid.uuid4().hex[:12]}")
+        env = Env(mgr, wm, client, f"t-{uuid.uuid4().hex[:12]}", f"u-{uuid.uuid4().hex[:10]}")
+        users.append(env.user_id)
         state = _calls(env, _start(env), 2)
         sm = env.sm()
         started.append(sm)
@@ -311,12 +414,17 @@ def test_ttl_events_touch_only_the_session_and_never_scan(
         sm, before, res = crowded_redis.run_without_scan(prepare)
         # 2 api + 2 step + series + pending + contract current/history
         assert len(before) == 8 and all(k.startswith(f"wm:{{{sm.session_id}}}:") for k in before)
+        contract = [sm.key("contract", "current"), sm.key("contract", "history")]
+        data = [k for k in before if k not in contract]
         if event == "session_timeout":
-            assert res.effects["deleted"] == 8
-            assert client.exists(*before, sm.index_key) == 0
+            assert res.effects["deleted"] == 6
+            assert client.exists(*data) == 0
+            assert client.exists(*contract) == 2  # the contract stays, marked expired
+            assert sm.contract().status == "expired"
         elif event == "goal_achieved":
-            assert res.effects["expiring"] == before
-            assert all(0 < client.ttl(k) <= 20 for k in [*before, sm.index_key])
+            assert res.effects["expiring"] == [k for k in before if k != contract[1]]
+            assert all(0 < client.ttl(k) <= 20 for k in [*data, contract[0], sm.index_key])
+            assert client.ttl(contract[1]) > 29 * 86_400  # the history is kept for audit
         else:
             low = [k for k in before if ":api:" in k or ":series:" in k]
             assert len(low) == 3 and res.effects["shortened"] == low
@@ -327,6 +435,9 @@ def test_ttl_events_touch_only_the_session_and_never_scan(
     finally:
         for s in started:
             s.clear()
+            client.zrem(ACTIVITY_KEY, s.session_id)
+        for uid in users:
+            wm.preferences(uid).delete("last_completed_task")
         client.close()
 
 

@@ -143,9 +143,19 @@ class Env:
         kw.setdefault("l3_timeout_ms", 10_000)  # generous: only the degraded tests time out
         return ContextRouter(wm=WorkingMemory(self.client, self.gateway), tracer=self.tracer, **kw)
 
-    def state(self, step: int = 2, device: str | None = "PUMP-0042") -> SessionState:
+    @property
+    def user_id(self) -> str:
+        """Per test: preferences are per user and outlive sessions (no TTL)."""
+        return f"u-{self.session_id}"
+
+    def state(
+        self, step: int = 2, device: str | None = "PUMP-0042", query: str | None = None
+    ) -> SessionState:
         s = SessionState.start(
-            self.session_id, "u-1", "Why is the pump vibrating?", gateway=self.gateway
+            self.session_id,
+            self.user_id,
+            query or "Why is the pump vibrating?",
+            gateway=self.gateway,
         )
         return s.advance(current_step=step, last_device_id=device)
 
@@ -170,6 +180,8 @@ def env(tmp_path: Path, redis_url: str, session_id: str, encoder: Encoder) -> It
     tracer = TraceWriter(settings.traces_dir, gateway=gw)
     yield Env(settings, gw, client, store, km, tracer, session_id, redis_url)
     cleanup_keys(redis_url, f"wm:{{{session_id}}}:*")
+    cleanup_keys(redis_url, f"pref:{{u-{session_id}}}:*")
+    client.zrem("ctx:activity", session_id)  # every route is session activity
     store.close()
     client.close()
 
@@ -185,12 +197,17 @@ def _sources(bundle: ContextBundle, layer: str) -> list[str]:
 # --- provenance per intent -----------------------------------------------------------------
 
 
+# The provenance tests give the router a budget larger than any bundle here, so every
+# fragment's provenance is checked; the budget itself is tested in test_bundle_budget.py.
+ALL = 50
+
+
 def test_fetch_sensor_data_bundle(env: Env) -> None:
     sid = env.session_id
     sm = env.sm()
     sm.add_series_point("PUMP-0042.vibration", time.time() - 1800, 4.2)
     sm.update_contract({"goal": "diagnose"}, expected_version=0)
-    with env.router() as router:
+    with env.router(max_fragments=ALL) as router:
         b = router.route(env.state(), "fetch_sensor_data")
     assert b.sources == (
         "L1:session.user_query",
@@ -204,7 +221,9 @@ def test_fetch_sensor_data_bundle(env: Env) -> None:
     assert 0.45 < series.freshness_hours < 0.55
     assert (series.relevance, series.confidence, series.label) == (1.0, 1.0, "exact")
     assert b.fragments[4].content["fields"] == {"goal": "diagnose"}
+    assert b.fragments[4].content["status"] == "active"
     assert not b.degraded and b.by_layer("L3") == ()
+    assert b.context_used["by_reference"] == [] and "fallback" not in b.context_used
     assert b.context_used["l2"] == [
         f"wm:{{{sid}}}:series:PUMP-0042.vibration",
         f"wm:{{{sid}}}:contract:current",
@@ -212,6 +231,8 @@ def test_fetch_sensor_data_bundle(env: Env) -> None:
     (rec,) = env.traces()
     assert rec["l3"] == {"requested": False, "query": "", "hits": [], "used": False, "error": None}
     assert rec["l2"]["required"] == []  # both keys are optional for this intent
+    assert rec["l2"]["contract_lost"] is False
+    assert rec["by_reference"] == [] and rec["fallback"] is None
     cites = {f["source"]: f["cites"] for f in rec["fragments"]}
     assert cites["L1:session.last_device_id"] == ["PUMP-0042"]
     assert cites["L1:session.current_step"] == []
@@ -225,7 +246,7 @@ def test_call_api_bundle_uses_cached_response(env: Env) -> None:
     sm = env.sm()
     params = {"device": "PUMP-0042", "window": "1h"}
     key = sm.put_api_response("sensors/rms", params, {"rms_mm_s": 4.9})
-    with env.router() as router:
+    with env.router(max_fragments=ALL) as router:
         state = env.state()
         state = state.record_tool_call("sensors/rms", params, call_id="c1")
         state = state.record_tool_result("c1", {"rms_mm_s": 4.9}, status="ok")
@@ -258,7 +279,7 @@ def test_compare_vibration_bundle_with_l3(env: Env) -> None:
     sm = env.sm()
     sm.add_series_point("PUMP-0042.vibration", time.time(), 5.1)
     sm.put_step_result("1", {"rms_mm_s": 5.1})
-    with env.router() as router:
+    with env.router(max_fragments=ALL) as router:
         b = router.route(env.state(), "compare_vibration")
     assert _sources(b, "L1") == [
         "L1:session.user_query",
@@ -283,7 +304,7 @@ def test_generate_report_bundle_exact_provenance(env: Env) -> None:
     sm = env.sm()
     sm.put_step_result("1", {"finding": "bearing wear", "rms_mm_s": 5.1})
     text = KNOWLEDGE[1][2]
-    with env.router() as router:
+    with env.router(max_fragments=ALL) as router:
         b = router.route(env.state(), "generate_report", params={"query": text})
     assert b.sources[:4] == (
         "L1:session.user_query",
@@ -307,13 +328,16 @@ def test_generate_report_bundle_exact_provenance(env: Env) -> None:
     validate_record(rec)
     assert rec["trace_id"] == b.trace_id
     assert rec["intent"] == "generate_report" and rec["step"] == 2
+    prefs = f"pref:{{{env.user_id}}}:*"  # generate_report loads the user's preferences, optionally
     assert rec["l2"] == {
-        "requested": [f"wm:{{{sid}}}:step:1", f"wm:{{{sid}}}:contract:current"],
+        "requested": [f"wm:{{{sid}}}:step:1", f"wm:{{{sid}}}:contract:current", prefs],
         "required": [f"wm:{{{sid}}}:step:1"],
         "found": [f"wm:{{{sid}}}:step:1"],
-        "missing": [f"wm:{{{sid}}}:contract:current"],
+        "missing": [f"wm:{{{sid}}}:contract:current", prefs],
         "expired": [],
+        "contract_lost": False,  # never written in this session: not lost
     }
+    assert b.l2_missing == (f"wm:{{{sid}}}:contract:current", prefs)
     assert rec["fragments"] == [
         {
             "layer": f.layer,
@@ -382,16 +406,58 @@ def test_threshold_edges_on_real_scores(env: Env) -> None:
     assert b.context_used["l3_reference"] == [hits[2].id]
 
 
-def test_just_below_skip_is_dropped(env: Env) -> None:
+def test_per_hit_rule_drops_each_hit_just_below_skip(env: Env) -> None:
+    """The per_hit option (CTX_CONFIDENCE_RULE=per_hit): each hit below skip is dropped."""
+    query = KNOWLEDGE[0][2]
+    hits = env.knowledge.search(query, section="PUMP", limit=3)
+    just_above = hits[1].score + 1e-6
+    policy = ConfidencePolicy(accept=just_above, skip=just_above, source="test", rule="per_hit")
+    with env.router(policy=policy) as router:
+        b = router.route(env.state(), "default", params={"query": query})
+    assert [f.label for f in b.by_layer("L3")] == ["confident"]
+    rec = env.traces()[0]
+    assert [h["label"] for h in rec["l3"]["hits"]] == ["confident", "below_skip", "below_skip"]
+    assert rec["confidence"]["rule"] == "per_hit"
+
+
+def test_design_rule_keeps_hits_below_skip_for_reference(env: Env) -> None:
+    """The design (default): one hit at or above skip keeps L3 in; every hit below accept,
+    even below skip, is passed as low_confidence "for reference"."""
     query = KNOWLEDGE[0][2]
     hits = env.knowledge.search(query, section="PUMP", limit=3)
     just_above = hits[1].score + 1e-6
     policy = ConfidencePolicy(accept=just_above, skip=just_above, source="test")
+    assert policy.rule == "design"
     with env.router(policy=policy) as router:
         b = router.route(env.state(), "default", params={"query": query})
-    assert [f.label for f in b.by_layer("L3")] == ["confident"]
-    labels = [h["label"] for h in env.traces()[0]["l3"]["hits"]]
-    assert labels == ["confident", "below_skip", "below_skip"]
+    l3 = b.by_layer("L3")
+    assert [(f.source, f.label) for f in l3] == [
+        (f"L3:knowledge_main:{hits[0].id}", "confident"),
+        (f"L3:knowledge_main:{hits[1].id}", "low_confidence"),
+        (f"L3:knowledge_main:{hits[2].id}", "low_confidence"),
+    ]
+    assert hits[2].score < policy.skip  # below skip, and still passed on
+    assert [f.note for f in l3[1:]] == [LOW_CONFIDENCE_NOTE] * 2
+    assert b.context_used["l3"] == [hits[0].id]
+    assert b.context_used["l3_reference"] == [hits[1].id, hits[2].id]
+    rec = env.traces()[0]
+    labels = [h["label"] for h in rec["l3"]["hits"]]
+    assert labels == ["confident", "low_confidence", "low_confidence"]
+    assert rec["confidence"] == {
+        "accept": just_above, "skip": just_above, "source": "test", "model": None,
+        "rule": "design",
+    }  # fmt: skip
+
+
+def test_design_rule_leaves_l3_out_only_when_every_hit_is_below_skip(env: Env) -> None:
+    query = "how much vibration is too much for a pump"
+    hits = env.knowledge.search(query, section="PUMP", limit=3)
+    above_all = hits[0].score + 1e-4
+    policy = ConfidencePolicy(accept=above_all, skip=above_all, source="test")
+    with env.router(policy=policy) as router:
+        b = router.route(env.state(), "default", params={"query": query})
+    assert b.by_layer("L3") == ()
+    assert {h["label"] for h in env.traces()[0]["l3"]["hits"]} == {"below_skip"}
 
 
 def test_all_hits_below_skip_leave_l3_out(env: Env) -> None:
@@ -420,11 +486,16 @@ def test_thresholds_file_changes_router_labels(env: Env) -> None:
     assert policy.source == str(path)
     with env.router(policy=policy) as router:
         after = router.route(env.state(), "default", params={"query": query})
-    default = ConfidencePolicy()
+    with env.router(policy=policy.with_rule("per_hit")) as router:
+        after_per_hit = router.route(env.state(), "default", params={"query": query})
+    default = ConfidencePolicy().label_hits([h.score for h in hits])
     assert [f.label for f in before.by_layer("L3")] == [
-        default.label(h.score) for h in hits if default.label(h.score) != "below_skip"
+        label for label in default if label != "below_skip"
     ]
-    assert [f.label for f in after.by_layer("L3")] == ["low_confidence", "low_confidence"]
+    # The file's accept is above every hit; hits[0] and hits[1] reach its skip, so under the
+    # design rule all three are passed for reference, under per_hit the third is dropped.
+    assert [f.label for f in after.by_layer("L3")] == ["low_confidence"] * 3
+    assert [f.label for f in after_per_hit.by_layer("L3")] == ["low_confidence"] * 2
 
 
 # --- degraded paths ---------------------------------------------------------------------------
@@ -441,7 +512,9 @@ def test_slow_store_degrades_to_l1_l2(env: Env) -> None:
     assert b.degraded is True
     assert b.by_layer("L3") == ()
     assert _sources(b, "L2") == [f"L2:wm:{{{sid}}}:step:1"]
-    assert len(b.by_layer("L1")) == 3
+    # Budget 3: the required step result, then L1 fields in the intent's order.
+    assert _sources(b, "L1") == ["L1:session.user_query", "L1:session.current_step"]
+    assert [r["source"] for r in b.context_used["by_reference"]] == ["L1:session.last_device_id"]
     assert b.timings_ms["total"] < 300  # the route did not wait for the slow search
     rec = env.traces()[0]
     assert rec["degraded"] is True
@@ -480,7 +553,11 @@ def test_required_miss_raises_after_trace(env: Env) -> None:
     assert "requires it" in str(exc.value)
     (rec,) = env.traces()
     validate_record(rec)
-    assert rec["l2"]["missing"] == [f"wm:{{{sid}}}:step:1", f"wm:{{{sid}}}:contract:current"]
+    assert rec["l2"]["missing"] == [
+        f"wm:{{{sid}}}:step:1",
+        f"wm:{{{sid}}}:contract:current",
+        f"pref:{{{env.user_id}}}:*",
+    ]
     assert rec["l2"]["found"] == []
     assert rec["l3"]["used"] is False
 
@@ -496,16 +573,66 @@ def test_required_template_value_missing(env: Env) -> None:
 
 
 def test_expired_key_is_traced_as_expired(env: Env) -> None:
+    """Expired vs never written is decided in Redis: a second router (another process, as
+    far as it knows) that never saw the key agrees with the first one."""
     sid = env.session_id
-    env.sm().put_step_result("1", {"finding": "x"}, ttl_s=1)
+    sm = env.sm()
+    sm.update_contract({"goal": "report"}, expected_version=0)  # a live session
+    sm.put_step_result("1", {"finding": "x"}, ttl_s=1)
     with env.router() as router:
         router.route(env.state(), "generate_report")
         time.sleep(1.3)
         with pytest.raises(ContextMissError):
             router.route(env.state(), "generate_report")
-    first, second = env.traces()
+    other = ContextRouter(
+        wm=WorkingMemory(redis.Redis.from_url(env.redis_url, decode_responses=True), env.gateway),
+        knowledge=None,
+        policy=ConfidencePolicy(),
+        tracer=env.tracer,
+    )
+    with other, pytest.raises(ContextMissError):
+        other.route(env.state(), "generate_report")
+    with env.router() as fresh, pytest.raises(ContextMissError):
+        fresh.route(env.state(step=5), "generate_report")  # step 4: never written
+    first, second, third, never = env.traces()
     assert first["l2"]["expired"] == []
     assert second["l2"]["expired"] == [f"wm:{{{sid}}}:step:1"]
+    assert third["l2"]["expired"] == [f"wm:{{{sid}}}:step:1"]
+    assert never["l2"]["missing"][0] == f"wm:{{{sid}}}:step:4"
+    assert never["l2"]["expired"] == []
+    assert not hasattr(other, "_seen")  # no per-process memory of found keys
+
+
+def test_route_touches_the_session(env: Env) -> None:
+    """A route is session activity: the contract's TTL slides back to wm_contract_ttl_s."""
+    sm = env.sm()
+    sm.update_contract({"goal": "report"}, expected_version=0)
+    key = sm.key("contract", "current")
+    env.client.expire(key, 60)
+    assert sm.ttl(key) <= 60
+    with env.router() as router:
+        router.route(env.state(), "fetch_sensor_data")
+    assert sm.ttl(key) > 3600
+    assert env.client.zscore("ctx:activity", env.session_id) is not None
+    env.client.zrem("ctx:activity", env.session_id)
+
+
+def test_lost_contract_is_traced(env: Env) -> None:
+    """A live session whose contract expired: contract_lost in the trace (CER fails it)."""
+    sid = env.session_id
+    sm = env.sm()
+    sm.update_contract({"goal": "report"}, expected_version=0)
+    sm.put_step_result("1", {"finding": "x"})
+    with env.router(max_fragments=ALL) as router:
+        kept = router.route(env.state(), "generate_report")
+        env.client.delete(sm.key("contract", "current"))  # what an elapsed TTL does
+        lost = router.route(env.state(), "generate_report")
+    assert f"L2:wm:{{{sid}}}:contract:current" in kept.sources
+    assert f"L2:wm:{{{sid}}}:contract:current" not in lost.sources
+    first, second = env.traces()
+    assert first["l2"]["contract_lost"] is False
+    assert second["l2"]["contract_lost"] is True
+    assert second["l2"]["expired"] == [f"wm:{{{sid}}}:contract:current"]
 
 
 # --- shared namespaces ------------------------------------------------------------------------
@@ -710,3 +837,66 @@ def test_router_traces_give_cer_what_it_needs(env: Env) -> None:
     rep = cer_report(list(v.values()))
     assert rep.overall.n_not_checkable == 0
     assert rep.info_notes == {"l2_optional_missing": 1}
+
+
+# --- preferences --------------------------------------------------------------------------------
+
+
+def test_preferences_intent_routes_the_users_structured_preferences(env: Env) -> None:
+    prefs = env.sm().wm.preferences(env.user_id)
+    prefs.set("units", "mm/s", confidence=0.9)
+    prefs.set("report_language", "de", confidence=0.4)
+    prefs.set("detail", {"level": "short"}, confidence=0.7)
+    prefs.set("greeting", "none", confidence=0.2)
+    uid = env.user_id
+    with env.router() as router:
+        b = router.route(env.state(), "preferences")
+    # Budget 3: the three most confident preferences; the fourth and the L1 fields by reference.
+    assert b.sources == (
+        f"L2:pref:{{{uid}}}:units",
+        f"L2:pref:{{{uid}}}:detail",
+        f"L2:pref:{{{uid}}}:report_language",
+    )
+    units = b.fragments[0]
+    assert units.content["value"] == "mm/s" and units.content["confidence"] == 0.9
+    assert set(units.content) == {"value", "confidence", "last_updated"}
+    assert (units.relevance, units.confidence, units.label) == (0.9, 0.9, "preference")
+    assert 0 <= units.freshness_hours < 0.01
+    assert b.fragments[1].content["value"] == {"level": "short"}
+    assert b.context_used["l2"] == [
+        f"pref:{{{uid}}}:{t}" for t in ("units", "detail", "report_language")
+    ]
+    assert [r["source"] for r in b.context_used["by_reference"]] == [
+        f"L2:pref:{{{uid}}}:greeting",
+        "L1:session.user_query",
+        "L1:session.current_step",
+    ]
+    (rec,) = env.traces()
+    assert rec["l2"]["requested"] == [f"pref:{{{uid}}}:*"]
+    assert rec["l2"]["found"] == [f"pref:{{{uid}}}:*"] and rec["l2"]["missing"] == []
+
+
+def test_one_preference_type_and_misses(env: Env) -> None:
+    registry = IntentRegistry.from_dict(
+        {
+            "units_only": {"l1_fields": [], "l2_keys": [["pref", "units"]]},
+            "lang_from_params": {"l1_fields": [], "l2_keys": [["pref", "{pref}"]]},
+        }
+    )
+    uid = env.user_id
+    with env.router(registry=registry) as router:
+        none = router.route(env.state(), "preferences")
+        missing = router.route(env.state(), "units_only")
+        env.sm().wm.preferences(uid).set("units", "in/s", confidence=0.5)
+        found = router.route(env.state(), "units_only")
+        by_param = router.route(env.state(), "lang_from_params", params={"pref": "units"})
+    assert none.sources == ("L1:session.user_query", "L1:session.current_step")
+    assert missing.fragments == ()
+    assert found.sources == (f"L2:pref:{{{uid}}}:units",)
+    assert found.fragments[0].content["value"] == "in/s"
+    assert by_param.sources == found.sources
+    recs = env.traces()
+    assert recs[0]["l2"]["missing"] == [f"pref:{{{uid}}}:*"]
+    assert recs[1]["l2"]["missing"] == [f"pref:{{{uid}}}:units"]
+    assert recs[1]["l2"]["expired"] == []  # preferences have no TTL: never "expired"
+    assert recs[2]["l2"]["found"] == [f"pref:{{{uid}}}:units"]

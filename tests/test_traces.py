@@ -36,9 +36,13 @@ ROUTE_KEYS = {
     "l3",
     "ns",
     "fragments",
+    "by_reference",
+    "fallback",
+    "confidence",
     "degraded",
     "timings_ms",
 }
+V3_ONLY = ("by_reference", "fallback", "confidence")
 
 
 def route_record(**over: Any) -> dict[str, Any]:
@@ -54,6 +58,7 @@ def route_record(**over: Any) -> dict[str, Any]:
             "found": ["wm:{s-1}:step:1", "wm:{s-1}:contract:current"],
             "missing": [],
             "expired": [],
+            "contract_lost": False,
         },
         "l3": {
             "requested": True,
@@ -80,9 +85,28 @@ def route_record(**over: Any) -> dict[str, Any]:
                 "cites": ["wm:{s-1}:step:1", "PUMP-0042", "5.27"],
             }
         ],
+        "by_reference": [
+            {"layer": "L1", "source": "L1:session.user_query", "relevance": 1.0, "label": "exact"}
+        ],
+        "fallback": None,
+        "confidence": {
+            "accept": 0.72,
+            "skip": 0.65,
+            "source": "settings (CTX_ACCEPT_THRESHOLD / CTX_SKIP_THRESHOLD)",
+            "model": None,
+            "rule": "design",
+        },
         "degraded": False,
         "timings_ms": {"l1": 0.01, "l2": 0.3, "l3": 4.2, "total": 4.6},
     }
+    rec.update(over)
+    return rec
+
+
+def route_record_v2(**over: Any) -> dict[str, Any]:
+    """The same decision in the schema-2 shape (no contract_lost, by_reference, ...)."""
+    rec = {k: v for k, v in route_record().items() if k not in V3_ONLY}
+    rec["l2"] = {k: v for k, v in rec["l2"].items() if k != "contract_lost"}
     rec.update(over)
     return rec
 
@@ -97,8 +121,16 @@ def test_route_record_written_with_exact_fields(tmp_path: Path) -> None:
     rec = json.loads(lines[0])
     assert set(rec) == ROUTE_KEYS
     assert rec == written
-    assert rec["schema"] == 2 and rec["kind"] == "route"
-    assert set(rec["l2"]) == {"requested", "required", "found", "missing", "expired"}
+    assert rec["schema"] == 3 and rec["kind"] == "route"
+    assert set(rec["l2"]) == {
+        "requested", "required", "found", "missing", "expired", "contract_lost",
+    }  # fmt: skip
+    assert rec["l2"]["contract_lost"] is False
+    assert rec["by_reference"] == [
+        {"layer": "L1", "source": "L1:session.user_query", "relevance": 1.0, "label": "exact"}
+    ]
+    assert rec["fallback"] is None
+    assert set(rec["confidence"]) == {"accept", "skip", "source", "model", "rule"}
     assert set(rec["fragments"][0]) == {"layer", "source", "confidence", "label", "cites"}
     assert rec["fragments"][0]["cites"] == ["wm:{s-1}:step:1", "PUMP-0042", "5.27"]
     assert set(rec["l3"]) == {"requested", "query", "hits", "used", "error"}
@@ -118,8 +150,14 @@ def test_route_record_written_with_exact_fields(tmp_path: Path) -> None:
             {"schema": 2, "l2": {"requested": [], "found": [], "missing": [], "expired": []}},
             "l2.required",
         ),
-        ({"schema": 3}, "schema"),
+        ({"schema": 4}, "schema"),
+        ({"schema": 2}, "by_reference"),  # a schema-2 record may not carry schema-3 fields
         ({"schema": 1}, "cites"),  # a schema-1 record may not carry schema-2 fields
+        ({"l2": {**route_record()["l2"], "contract_lost": "no"}}, "l2.contract_lost"),
+        ({"confidence": {**route_record()["confidence"], "rule": "vibes"}}, "confidence.rule"),
+        ({"confidence": {"accept": 0.7, "skip": 0.6}}, "confidence.source"),
+        ({"by_reference": [{"layer": "L2", "source": "x", "relevance": 1.0}]}, "label"),
+        ({"fallback": {"triggered": True}}, "fallback.reason"),
         ({"fragments": [{"layer": "L2", "source": "x", "confidence": 1.0, "label": "e"}]}, "cites"),
         ({"timings_ms": {"l1": 0, "l2": 0, "l3": 0}}, "timings_ms.total"),
         ({"fragments": [{"layer": "L9", "source": "x", "confidence": 1.0, "label": "e"}]}, "layer"),
@@ -151,7 +189,7 @@ def test_query_and_output_are_gateway_cleaned(tmp_path: Path) -> None:
     assert out[0]["trace_id"] == rec["trace_id"]
     assert out[0]["step"] == 2
     assert set(out[0]) == {"schema", "kind", "trace_id", "ts", "session_id", "step", "output"}
-    assert out[0]["schema"] == 2
+    assert out[0]["schema"] == 3
     validate_record(out[0])
 
 
@@ -168,9 +206,23 @@ def test_cites_pass_the_gateway_and_changed_tokens_are_dropped(tmp_path: Path) -
     assert secret not in text and "13812341234" not in text and "138****1234" not in text
 
 
+def test_schema_2_records_stay_valid_and_are_stamped_as_such(tmp_path: Path) -> None:
+    """A caller writing the schema-2 shape (no confidence block) gets schema 2, not 3."""
+    rec = route_record_v2()
+    validate_record({**rec, "schema": 2, "kind": "route", "ts": "2026-03-01T12:00:00+00:00"})
+    writer = TraceWriter(tmp_path, gateway=Gateway())
+    assert writer.write_route(rec)["schema"] == 2
+    with pytest.raises(DataValidationError, match="schema 3") as exc:
+        writer.write_route({**rec, "schema": 3})
+    assert any(f.startswith("confidence") for f in exc.value.failures)
+    assert any(f.startswith("l2.contract_lost") for f in exc.value.failures)
+    (back,) = read_traces(tmp_path)
+    assert back["schema"] == 2 and "contract_lost" not in back["l2"]
+
+
 def test_schema_1_records_stay_valid_and_are_stamped_as_such(tmp_path: Path) -> None:
     """Old files keep validating; a caller writing the old l2 shape gets schema 1, not 2."""
-    rec = route_record()
+    rec = route_record_v2()
     rec["l2"] = {k: v for k, v in rec["l2"].items() if k != "required"}
     rec["fragments"] = [{k: v for k, v in f.items() if k != "cites"} for f in rec["fragments"]]
     validate_record({**rec, "schema": 1, "kind": "route", "ts": "2026-03-01T12:00:00+00:00"})
@@ -249,7 +301,7 @@ def test_read_traces_filters_by_day_and_time(tmp_path: Path) -> None:
     days = [dt.date(2026, 3, d) for d in (1, 2, 3)]
     for d in days:
         ts = dt.datetime.combine(d, dt.time(12, 0), tzinfo=dt.UTC).isoformat()
-        rec = {**route_record(), "schema": 2, "kind": "route", "ts": ts}
+        rec = {**route_record(), "schema": 3, "kind": "route", "ts": ts}
         validate_record(rec)
         trace_file(tmp_path, d).write_text(json.dumps(rec) + "\n\n", encoding="utf-8")
     (tmp_path / "notes.jsonl").write_text("ignored\n", encoding="utf-8")
@@ -281,3 +333,37 @@ def test_writer_reopens_a_removed_file(tmp_path: Path) -> None:
     writer.close()
     writer.write_route(route_record(step=8))
     assert [r["step"] for r in read_traces(tmp_path)] == [7, 8]
+
+
+def test_hashed_key_names_cover_references_and_preference_keys(tmp_path: Path) -> None:
+    """With hash_keys, a by-reference source and a preference key's user id are hashed the
+    same way as everywhere else in the record; the fallback text passes the gateway."""
+    writer = TraceWriter(tmp_path, gateway=Gateway(), hash_keys=True, hash_key=b"k" * 32)
+    pref = "pref:{alice.smith}:units"
+    series = "wm:{s-1}:series:PUMP-0042.vibration"
+    rec = route_record(
+        by_reference=[
+            {"layer": "L2", "source": f"L2:{series}", "relevance": 1.0, "label": "exact"},
+            {"layer": "L2", "source": f"L2:{pref}", "relevance": 0.8, "label": "preference"},
+        ],
+        fallback={
+            "triggered": True,
+            "reason": "as I told you, mail me at someone@example.com",
+            "confirm_at": "/v1/sessions/s-1/confirmations",
+        },
+    )
+    rec["l2"] = {**rec["l2"], "requested": [*rec["l2"]["requested"], pref]}
+    written = writer.write_route(rec)
+    hashed_pref = writer.key_name(pref)
+    assert hashed_pref.startswith("pref:{#") and hashed_pref.endswith("}:units")
+    assert "alice" not in hashed_pref
+    assert written["l2"]["requested"][-1] == hashed_pref
+    assert [r["source"] for r in written["by_reference"]] == [
+        f"L2:{writer.key_name(series)}",
+        f"L2:{hashed_pref}",
+    ]
+    assert "PUMP-0042" not in written["by_reference"][0]["source"]
+    assert "someone@example.com" not in written["fallback"]["reason"]
+    assert written["fallback"]["confirm_at"] == "/v1/sessions/s-1/confirmations"
+    text = next(tmp_path.glob("*.jsonl")).read_text(encoding="utf-8")
+    assert "alice.smith" not in text and "someone@example.com" not in text

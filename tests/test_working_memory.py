@@ -492,8 +492,12 @@ def test_contract_versions_lock_and_history(env: _Env) -> None:
     assert [h.corrected for h in hist] == [False, True, False]
     assert hist[0].fields == {"goal": "fix pump", "budget": 100}  # old versions kept
     assert c3.fields == {"goal": "fix pump", "budget": 80, "deadline": "friday"}
-    hist_key = s.key("contract", "history")
-    assert 0 < _secs(s, hist_key) <= 900
+    hist_key, cur_key = s.key("contract", "history"), s.key("contract", "current")
+    # The contract lives for the task (2 h), its history for the audit (30 d): neither
+    # takes the 15-minute L2 default.
+    assert 7190 <= _secs(s, cur_key) <= 7200
+    assert 30 * 86_400 - 10 <= _secs(s, hist_key) <= 30 * 86_400
+    assert {h.status for h in hist} == {"active"} and c3.status == "active"
 
 
 def test_fifty_concurrent_writers_lose_nothing(env: _Env) -> None:
@@ -745,10 +749,12 @@ def test_index_lists_every_write_kind(env: _Env) -> None:
         short,
         k("series", "PUMP-7.rms"),
         k("contract", "current"),
-        k("contract", "history"),
         k("plan", "current"),
     }
+    # The contract history (30-day audit record) is found by its fixed name, never listed:
+    # listing it would keep the index alive for 30 days.
     assert _members(env, s) == expected
+    assert env.client.exists(k("contract", "history")) == 1
     assert 7_198_000 <= env.client.pttl(s.index_key) <= 7_200_000
     _assert_index_outlives_members(env, s)
 
@@ -764,7 +770,8 @@ def test_index_lists_every_write_kind(env: _Env) -> None:
     assert 7_190_000 <= env.client.pttl(s.index_key) <= 7_200_000
     _assert_index_outlives_members(env, s)
 
-    assert s.keys() == sorted(expected | {s.api_key("/later", {})})  # the index not listed
+    # keys(): the members plus the fixed-name history; the index itself not listed
+    assert s.keys() == sorted(expected | {s.api_key("/later", {}), k("contract", "history")})
 
 
 def test_index_prunes_expired_members_lazily(env: _Env) -> None:

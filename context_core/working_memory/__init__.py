@@ -34,13 +34,23 @@ and :meth:`~SessionMemory.clear` work from it, so their cost is O(keys of that s
 never a SCAN of the keyspace (which on Redis Cluster would also walk one node only).
 Details and invariants: :mod:`.index`.
 
+Why the task contract does not decay like the rest: it is what the user asked for, and a
+session can run for an hour. The contract lives ``CTX_WM_CONTRACT_TTL_S`` (2 h) from the
+session's last activity, refreshed by every event and route (:meth:`SessionMemory.touch`),
+and its version history is kept ``CTX_WM_CONTRACT_HISTORY_TTL_S`` (30 d) for audit. A
+session idle for ``CTX_SESSION_IDLE_S`` (90 s) is timed out by a sweep over the global
+``ctx:activity`` Sorted Set: its data goes, its contract stays, marked ``expired``, until
+the session resumes (:mod:`.lifetime`).
+
 Every write passes the sanitize gateway first (API responses through ``clean_response``, so
 they are also capped), so secrets never reach Redis.
 
 Modules: :mod:`.keys` (key building, id validation), :mod:`.plan` (step plan and TTL rule),
-:mod:`.index` (per-session key index and the write scripts keeping it),
-:mod:`.contract` (versioned task contract), :mod:`.preferences` (per-user preferences),
-:mod:`.values` (``Loaded`` and value decoding), :mod:`.memory` (the stores).
+:mod:`.base` (what every session view holds), :mod:`.index` (per-session key index, the
+write scripts keeping it, and the sweeps over it), :mod:`.contract` (versioned task
+contract and its status), :mod:`.lifetime` (activity, timeout, expired keys),
+:mod:`.preferences` (per-user preferences), :mod:`.values` (``Loaded`` and value decoding),
+:mod:`.memory` (the stores).
 """
 
 from context_core.working_memory.contract import TaskContract

@@ -3,6 +3,23 @@
 Writers race (several agent processes, retries), so an update names the version it read and
 a Lua script applies it only if that is still current: optimistic locking in one round trip,
 no WATCH retry loop inside. Each accepted version is appended to a history list for audit.
+
+Lifetime (the reference design: the contract lives for the task, up to 2 h; its versions
+are kept for audit). The current hash lives ``contract_ttl_s`` (``CTX_WM_CONTRACT_TTL_S``,
+7200 s) from the session's last activity: every write sets it, and every event or route
+refreshes it (:meth:`~.lifetime.LifetimeOps.touch`), so a 47-minute session never loses its
+goal while its 15-minute step data decays around it. The history list lives
+``contract_history_ttl_s`` (``CTX_WM_CONTRACT_HISTORY_TTL_S``, 30 days) from its last write
+or touch. Neither uses the 15-minute L2 default.
+
+Status (``_status`` in the hash, :attr:`TaskContract.status`):
+
+* ``active``: being worked on (also a hash written before statuses existed);
+* ``expired``: the session timed out (idle sweep or ``session_timeout``); the contract is
+  kept, and the session's next activity resumes it (``active`` again);
+* ``completed``: the goal was achieved; the completed version is archived as one more
+  history entry and the contract is no longer refreshed or resumed by activity. A new
+  version written with :meth:`~ContractOps.update_contract` starts it again (``active``).
 """
 
 from __future__ import annotations
@@ -12,9 +29,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from context_core.errors import ContextError, ContractLockedError, VersionConflictError
+from context_core.working_memory.base import SessionBase
 from context_core.working_memory.index import INDEX_ADD_LUA
+from context_core.working_memory.keys import canonical
 
-__all__ = ["CONTRACT_LUA", "TaskContract", "contract_from_hash"]
+__all__ = [
+    "CONTRACT_LUA",
+    "CONTRACT_STATUSES",
+    "CONTRACT_STATUS_LUA",
+    "LOCK_LUA",
+    "ContractOps",
+    "TaskContract",
+    "contract_from_hash",
+]
+
+#: The values of :attr:`TaskContract.status`.
+CONTRACT_STATUSES = ("active", "expired", "completed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,13 +57,27 @@ class TaskContract:
     corrected: bool = False
     locked: bool = False
     updated_at: float = 0.0
+    status: str = "active"
 
+
+# Lua snippet: the contract hash as a JSON object (one history entry).
+_SNAPSHOT_LUA = """
+local function snapshot(key)
+  local all = redis.call('HGETALL', key)
+  local snap = {}
+  for i = 1, #all, 2 do snap[all[i]] = all[i + 1] end
+  return cjson.encode(snap)
+end
+"""
 
 # Atomic optimistic update of a task contract (one round trip, no WATCH retries inside).
 # KEYS: 1 contract hash, 2 history list, 3 session key index.  ARGV: 1 expected version,
-# 2 JSON object of field -> JSON-encoded value, 3 corrected "1"/"0", 4 now, 5 ttl seconds.
+# 2 JSON object of field -> JSON-encoded value, 3 corrected "1"/"0", 4 now, 5 contract ttl
+# seconds, 6 history ttl seconds.  The history is found by name, never listed in the index
+# (an older version of this script listed it: it is unlisted here).
 CONTRACT_LUA = (
     INDEX_ADD_LUA
+    + _SNAPSHOT_LUA
     + """
 local cur = tonumber(redis.call('HGET', KEYS[1], '_version') or '0')
 if redis.call('HGET', KEYS[1], '_locked') == '1' then return {'locked', cur} end
@@ -41,15 +86,46 @@ local new = cur + 1
 local fields = cjson.decode(ARGV[2])
 for k, v in pairs(fields) do redis.call('HSET', KEYS[1], 'f:' .. k, v) end
 redis.call('HSET', KEYS[1], '_version', new, '_corrected', ARGV[3], '_updated_at', ARGV[4],
-           '_locked', '0')
-local all = redis.call('HGETALL', KEYS[1])
-local snap = {}
-for i = 1, #all, 2 do snap[all[i]] = all[i + 1] end
-redis.call('RPUSH', KEYS[2], cjson.encode(snap))
+           '_locked', '0', '_status', 'active')
+redis.call('RPUSH', KEYS[2], snapshot(KEYS[1]))
 redis.call('EXPIRE', KEYS[1], ARGV[5])
-redis.call('EXPIRE', KEYS[2], ARGV[5])
-index_add(KEYS[3], tonumber(ARGV[5]), KEYS[1], KEYS[2])
+redis.call('EXPIRE', KEYS[2], ARGV[6])
+redis.call('SREM', KEYS[3], KEYS[2])
+index_add(KEYS[3], tonumber(ARGV[5]), KEYS[1])
 return {'ok', new}
+"""
+)
+
+# KEYS: 1 contract hash, 2 index.  ARGV: 1 lock flag "1"/"0", 2 contract ttl seconds.
+LOCK_LUA = (
+    INDEX_ADD_LUA
+    + """
+redis.call('HSET', KEYS[1], '_locked', ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+index_add(KEYS[2], tonumber(ARGV[2]), KEYS[1])
+return 1
+"""
+)
+
+# Change the contract's status. KEYS: 1 contract hash, 2 history list.  ARGV: 1 new status
+# (expired | completed), 2 now, 3 history ttl seconds.  A contract that does not exist (or
+# has no version) is left alone; a completed one stays completed (archived once).
+# 'completed' appends the completed snapshot to the history. Returns {status, hash fields}.
+CONTRACT_STATUS_LUA = (
+    _SNAPSHOT_LUA
+    + """
+if tonumber(redis.call('HGET', KEYS[1], '_version') or '0') == 0 then
+  return {'none', {}}
+end
+local cur = redis.call('HGET', KEYS[1], '_status') or 'active'
+if cur ~= 'completed' and cur ~= ARGV[1] then
+  redis.call('HSET', KEYS[1], '_status', ARGV[1], '_status_at', ARGV[2])
+  if ARGV[1] == 'completed' then
+    redis.call('RPUSH', KEYS[2], snapshot(KEYS[1]))
+    redis.call('EXPIRE', KEYS[2], ARGV[3])
+  end
+end
+return {redis.call('HGET', KEYS[1], '_status'), redis.call('HGETALL', KEYS[1])}
 """
 )
 
@@ -62,4 +138,108 @@ def contract_from_hash(h: Mapping[str, str]) -> TaskContract:
         corrected=h.get("_corrected") == "1",
         locked=h.get("_locked") == "1",
         updated_at=float(h.get("_updated_at", 0.0)),
+        status=h.get("_status") or "active",
     )
+
+
+def _pairs(flat: list[str]) -> dict[str, str]:
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+class ContractOps(SessionBase):
+    """The task contract of one session: Hash ``contract:current`` + List ``contract:history``."""
+
+    __slots__ = ()
+
+    def contract(self) -> TaskContract:
+        """The current contract; version 0 with no fields when none was written yet (or it
+        is gone)."""
+        key, _ = self._contract_keys()
+        with self.wm._guard(f"HGETALL {key}"):
+            return contract_from_hash(self._r.hgetall(key))
+
+    def update_contract(
+        self, fields: Mapping[str, Any], *, expected_version: int, corrected: bool = False
+    ) -> TaskContract:
+        """Merge ``fields`` into the contract if it is still at ``expected_version``.
+
+        A stale version raises :class:`VersionConflictError` (re-read and retry); a locked
+        contract raises :class:`ContractLockedError`. Each new version is appended to the
+        history and is ``active``. ``corrected`` marks a version written because the user
+        corrected the agent. The contract then lives ``contract_ttl_s`` and the history
+        ``contract_history_ttl_s``.
+        """
+        if not fields:
+            raise ContextError("update_contract: fields must not be empty")
+        bad = [k for k in fields if not isinstance(k, str) or not k]
+        if bad:
+            raise ContextError(f"update_contract: field names must be non-empty strings: {bad!r}")
+        key, hist = self._contract_keys()
+        cleaned = self._gw.clean(dict(fields), where="L2.contract")
+        encoded = json.dumps({k: canonical(v) for k, v in cleaned.items()})
+        wm = self.wm
+        with wm._guard(f"contract update {key}"):
+            status, version = wm._contract_script(
+                keys=[key, hist, self._idx],
+                args=[
+                    int(expected_version),
+                    encoded,
+                    "1" if corrected else "0",
+                    repr(wm._now()),
+                    wm.contract_ttl_s,
+                    wm.contract_history_ttl_s,
+                ],
+            )
+        if status == "conflict":
+            raise VersionConflictError(
+                f"task contract of session {self.session_id!r} is at version {version}, "
+                f"expected {expected_version}: re-read it with contract() and retry"
+            )
+        if status == "locked":
+            raise ContractLockedError(
+                f"task contract of session {self.session_id!r} (version {version}) is locked; "
+                "unlock_contract() first (the recovery_complete event, after error recovery)"
+            )
+        return self.contract()
+
+    def contract_history(self) -> list[TaskContract]:
+        """Every version ever written (within the history's retention), oldest first; a
+        completed task ends with its archived ``completed`` snapshot."""
+        _, hist = self._contract_keys()
+        with self.wm._guard(f"LRANGE {hist}"):
+            raw = self._r.lrange(hist, 0, -1)
+        return [contract_from_hash(json.loads(r)) for r in raw]
+
+    def lock_contract(self) -> None:
+        self._set_lock("1")
+
+    def unlock_contract(self) -> None:
+        self._set_lock("0")
+
+    def _set_lock(self, flag: str) -> None:
+        key, _ = self._contract_keys()
+        with self.wm._guard(f"HSET {key} _locked"):
+            self.wm._lock_script(keys=[key, self._idx], args=[flag, self.wm.contract_ttl_s])
+
+    def expire_contract(self) -> TaskContract:
+        """Mark the contract ``expired`` (the session timed out) and keep it, with its TTL.
+
+        A completed contract stays completed; without a contract nothing happens (version 0
+        is returned). The session's next activity resumes it.
+        """
+        return self._set_status("expired")
+
+    def complete_contract(self) -> TaskContract:
+        """Mark the contract ``completed`` and archive that snapshot at the end of the
+        history (kept ``contract_history_ttl_s``). Idempotent: a completed contract is
+        archived once. Without a contract nothing happens (version 0 is returned)."""
+        return self._set_status("completed")
+
+    def _set_status(self, status: str) -> TaskContract:
+        key, hist = self._contract_keys()
+        wm = self.wm
+        with wm._guard(f"contract status {key}"):
+            _, flat = wm._contract_status_script(
+                keys=[key, hist], args=[status, repr(wm._now()), wm.contract_history_ttl_s]
+            )
+        return contract_from_hash(_pairs(flat))

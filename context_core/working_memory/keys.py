@@ -9,6 +9,7 @@ lists its own in a key index (:mod:`.index`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from typing import Any
@@ -23,10 +24,11 @@ __all__ = [
     "check_kind",
     "check_sid",
     "check_size",
-    "pref_pattern",
+    "pref_index_key",
     "pref_prefix",
     "session_prefix",
     "ttl_from_pttl",
+    "user_key_id",
 ]
 
 _SID = re.compile(r"^[A-Za-z0-9._\-]{1,128}$")
@@ -84,9 +86,26 @@ def pref_prefix(user_id: str) -> str:
     return f"pref:{{{user_id}}}:"
 
 
-def pref_pattern(user_id: str) -> str:
-    """SCAN pattern matching every preference key of one user."""
-    return f"pref:\\{{{user_id}\\}}:*"
+def pref_index_key(user_id: str) -> str:
+    """``pref:{<uid>}:_index``: the Set of a user's preference types (same slot as them).
+    The leading ``_`` is refused by :func:`check_kind`, so it is never a preference type."""
+    return f"{pref_prefix(user_id)}_index"
+
+
+def user_key_id(user_id: object) -> str:
+    """The id a user's keys are built from: the user id itself when it is a valid key id
+    (:func:`check_sid`), else ``h~`` + 40 hex digits of its sha256.
+
+    User ids come from clients (an e-mail address, a display name); hashing the ones outside
+    the key alphabet gives every user a stable slot without letting a brace or a colon in the
+    id address another user's keys. ``~`` is outside the alphabet, so a hashed id never
+    equals a plain one.
+    """
+    if not isinstance(user_id, str) or not user_id.strip():
+        raise ContextError(f"invalid user id {user_id!r}: a non-empty string is required")
+    if _SID.match(user_id):
+        return user_id
+    return "h~" + hashlib.sha256(user_id.encode()).hexdigest()[:40]
 
 
 def canonical(value: Any) -> str:

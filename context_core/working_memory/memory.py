@@ -12,13 +12,19 @@ Value layout:
 * ``series``   Sorted Set, member ``"<ts>|<value>"``, score ``ts``; newest N kept
 * ``pending``  Set of task ids, no TTL (ident ``tasks``)
 * ``contract`` Hash ``current`` (``f:<name>`` JSON fields + ``_version``, ``_corrected``,
-  ``_locked``, ``_updated_at``) and List ``history`` (one JSON snapshot per version)
+  ``_locked``, ``_updated_at``, ``_status``) living ``contract_ttl_s`` (2 h) from the
+  session's last activity, and List ``history`` (one JSON snapshot per version) kept
+  ``contract_history_ttl_s`` (30 d) for audit; see :mod:`.contract`
 * ``plan``     Hash ``current``: the last applied plan with absolute start times
   (:meth:`AnchoredPlan.to_hash`), kept as long as the longest TTL it hands out
 * ``index``    Set ``wm:{<sid>}:index`` of the session's key names (no ident: it is not
   a value). Every write lists its key there in the same script; :meth:`SessionMemory.keys`,
   :meth:`~SessionMemory.expire_all` and :meth:`~SessionMemory.clear` read it instead of
   scanning the keyspace. Invariants and lifetime: :mod:`.index`.
+* ``expired``  Set ``wm:{<sid>}:expired`` of keys a sweep found expired or a timeout
+  deleted (:meth:`SessionMemory.key_expired`); :mod:`.index`
+* ``ctx:activity`` (global, outside every session's slot) Sorted Set of session ids by
+  last activity, for the idle sweep; :mod:`.lifetime`
 
 No view holds state beyond its session id: the router, the lifecycle handlers and each
 process of the HTTP service make a fresh ``wm.session(sid)`` per call, so anything a later
@@ -27,7 +33,6 @@ call needs (the plan included) lives in Redis.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -39,39 +44,35 @@ import redis
 
 from context_core.config import Settings
 from context_core.errors import (
-    AccessDeniedError,
     BackendUnavailableError,
     ConfigError,
     ContextError,
     ContextMissError,
-    ContractLockedError,
-    VersionConflictError,
 )
 from context_core.gateway import Gateway
 from context_core.redis_conn import RedisProvider
-from context_core.working_memory.contract import CONTRACT_LUA, TaskContract, contract_from_hash
+from context_core.working_memory.contract import CONTRACT_LUA, CONTRACT_STATUS_LUA, LOCK_LUA
 from context_core.working_memory.index import (
     API_PUT_LUA,
-    FIXED_KEYS,
     INDEX_SWEEP_LUA,
-    LOCK_LUA,
     PENDING_ADD_LUA,
     PENDING_REMOVE_LUA,
     PLAN_APPLY_LUA,
     SERIES_ADD_LUA,
-    SWEEP_ROUNDS,
-    index_key,
 )
 from context_core.working_memory.keys import (
     DEFAULT_MAX_STEP_BYTES,
     RESERVED_PREFIX,
     canonical,
-    check_ident,
-    check_kind,
     check_sid,
     check_size,
-    session_prefix,
     ttl_from_pttl,
+)
+from context_core.working_memory.lifetime import (
+    ACTIVITY_KEY,
+    KEY_EXPIRED_LUA,
+    TOUCH_LUA,
+    LifetimeOps,
 )
 from context_core.working_memory.plan import (
     DEFAULT_MIN_TTL_S,
@@ -79,10 +80,15 @@ from context_core.working_memory.plan import (
     AnchoredPlan,
     StepPlan,
 )
-from context_core.working_memory.preferences import Preferences
+from context_core.working_memory.preferences import PREF_DELETE_LUA, PREF_SET_LUA, Preferences
 from context_core.working_memory.values import Loaded, decode_point, hash_loaded, string_loaded
 
 __all__ = ["SessionMemory", "WorkingMemory"]
+
+#: Defaults of the task contract's lifetime and the idle timeout (the ``Settings`` values).
+DEFAULT_CONTRACT_TTL_S = 7200
+DEFAULT_CONTRACT_HISTORY_TTL_S = 30 * 86_400
+DEFAULT_IDLE_S = 90
 
 
 # --------------------------------------------------------------------------------------
@@ -94,8 +100,13 @@ class WorkingMemory:
     """Factory for per-session and per-user views over one Redis client.
 
     The client must decode responses (``RedisProvider.client()`` gives one). Session views
-    are cheap and stateless: make one per call. ``now`` is the clock for stored timestamps
-    and plan arithmetic (injectable so tests can move time without sleeping).
+    are cheap and stateless: make one per call. ``now`` is the clock for stored timestamps,
+    plan arithmetic and session activity (injectable so tests can move time without
+    sleeping). ``contract_ttl_s`` / ``contract_history_ttl_s`` are the task contract's and
+    its history's lifetimes (:mod:`.contract`), ``idle_s`` how long a session may go without
+    activity before the idle sweep times it out, ``activity_key`` the Sorted Set recording
+    activity (``ctx:activity``; another name keeps a test's or a tenant's sweep to its own
+    sessions) (:mod:`.lifetime`).
     """
 
     def __init__(
@@ -108,6 +119,10 @@ class WorkingMemory:
         min_ttl_s: int = DEFAULT_MIN_TTL_S,
         now: Callable[[], float] = time.time,
         max_step_bytes: int = DEFAULT_MAX_STEP_BYTES,
+        contract_ttl_s: int = DEFAULT_CONTRACT_TTL_S,
+        contract_history_ttl_s: int = DEFAULT_CONTRACT_HISTORY_TTL_S,
+        idle_s: float = DEFAULT_IDLE_S,
+        activity_key: str = ACTIVITY_KEY,
     ) -> None:
         if not client.connection_pool.connection_kwargs.get("decode_responses"):
             raise ConfigError(
@@ -119,25 +134,48 @@ class WorkingMemory:
                 "CTX_WM_DEFAULT_TTL_S, CTX_WM_SERIES_WINDOW and CTX_WM_MIN_TTL_S must be "
                 f"positive, got {default_ttl_s}, {series_window} and {min_ttl_s}"
             )
+        if contract_ttl_s <= 0 or idle_s <= 0:
+            raise ConfigError(
+                "CTX_WM_CONTRACT_TTL_S and CTX_SESSION_IDLE_S must be positive, got "
+                f"{contract_ttl_s} and {idle_s}"
+            )
+        if contract_history_ttl_s < contract_ttl_s:
+            raise ConfigError(
+                f"CTX_WM_CONTRACT_HISTORY_TTL_S ({contract_history_ttl_s}) must be at least "
+                f"CTX_WM_CONTRACT_TTL_S ({contract_ttl_s}): the audit history outlives the "
+                "contract it records"
+            )
         # Any: redis-py's stubs type replies as bytes | str whatever decode_responses says.
         self._client: Any = client
         self._gateway = gateway
         self.default_ttl_s = int(default_ttl_s)
         self.series_window = int(series_window)
         self.min_ttl_s = int(min_ttl_s)
+        self.contract_ttl_s = int(contract_ttl_s)
+        self.contract_history_ttl_s = int(contract_history_ttl_s)
+        self.idle_s = float(idle_s)
+        if not isinstance(activity_key, str) or not activity_key or "{" in activity_key:
+            raise ConfigError(f"activity_key must be a plain key name, got {activity_key!r}")
+        self.activity_key = activity_key
         if max_step_bytes <= 0:
             raise ConfigError(f"CTX_MAX_STEP_RESULT_BYTES must be positive, got {max_step_bytes}")
         self.max_step_bytes = int(max_step_bytes)
         self._now = now
-        self._contract_script = client.register_script(CONTRACT_LUA)
-        self._step_put_script = client.register_script(STEP_PUT_LUA)
-        self._api_put_script = client.register_script(API_PUT_LUA)
-        self._series_add_script = client.register_script(SERIES_ADD_LUA)
-        self._pending_add_script = client.register_script(PENDING_ADD_LUA)
-        self._pending_remove_script = client.register_script(PENDING_REMOVE_LUA)
-        self._lock_script = client.register_script(LOCK_LUA)
-        self._plan_apply_script = client.register_script(PLAN_APPLY_LUA)
-        self._sweep_script = client.register_script(INDEX_SWEEP_LUA)
+        reg = client.register_script
+        self._contract_script = reg(CONTRACT_LUA)
+        self._contract_status_script = reg(CONTRACT_STATUS_LUA)
+        self._lock_script = reg(LOCK_LUA)
+        self._step_put_script = reg(STEP_PUT_LUA)
+        self._api_put_script = reg(API_PUT_LUA)
+        self._series_add_script = reg(SERIES_ADD_LUA)
+        self._pending_add_script = reg(PENDING_ADD_LUA)
+        self._pending_remove_script = reg(PENDING_REMOVE_LUA)
+        self._plan_apply_script = reg(PLAN_APPLY_LUA)
+        self._sweep_script = reg(INDEX_SWEEP_LUA)
+        self._touch_script = reg(TOUCH_LUA)
+        self._key_expired_script = reg(KEY_EXPIRED_LUA)
+        self._pref_set_script = reg(PREF_SET_LUA)
+        self._pref_delete_script = reg(PREF_DELETE_LUA)
         kw = client.connection_pool.connection_kwargs
         where = kw.get("path") or f"{kw.get('host', '?')}:{kw.get('port', '?')}"
         self.url = f"redis://{where}/{kw.get('db', 0)}"  # no password, safe to show
@@ -149,18 +187,56 @@ class WorkingMemory:
         return cls(
             provider.client(decode_responses=True),
             gateway,
-            default_ttl_s=settings.wm_default_ttl_s,
-            series_window=settings.wm_series_window,
-            min_ttl_s=settings.wm_min_ttl_s,
-            max_step_bytes=settings.max_step_result_bytes,
+            **cls.settings_kwargs(settings),
         )
+
+    @staticmethod
+    def settings_kwargs(settings: Settings) -> dict[str, Any]:
+        """The constructor's keyword arguments from ``settings`` (for callers that build
+        their own client, like the service with its fail-fast timeouts)."""
+        return {
+            "default_ttl_s": settings.wm_default_ttl_s,
+            "series_window": settings.wm_series_window,
+            "min_ttl_s": settings.wm_min_ttl_s,
+            "max_step_bytes": settings.max_step_result_bytes,
+            "contract_ttl_s": settings.wm_contract_ttl_s,
+            "contract_history_ttl_s": settings.wm_contract_history_ttl_s,
+            "idle_s": settings.session_idle_s,
+        }
+
+    def now(self) -> float:
+        """The store's clock (``now=`` of the constructor): what timestamps and activity use."""
+        return float(self._now())
 
     def session(self, session_id: str) -> SessionMemory:
         """The only door to ``wm:{<session_id>}:...`` keys."""
         return SessionMemory(self, check_sid(session_id))
 
     def preferences(self, user_id: str) -> Preferences:
-        return Preferences(self, check_sid(user_id, "user id"))
+        """A user's preferences (any non-empty user id; see :func:`.keys.user_key_id`)."""
+        return Preferences(self, user_id)
+
+    # ---- session activity (global Sorted Set ctx:activity, see .lifetime) -----------------
+    def idle_sessions(self, now: float | None = None, limit: int = 500) -> list[str]:
+        """Sessions whose last activity is older than ``idle_s`` (oldest first, at most
+        ``limit``), from ``ctx:activity``: O(log n + limit), no scan."""
+        cutoff = (self._now() if now is None else float(now)) - self.idle_s
+        if limit <= 0:
+            return []
+        key = self.activity_key
+        with self._guard(f"ZRANGEBYSCORE {key}"):
+            return list(self._client.zrangebyscore(key, "-inf", repr(cutoff), start=0, num=limit))
+
+    def last_activity(self, session_id: str) -> float | None:
+        """Epoch seconds of the session's last activity, ``None`` if not recorded."""
+        with self._guard(f"ZSCORE {self.activity_key}"):
+            score = self._client.zscore(self.activity_key, session_id)
+        return None if score is None else float(score)
+
+    def forget_activity(self, session_id: str) -> None:
+        """Remove the session from ``ctx:activity`` (timed out, or its goal reached)."""
+        with self._guard(f"ZREM {self.activity_key}"):
+            self._client.zrem(self.activity_key, session_id)
 
     @contextmanager
     def _guard(self, op: str) -> Iterator[None]:
@@ -173,54 +249,17 @@ class WorkingMemory:
             ) from e
 
 
-class SessionMemory:
+class SessionMemory(LifetimeOps):
     """One session's working memory. Builds every key itself from its (read-only) session id.
 
     A view keeps nothing but its session id: the plan given to :meth:`apply_plan` is stored
     in Redis, so a step written later through any view, in any process, gets the plan's TTL.
+    The task contract (:class:`.contract.ContractOps`), the key index
+    (:class:`.index.IndexOps`) and activity/timeout (:class:`.lifetime.LifetimeOps`) are
+    mixed in from their modules.
     """
 
-    __slots__ = ("_gw", "_idx", "_prefix", "_r", "_sid", "wm")
-
-    def __init__(self, wm: WorkingMemory, session_id: str) -> None:
-        self._sid = check_sid(session_id)
-        self.wm = wm
-        self._prefix = session_prefix(session_id)
-        self._idx = index_key(self._prefix)
-        self._r = wm._client
-        self._gw = wm._gateway
-
-    @property
-    def session_id(self) -> str:
-        return self._sid
-
-    @property
-    def index_key(self) -> str:
-        """``wm:{<sid>}:index``: the Set listing this session's keys (see :mod:`.index`)."""
-        return self._idx
-
-    def __repr__(self) -> str:
-        return f"SessionMemory(session_id={self._sid!r}, url={self.wm.url!r})"
-
-    # ---- keys ---------------------------------------------------------------------------
-    def key(self, kind: str, ident: str) -> str:
-        """``wm:{<sid>}:<kind>:<ident>``, after validating ``kind`` and ``ident``."""
-        return f"{self._prefix}{check_kind(kind)}:{check_ident(ident)}"
-
-    def api_key(self, endpoint: str, params: Mapping[str, Any]) -> str:
-        """Key of an API response: sha256 of endpoint + canonical JSON of the params."""
-        if not isinstance(endpoint, str) or not endpoint:
-            raise ContextError("api_key: endpoint must be a non-empty string")
-        digest = hashlib.sha256((endpoint + canonical(dict(params))).encode()).hexdigest()
-        return f"{self._prefix}api:{digest}"
-
-    def _own(self, key: str) -> str:
-        if not key.startswith(self._prefix):
-            raise AccessDeniedError(
-                f"key {key!r} does not belong to session {self.session_id!r}; a session "
-                "reads only its own wm:{<sid>}: keys"
-            )
-        return key
+    __slots__ = ()
 
     # ---- API responses (String) ---------------------------------------------------------
     def put_api_response(
@@ -484,129 +523,3 @@ class SessionMemory:
         if pttl == -2:
             raise ContextMissError(key)
         return ttl_from_pttl(pttl)
-
-    def _ttl(self, ttl_s: int | None) -> int:
-        t = self.wm.default_ttl_s if ttl_s is None else int(ttl_s)
-        if t <= 0:
-            raise ContextError(f"ttl_s must be positive, got {ttl_s}")
-        return t
-
-    # ---- task contract (Hash + history List, optimistic lock) --------------------------
-    def _contract_keys(self) -> tuple[str, str]:
-        return self.key("contract", "current"), self.key("contract", "history")
-
-    def contract(self) -> TaskContract:
-        """The current contract; version 0 with no fields when none was written yet."""
-        key, _ = self._contract_keys()
-        with self.wm._guard(f"HGETALL {key}"):
-            return contract_from_hash(self._r.hgetall(key))
-
-    def update_contract(
-        self, fields: Mapping[str, Any], *, expected_version: int, corrected: bool = False
-    ) -> TaskContract:
-        """Merge ``fields`` into the contract if it is still at ``expected_version``.
-
-        A stale version raises :class:`VersionConflictError` (re-read and retry); a locked
-        contract raises :class:`ContractLockedError`. Each new version is appended to the
-        history. ``corrected`` marks a version written because the user corrected the agent.
-        """
-        if not fields:
-            raise ContextError("update_contract: fields must not be empty")
-        bad = [k for k in fields if not isinstance(k, str) or not k]
-        if bad:
-            raise ContextError(f"update_contract: field names must be non-empty strings: {bad!r}")
-        key, hist = self._contract_keys()
-        cleaned = self._gw.clean(dict(fields), where="L2.contract")
-        encoded = json.dumps({k: canonical(v) for k, v in cleaned.items()})
-        with self.wm._guard(f"contract update {key}"):
-            status, version = self.wm._contract_script(
-                keys=[key, hist, self._idx],
-                args=[
-                    int(expected_version),
-                    encoded,
-                    "1" if corrected else "0",
-                    repr(self.wm._now()),
-                    self.wm.default_ttl_s,
-                ],
-            )
-        if status == "conflict":
-            raise VersionConflictError(
-                f"task contract of session {self.session_id!r} is at version {version}, "
-                f"expected {expected_version}: re-read it with contract() and retry"
-            )
-        if status == "locked":
-            raise ContractLockedError(
-                f"task contract of session {self.session_id!r} (version {version}) is locked; "
-                "unlock_contract() first (e.g. after error recovery)"
-            )
-        return self.contract()
-
-    def contract_history(self) -> list[TaskContract]:
-        """Every version ever written (within the TTL), oldest first."""
-        _, hist = self._contract_keys()
-        with self.wm._guard(f"LRANGE {hist}"):
-            raw = self._r.lrange(hist, 0, -1)
-        return [contract_from_hash(json.loads(r)) for r in raw]
-
-    def lock_contract(self) -> None:
-        self._set_lock("1")
-
-    def unlock_contract(self) -> None:
-        self._set_lock("0")
-
-    def _set_lock(self, flag: str) -> None:
-        key, _ = self._contract_keys()
-        with self.wm._guard(f"HSET {key} _locked"):
-            self.wm._lock_script(keys=[key, self._idx], args=[flag, self.wm.default_ttl_s])
-
-    # ---- housekeeping: the key index ----------------------------------------------------
-    def keys(self) -> list[str]:
-        """This session's live keys, sorted (the index itself excluded).
-
-        Read from the key index plus the fixed-name keys, never by scanning; members whose
-        keys have expired are dropped from the index on the way.
-        """
-        return sorted(self._sweep("keys")[0])
-
-    def expire_all(
-        self, ttl_s: int, *, only_shorten: bool, kinds: Sequence[str] | None = None
-    ) -> list[str]:
-        """Set a TTL of ``ttl_s`` on this session's keys (of ``kinds`` only, if given).
-
-        ``only_shorten``: ``EXPIRE ... LT``, so a key only ever loses time (a key without
-        TTL, like the pending Set, counts as infinite and gets ``ttl_s``). Otherwise the TTL
-        is set as given, longer or shorter. The index TTL is then refitted to its longest
-        member. Atomic per snapshot of the index; returns the keys whose TTL changed, sorted.
-        """
-        ttl = self._ttl(ttl_s)
-        wanted = [check_kind(k) for k in kinds or ()]
-        if kinds is not None and not wanted:
-            return []
-        rounds = self._sweep("expire", ttl, "1" if only_shorten else "0", *wanted)
-        return sorted(set().union(*rounds))
-
-    def clear(self) -> int:
-        """Delete every key of this session, and its index; returns how many keys (the index
-        not counted). One atomic script over the keys the index lists plus the fixed-name
-        ones, no scan of the keyspace. Keys written *while* it runs may survive it, still
-        listed in the index (see :mod:`.index`)."""
-        return sum(self._sweep("clear"))
-
-    def _sweep(self, op: str, *args: str | int) -> list[Any]:
-        """Run :data:`INDEX_SWEEP_LUA` on a snapshot of the index; again on a fresh one while
-        keys written meanwhile were left unlisted (at most :data:`SWEEP_ROUNDS`). Returns
-        each round's payload."""
-        fixed = [f"{self._prefix}{kind}:{ident}" for kind, ident in FIXED_KEYS]
-        payloads: list[Any] = []
-        with self.wm._guard(f"{op} via {self._idx}"):
-            for _ in range(SWEEP_ROUNDS):
-                members = self._r.smembers(self._idx)
-                own = {m for m in members if m.startswith(self._prefix) and m != self._idx}
-                snapshot = sorted(own.union(fixed))
-                payload, unlisted = self.wm._sweep_script(
-                    keys=[self._idx, *snapshot], args=[op, self._prefix, *args]
-                )
-                payloads.append(payload)
-                if not unlisted:
-                    break
-        return payloads

@@ -2,6 +2,19 @@
 
 Preferences outlive sessions (no TTL) and are keyed by user, not session, so they have their
 own view type; like session data, every value passes the sanitize gateway before Redis.
+
+How a user's preferences are listed without scanning the keyspace: a Set
+``pref:{<uid>}:_index`` (same hash tag, so same slot) holds the user's preference *types*.
+:meth:`Preferences.set` and :meth:`Preferences.delete` change the hash and the index in one
+Lua script, so the two never disagree; :meth:`Preferences.all` reads the index and then the
+hashes it names (two round trips, O(preferences of that user)). ``_index`` starts with an
+underscore, which a preference type never does (:func:`.keys.check_kind`). Preferences
+written before the index existed are not listed by ``all()`` until set again (``get`` still
+reads them).
+
+The user id in the key is the user id itself when it fits the key alphabet, else a hash of
+it (:func:`.keys.user_key_id`), so any client-given user id (an e-mail address) has
+preferences, and none can address another user's keys.
 """
 
 from __future__ import annotations
@@ -15,15 +28,30 @@ from context_core.errors import ContextError, ContextMissError
 from context_core.working_memory.keys import (
     canonical,
     check_kind,
-    check_sid,
-    pref_pattern,
+    pref_index_key,
     pref_prefix,
+    user_key_id,
 )
 
 if TYPE_CHECKING:
     from context_core.working_memory.memory import WorkingMemory
 
-__all__ = ["Preference", "Preferences"]
+__all__ = ["PREF_DELETE_LUA", "PREF_SET_LUA", "Preference", "Preferences"]
+
+# KEYS: 1 preference hash, 2 the user's index.  ARGV: 1 type, 2 value, 3 confidence,
+# 4 last_updated.  No TTL on either: preferences outlive sessions.
+PREF_SET_LUA = """
+redis.call('HSET', KEYS[1], 'value', ARGV[2], 'confidence', ARGV[3], 'last_updated', ARGV[4])
+redis.call('SADD', KEYS[2], ARGV[1])
+return 1
+"""
+
+# KEYS: 1 preference hash, 2 the user's index.  ARGV: 1 type.  Returns 1 if it existed.
+PREF_DELETE_LUA = """
+local n = redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], ARGV[1])
+return n
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +69,21 @@ class Preferences:
 
     def __init__(self, wm: WorkingMemory, user_id: str) -> None:
         self._wm = wm
-        self.user_id = check_sid(user_id, "user id")
-        self._prefix = pref_prefix(user_id)
+        self.user_id = user_id
+        self._uid = user_key_id(user_id)
+        self._prefix = pref_prefix(self._uid)
+        self._index = pref_index_key(self._uid)
+
+    @property
+    def key_id(self) -> str:
+        """The id inside this user's keys: ``user_id`` itself, or its hash when it is outside
+        the key alphabet (:func:`.keys.user_key_id`)."""
+        return self._uid
+
+    @property
+    def index_key(self) -> str:
+        """``pref:{<uid>}:_index``: the Set of this user's preference types."""
+        return self._index
 
     def key(self, pref_type: str) -> str:
         return self._prefix + check_kind(pref_type, "preference type")
@@ -52,17 +93,14 @@ class Preferences:
             raise ContextError(f"preference {pref_type!r}: confidence must be in [0, 1]")
         key = self.key(pref_type)
         cleaned = self._wm._gateway.clean(value, where=f"pref {pref_type}")
+        encoded = canonical(cleaned)
         now = self._wm._now()
         with self._wm._guard(f"HSET {key}"):
-            self._wm._client.hset(
-                key,
-                mapping={
-                    "value": canonical(cleaned),
-                    "confidence": repr(float(confidence)),
-                    "last_updated": repr(now),
-                },
+            self._wm._pref_set_script(
+                keys=[key, self._index],
+                args=[pref_type, encoded, repr(float(confidence)), repr(now)],
             )
-        return Preference(pref_type, json.loads(canonical(cleaned)), float(confidence), now)
+        return Preference(pref_type, json.loads(encoded), float(confidence), now)
 
     def get(self, pref_type: str) -> Preference:
         key = self.key(pref_type)
@@ -73,23 +111,27 @@ class Preferences:
         return _pref(pref_type, h)
 
     def all(self) -> dict[str, Preference]:
-        pattern = pref_pattern(self.user_id)
-        with self._wm._guard(f"SCAN {pattern}"):
-            keys = sorted(self._wm._client.scan_iter(match=pattern, count=500))
+        """Every preference of this user, by type, read through the user's index (no SCAN)."""
+        with self._wm._guard(f"SMEMBERS {self._index}"):
+            types = sorted(t for t in self._wm._client.smembers(self._index) if _valid(t))
             pipe = self._wm._client.pipeline(transaction=False)
-            for k in keys:
-                pipe.hgetall(k)
-            values = pipe.execute() if keys else []
-        return {
-            k[len(self._prefix) :]: _pref(k[len(self._prefix) :], h)
-            for k, h in zip(keys, values, strict=True)
-            if h
-        }
+            for t in types:
+                pipe.hgetall(self._prefix + t)
+            values = pipe.execute() if types else []
+        return {t: _pref(t, h) for t, h in zip(types, values, strict=True) if h}
 
     def delete(self, pref_type: str) -> bool:
         key = self.key(pref_type)
         with self._wm._guard(f"DEL {key}"):
-            return bool(self._wm._client.delete(key))
+            return bool(self._wm._pref_delete_script(keys=[key, self._index], args=[pref_type]))
+
+
+def _valid(pref_type: str) -> bool:
+    try:
+        check_kind(pref_type)
+    except ContextError:
+        return False
+    return True
 
 
 def _pref(pref_type: str, h: Mapping[str, str]) -> Preference:

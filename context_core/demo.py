@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from context_core.confidence import ConfidencePolicy
+from context_core.confidence import PolicySource
 from context_core.lifecycle import LifecycleManager
 from context_core.namespaces import Grant, NamespaceRegistry
 from context_core.router import ContextBundle, ContextRouter
@@ -137,12 +137,20 @@ def run_demo(
     router = ContextRouter(
         wm=wm,
         knowledge=knowledge,
-        policy=ConfidencePolicy.load(settings),
+        # refused when thresholds.json was calibrated for another model than this encoder
+        policy=PolicySource(settings, model=knowledge.encoder.name),
         tracer=tracer,
         namespaces=ns,
         l3_timeout_ms=l3_timeout_ms or settings.l3_timeout_ms,
+        max_fragments=settings.bundle_max_fragments,
     )
-    life = LifecycleManager(wm=wm, gateway=gateway, knowledge=knowledge)
+    life = LifecycleManager.from_settings(
+        settings,
+        wm=wm,
+        gateway=gateway,
+        knowledge=knowledge,
+        count_tokens=knowledge.encoder.count_tokens,
+    )
 
     def event(ev: str, state: Any, /, **payload: Any) -> Any:
         res = life.apply(ev, state, **payload)

@@ -30,8 +30,8 @@ __all__ = [
 DAY_S = 24 * 3600.0
 #: Each agent step posts a tool result, loads context and posts its output.
 REQUESTS_PER_STEP = 3
-#: Each session adds a create and a close request around its steps.
-REQUESTS_PER_SESSION = 2
+#: Each session adds a create, its step plan and a close request around its steps.
+REQUESTS_PER_SESSION = 3
 
 # Burst profile: a quiet baseline, a 5-minute climb, a plateau, a 5-minute descent.
 BURST_BASE_QPS = 200.0

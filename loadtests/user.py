@@ -1,8 +1,9 @@
 """A Locust user that plays one agent after another against the context service.
 
-Each session: create, then N steps of (tool result event -> context load -> step output),
-then close. N and the think time come from the run plan (:mod:`loadtests.shapes`), so a
-compressed 24-hour profile keeps its proportions. Each user holds a constant step rate
+Each session: create, send the step plan (so step outputs get plan-derived TTLs), then N
+steps of (tool result event -> context load -> step output), then close. N and the think
+time come from the run plan (:mod:`loadtests.shapes`), so a compressed 24-hour profile keeps
+its proportions. Each user holds a constant step rate
 (Locust's ``constant_throughput`` pacing, rate from the plan); the shape decides how many users run.
 
 Logical failures (a 200 without a bundle, a bundle for the wrong step) are reported as
@@ -146,6 +147,37 @@ class ContextAgent(FastHttpUser):
                 return False
             self.state = r.json()["state"]
         self.steps_done = 0
+        return self._send_plan()
+
+    def session_plan(self) -> dict[str, Any]:
+        """The step dependency plan an agent states up front: step n+1 reads step n's output
+        and starts one step period later (the service's step keys are the step numbers)."""
+        rate = self.plan.user_step_rate_at(self._run_time())
+        period = 1.0 / rate if rate > 0 else 1.0
+        n = max(1, int(self.plan.steps_per_session))
+        return {
+            "steps": [
+                {
+                    "step_id": str(i),
+                    "depends_on": [str(i - 1)] if i > 0 else [],
+                    "est_start_s": round(i * period, 3),
+                }
+                for i in range(n)
+            ],
+            "factor": 2.0,
+        }
+
+    def _send_plan(self) -> bool:
+        with self.client.put(
+            f"/v1/sessions/{self.sid}/plan",
+            json=self.session_plan(),
+            headers=self.headers,
+            name="/v1/sessions/{id}/plan",
+            catch_response=True,
+        ) as r:
+            if r.status_code != 200:
+                r.failure(f"plan: HTTP {r.status_code}")
+                return False
         return True
 
     def _one_step(self) -> bool:

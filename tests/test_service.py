@@ -221,6 +221,8 @@ def test_missing_field_and_bad_event_type_are_named(client: httpx.Client, sessio
         "session_timeout",
         "goal_achieved",
         "error_recovery",
+        "user_message",
+        "recovery_complete",
     }
     r = client.post(
         f"/v1/sessions/{session_id}/events",

@@ -28,7 +28,7 @@ import httpx
 import pytest
 import redis
 from conftest import cleanup_keys
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from test_service import _acl_keys, running_service
 
@@ -132,10 +132,14 @@ def carrier(draw: st.DrawFn, planted: list[str]) -> Any:
     s1, must1 = draw(secrets_())
     token = draw(tokens)
     planted += [must1, token]
+    blob = draw(json_value)
+    # innocent data that happens to equal a planted secret (hypothesis shrinks both to
+    # "000...") is not a leak when it comes back: keep the two apart
+    assume(not any(p in json.dumps(blob, ensure_ascii=False) for p in (must1, token)))
     base: dict[str, Any] = {
         "note": f"see {s1} for access",
         "password": token,
-        "blob": draw(json_value),
+        "blob": blob,
     }
     if draw(st.booleans()):
         base["odd"] = draw(hostile)

@@ -59,12 +59,12 @@ def test_short_plan_compresses_a_day_into_two_minutes() -> None:
     assert p.duration_s == pytest.approx(120.0)
     assert p.think_s == 0.5  # 6 s / 720 is below the floor
     assert p.steps_per_session == 2  # 138 s / 720 = 0.19 s -> the 2-step minimum
-    assert p.user_rps == pytest.approx(8.0)  # (3 + 2/2) requests per step, 2 steps/s
+    assert p.user_rps == pytest.approx(9.0)  # (3 + 3/2) requests per step, 2 steps/s
     assert p.target_rps(0.0) == pytest.approx(10.0)
     assert p.users(0.0) == 2
     assert p.tick(0.0) == (2, 2.0)
-    # 2 users x 1.25 steps/s x 4 requests/step = the 10 req/s target, not 16
-    assert p.user_step_rate_at(0.0) == pytest.approx(1.25)
+    # 2 users x 1.11 steps/s x 4.5 requests/step = the 10 req/s target, not 18
+    assert p.user_step_rate_at(0.0) == pytest.approx(10.0 / 9.0)
     assert p.tick(119.9) == (2, 2.0)
     assert p.tick(120.0) is None
 
@@ -72,7 +72,7 @@ def test_short_plan_compresses_a_day_into_two_minutes() -> None:
 def test_long_plan_keeps_longer_sessions() -> None:
     p = plan("long_sessions", duration_s=120.0, rate_scale=0.1)
     assert p.steps_per_session == 8  # 2820 s / 720 = 3.92 s at 0.5 s per step
-    assert p.user_rps == pytest.approx(6.5)
+    assert p.user_rps == pytest.approx(6.75)  # (3 + 3/8) x 2
     assert p.target_rps(60.0) == pytest.approx(10.0)
     assert p.users(60.0) == 2
 
@@ -84,7 +84,7 @@ def test_burst_plan_follows_the_curve_in_run_time() -> None:
     assert p.target_rps(25.0) == pytest.approx(16.0)
     assert p.target_rps(30.0) == pytest.approx(30.0)
     assert p.steps_per_session == 9  # 138 s / 30 = 4.6 s at 0.5 s per step
-    assert p.users(30.0) == 5  # 30 / ((3 + 2/9) * 2) = 4.66 users
+    assert p.users(30.0) == 5  # 30 / ((3 + 3/9) * 2) = 4.5 users
     assert p.target_rps(60.0) == 0.0
 
 
@@ -97,7 +97,7 @@ def test_time_scale_and_duration_together() -> None:
 def test_rate_scale_one_holds_the_full_rate() -> None:
     p = plan("short_sessions", duration_s=300.0)
     assert p.target_rps(10.0) == pytest.approx(1000.0)
-    assert p.users(10.0) == 125
+    assert p.users(10.0) == 112  # 1000 / ((3 + 3/2) * 2) = 111.1 users
 
 
 def test_bad_arguments_name_the_problem() -> None:

@@ -157,10 +157,10 @@ def _calibrate(console: Any, settings: Any) -> None:
 
 
 def _session(console: Any, settings: Any, provider: Any, knowledge: Any) -> None:
-    from context_core.confidence import ConfidencePolicy
+    from context_core.confidence import PolicySource
     from context_core.demo import run_demo
 
-    policy = ConfidencePolicy.load(settings)
+    policy = PolicySource(settings, model=knowledge.encoder.name).current()
     console.print(f"thresholds in force: accept {policy.accept:.3f}, skip {policy.skip:.3f} "
                   f"({policy.source})")  # fmt: skip
     result = run_demo(settings, provider=provider, knowledge=knowledge)
@@ -182,11 +182,11 @@ def _session(console: Any, settings: Any, provider: Any, knowledge: Any) -> None
 
 
 def _reports(console: Any, settings: Any, provider: Any, store: Any) -> None:
-    from context_core.confidence import ConfidencePolicy
+    from context_core.confidence import PolicySource
     from evaluation import compute_cer, run_health_report
     from evaluation.report import write_cer_report
 
-    policy = ConfidencePolicy.load(settings)
+    policy = PolicySource(settings).current()
     report = compute_cer(settings.traces_dir, accept=policy.accept)
     cer_paths = write_cer_report(report, settings.reports_dir, accept=policy.accept)
     o = report.overall

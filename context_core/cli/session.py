@@ -10,6 +10,56 @@ import typer
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the root app."""
     app.command("session-demo")(session_demo)
+    app.command("sweep-idle")(sweep_idle)
+
+
+def sweep_idle(
+    idle_s: int = typer.Option(
+        None,
+        "--idle-s",
+        help="Idle time that times a session out (default CTX_SESSION_IDLE_S, 90).",
+    ),
+) -> None:
+    """Time out every session idle for longer than CTX_SESSION_IDLE_S, once.
+
+    The service runs this every CTX_IDLE_SWEEP_INTERVAL_S by itself; this command is for
+    library deployments without the service, or a cron/Airflow job. Effects are those of
+    session_timeout: the task contract is marked expired and kept, the session's other L2
+    keys are deleted, and a service session's stored L1 state gets an empty trace.
+    """
+    import json as _json
+    from types import SimpleNamespace
+
+    from context_core.config import get_settings
+    from context_core.gateway import Gateway
+    from context_core.lifecycle import LifecycleManager
+    from context_core.redis_conn import RedisProvider
+    from context_core.service.deps import STATE_KEY, _session_ttl_s
+    from context_core.service.idle import sweep_idle_once
+    from context_core.service.metrics import ServiceMetrics
+    from context_core.service.owners import OwnerBinding
+    from context_core.working_memory import WorkingMemory
+
+    settings = get_settings(**({"session_idle_s": idle_s} if idle_s else {}))
+    gateway = Gateway.from_settings(settings)
+    with RedisProvider(settings) as provider:
+        client = provider.client(decode_responses=True)
+        wm = WorkingMemory.from_settings(settings, provider, gateway)
+        raw_key = client.get(STATE_KEY)
+        svc = SimpleNamespace(
+            redis=client,
+            gateway=gateway,
+            owners=OwnerBinding(client, ttl_s=_session_ttl_s(settings)),
+            # without the service's signing key there is no service L1 state to clear
+            state_key=str(raw_key or "").encode(),
+            lifecycle=LifecycleManager.from_settings(settings, wm=wm, gateway=gateway),
+            metrics=ServiceMetrics(),
+        )
+        result = sweep_idle_once(svc)
+    if not result.ran:
+        typer.secho("another sweep is running (lock held); nothing done", fg="yellow", err=True)
+        raise typer.Exit(1)
+    typer.echo(_json.dumps(result.to_dict(), indent=2))
 
 
 def session_demo(

@@ -14,6 +14,8 @@ hop, which cost more CPU than the route itself.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -25,9 +27,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from context_core.config import Settings, get_settings
+from context_core.service.agent_api import install_agent_routes
 from context_core.service.deps import Services, build_services
 from context_core.service.errors_map import install_handlers, json_response, validation_body
 from context_core.service.http_deps import Svc
+from context_core.service.idle import sweep_idle_once
 from context_core.service.metrics import CONTENT_TYPE_LATEST
 from context_core.service.middleware import BodyLimit, RequestMetrics
 from context_core.service.sessions_api import install_session_routes
@@ -38,6 +42,18 @@ log = logging.getLogger(__name__)
 
 
 # --- app -------------------------------------------------------------------------------------
+
+
+async def _idle_sweeps(svc: Services, interval_s: float) -> None:
+    """Every ``interval_s``: one idle sweep (on a worker thread; one instance at a time)."""
+    import anyio.to_thread
+
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await anyio.to_thread.run_sync(sweep_idle_once, svc)
+        except Exception as e:  # a down Redis must not end the loop
+            log.warning("idle sweep failed: %s: %s", type(e).__name__, e)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -62,9 +78,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # apps in the same process (tests) keep their frozen heap.
         gc.collect()
         gc.freeze()
+        sweeper = None
+        if settings.idle_sweep_interval_s > 0:
+            sweeper = asyncio.create_task(_idle_sweeps(svc, settings.idle_sweep_interval_s))
         try:
             yield
         finally:
+            if sweeper is not None:
+                sweeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sweeper
             holder.pop("svc", None)
             await anyio.to_thread.run_sync(svc.close)
 
@@ -123,7 +146,8 @@ def _install_routes(app: FastAPI) -> None:
 
     @app.get("/metrics", tags=["ops"], response_class=Response)
     def metrics(svc: Svc) -> Response:
-        """Prometheus exposition."""
+        """Prometheus exposition (the threshold pair in force is read at scrape time)."""
+        svc.metrics.set_thresholds(svc.router.policy_status())
         return Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/intents", tags=["context"])
@@ -135,3 +159,4 @@ def _install_routes(app: FastAPI) -> None:
         }
 
     install_session_routes(app)
+    install_agent_routes(app)

@@ -148,7 +148,7 @@ class Services:
 
 def build_services(settings: Settings, *, echo_dev_key: bool = True) -> Services:
     """Open every backend the service needs. Heavy (loads the embedding model)."""
-    from context_core.confidence import ConfidencePolicy
+    from context_core.confidence import PolicySource
     from context_core.embedding import load_encoder
     from context_core.gateway import Gateway
     from context_core.intents import IntentRegistry
@@ -182,6 +182,9 @@ def build_services(settings: Settings, *, echo_dev_key: bool = True) -> Services
             series_window=settings.wm_series_window,
             min_ttl_s=settings.wm_min_ttl_s,
             max_step_bytes=settings.max_step_result_bytes,
+            contract_ttl_s=settings.wm_contract_ttl_s,
+            contract_history_ttl_s=settings.wm_contract_history_ttl_s,
+            idle_s=settings.session_idle_s,
         )
         store = open_store(settings)
         opened.append(store)
@@ -206,7 +209,10 @@ def build_services(settings: Settings, *, echo_dev_key: bool = True) -> Services
         router = ContextRouter(
             wm=wm,
             knowledge=knowledge,
-            policy=ConfidencePolicy.load(settings),
+            # thresholds.json is re-read on the route after it changes, and refused when it
+            # was calibrated for another model than this encoder
+            policy=PolicySource(settings, model=encoder.name),
+            max_fragments=settings.bundle_max_fragments,
             tracer=tracer,
             namespaces=namespaces,
             registry=registry,
@@ -251,11 +257,17 @@ def build_services(settings: Settings, *, echo_dev_key: bool = True) -> Services
             tracer=tracer,
             namespaces=namespaces,
             registry=registry,
-            lifecycle=LifecycleManager(
-                wm=wm, gateway=gateway, knowledge=knowledge, namespaces=namespaces
+            lifecycle=LifecycleManager.from_settings(
+                settings,
+                wm=wm,
+                gateway=gateway,
+                knowledge=knowledge,
+                namespaces=namespaces,
+                count_tokens=encoder.count_tokens,  # the embedding model's tokenizer
             ),
             keys=keys,
-            owners=OwnerBinding(client, ttl_s=2 * settings.wm_default_ttl_s),
+            # a session's identity lives as long as its task contract can
+            owners=OwnerBinding(client, ttl_s=_session_ttl_s(settings)),
             metrics=metrics,
             state_key=state_key,
             quotas=AgentQuotas(
@@ -272,6 +284,13 @@ def build_services(settings: Settings, *, echo_dev_key: bool = True) -> Services
             except Exception as e:
                 log.warning("cleanup after a failed start: %s", e)
         raise
+
+
+def _session_ttl_s(settings: Settings) -> int:
+    """How long a service session's owner record and signed state outlive its last request:
+    as long as its task contract (``CTX_WM_CONTRACT_TTL_S``), never less than twice the L2
+    default."""
+    return max(2 * settings.wm_default_ttl_s, settings.wm_contract_ttl_s)
 
 
 def sync_grants(

@@ -14,6 +14,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
 )
@@ -81,6 +82,34 @@ class ServiceMetrics:
             "(restart or flush)",
             registry=r,
         )
+        self.idle_timeouts = Counter(
+            "ctx_idle_timeouts",
+            "Sessions timed out by the idle sweep (no activity for CTX_SESSION_IDLE_S)",
+            registry=r,
+        )
+        self.threshold = Gauge(
+            "ctx_confidence_threshold",
+            "Confidence threshold in force for L3 hits (accept / skip), read on every route "
+            "from thresholds.json when it changes",
+            ["bound"],
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.threshold_info = Gauge(
+            "ctx_confidence_thresholds_info",
+            "Provenance of the thresholds in force: file or defaults, the embedding model "
+            "they were calibrated for, the labelling rule (value 1)",
+            ["source", "model", "rule"],
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.threshold_mismatch = Gauge(
+            "ctx_thresholds_model_mismatch",
+            "1 when thresholds.json was calibrated for another embedding model than the one "
+            "in use (refused or, with CTX_THRESHOLDS_MODEL_MISMATCH=warn, used anyway)",
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
         # pre-create the label sets the SLO gates read, so they export 0 instead of nothing
         for reason in ("backend", "l2_miss", "error"):
             self.load_failures.labels(reason=reason)
@@ -90,6 +119,20 @@ class ServiceMetrics:
             self.layer_seconds.labels(layer=layer).observe(max(0.0, float(ms)) / 1000.0)
         if l3_requested and "l3" in timings_ms:
             self.l3_search_seconds.observe(max(0.0, float(timings_ms["l3"])) / 1000.0)
+
+    def set_thresholds(self, status: Mapping[str, object]) -> None:
+        """Export the router's current threshold pair and where it came from."""
+        for bound in ("accept", "skip"):
+            value = status.get(bound)
+            if isinstance(value, int | float):
+                self.threshold.labels(bound=bound).set(float(value))
+        self.threshold_info.clear()
+        self.threshold_info.labels(
+            source=str(status.get("source", "")),
+            model=str(status.get("model") or ""),
+            rule=str(status.get("rule", "")),
+        ).set(1)
+        self.threshold_mismatch.set(1.0 if status.get("mismatch") else 0.0)
 
     def render(self) -> bytes:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):

@@ -37,6 +37,8 @@ from context_core.session import (
 __all__ = [
     "ID_PATTERN",
     "CloseResponse",
+    "ConfirmationRequest",
+    "ConfirmationResponse",
     "ContextParams",
     "ContextRequest",
     "ContextResponse",
@@ -46,6 +48,11 @@ __all__ = [
     "EventRequest",
     "FragmentOut",
     "OutputRequest",
+    "PlanRequest",
+    "PlanResponse",
+    "PreferenceIn",
+    "PreferenceOut",
+    "PreferencesResponse",
     "StateResponse",
     "WireState",
     "state_from_wire",
@@ -314,13 +321,31 @@ class ErrorRecoveryEvent(_Model):
     type: Literal["error_recovery"]
 
 
+class UserMessageEvent(_Model):
+    """What the user said. The platform checks it against the task contract: a negation plus
+    a value that contradicts the contract, with enough confidence, is applied as a
+    ``user_correction`` (the detection is reported in ``info.correction`` either way)."""
+
+    type: Literal["user_message"]
+    text: AnswerText
+
+
+class RecoveryCompleteEvent(_Model):
+    """The agent recovered from the error: the contract locked by ``error_recovery`` is
+    unlocked (writes to it are 423 ``contract_locked`` until then)."""
+
+    type: Literal["recovery_complete"]
+
+
 Event = Annotated[
     ToolCallEvent
     | UserCorrectionEvent
     | ContextOverflowEvent
     | SessionTimeoutEvent
     | GoalAchievedEvent
-    | ErrorRecoveryEvent,
+    | ErrorRecoveryEvent
+    | UserMessageEvent
+    | RecoveryCompleteEvent,
     Field(discriminator="type"),
 ]
 
@@ -369,6 +394,66 @@ class OutputRequest(_Model):
     step: int | None = Field(None, ge=0, description="default: the state's current step")
 
 
+StepId = Annotated[str, Field(min_length=1, max_length=128, pattern=ID_PATTERN)]
+
+
+class PlanStep(_Model):
+    step_id: StepId
+    depends_on: list[StepId] = Field(
+        default_factory=list, max_length=100, description="steps whose outputs this one reads"
+    )
+    est_start_s: FiniteFloat = Field(
+        0.0, ge=0, le=7 * 86_400, description="expected start, seconds from now"
+    )
+
+
+class PlanRequest(_Model):
+    """The agent's step dependency graph. A step's output lives until the latest step that
+    reads it is expected to start, times ``factor``, and at least ``CTX_WM_MIN_TTL_S``."""
+
+    steps: list[PlanStep] = Field(min_length=1, max_length=500)
+    factor: FiniteFloat = Field(2.0, ge=1.0, le=10.0, description="safety factor (plans slip)")
+
+    @model_validator(mode="after")
+    def _graph(self) -> PlanRequest:
+        ids = [s.step_id for s in self.steps]
+        seen: set[str] = set()
+        for i, sid in enumerate(ids):
+            if sid in seen:
+                raise PydanticCustomError(
+                    "duplicate_step",
+                    "steps[{index}].step_id {step!r} appears twice",
+                    {"index": i, "step": sid},
+                )
+            seen.add(sid)
+        for i, s in enumerate(self.steps):
+            unknown = [d for d in s.depends_on if d not in seen]
+            if unknown:
+                raise PydanticCustomError(
+                    "unknown_step",
+                    "steps[{index}].depends_on names unknown step(s) {unknown}; allowed: "
+                    "the step_ids of this plan",
+                    {"index": i, "unknown": ", ".join(unknown)},
+                )
+        return self
+
+
+class ConfirmationRequest(_Model):
+    """Answers the user confirmed (e.g. after a fallback: no L3 match for something the user
+    taught earlier). They go to hot knowledge now, trust-scoped like goal_achieved's."""
+
+    state: WireState
+    answers: list[Answer] = Field(min_length=1, max_length=50)
+
+
+class PreferenceIn(_Model):
+    value: JsonValue
+    confidence: float = Field(1.0, ge=0.0, le=1.0)
+
+
+PrefType = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-z][a-z0-9_]{0,31}$")]
+
+
 # --- responses -------------------------------------------------------------------------------
 
 
@@ -413,10 +498,34 @@ class CloseResponse(_Model):
     deleted_keys: int
 
 
+class PlanResponse(_Model):
+    session_id: str
+    ttls: dict[str, int] = Field(description="TTL now set on each existing step output")
+    plan: dict[str, Any] = Field(description="the stored plan, start times relative to now")
+
+
+class ConfirmationResponse(_Model):
+    session_id: str
+    confirmed: list[dict[str, str]] = Field(description="hot point id and trust scope each")
+
+
+class PreferenceOut(_Model):
+    value: Any
+    confidence: float
+    last_updated: float
+
+
+class PreferencesResponse(_Model):
+    session_id: str
+    preferences: dict[str, PreferenceOut]
+
+
 class ContractResponse(_Model):
     session_id: str
     version: int
     fields: dict[str, Any]
     corrected: bool
     locked: bool
+    status: str = Field("active", description="active, expired (timed out) or completed")
+    ttl_s: float | None = None
     sha256: str

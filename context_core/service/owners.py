@@ -101,6 +101,21 @@ if lease then redis.call('DEL', KEYS[3]) end
 return 'ok'
 """
 
+# KEYS: 1 session hash, 2 latest state, 3 lease.
+# ARGV: 1 nonce, 2 expected version, 3 new version, 4 state JSON, 5 ttl s.
+# The server's own change of a session's state (the idle sweep): only while nobody holds the
+# lease and the version is still the one the new state was made from.
+REPLACE_LUA = """
+if redis.call('EXISTS', KEYS[3]) == 1 then return 'busy' end
+local h = redis.call('HMGET', KEYS[1], 'inc', 'ver')
+if not h[1] then return 'unknown' end
+if h[1] ~= ARGV[1] or h[2] ~= ARGV[2] then return 'stale' end
+redis.call('HSET', KEYS[1], 'ver', ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('SET', KEYS[2], ARGV[4], 'EX', ARGV[5])
+return 'ok'
+"""
+
 # KEYS: 1 lease.  ARGV: 1 token.
 ABORT_LUA = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
@@ -135,6 +150,7 @@ class OwnerBinding:
         self._access = client.register_script(ACCESS_LUA)
         self._commit = client.register_script(COMMIT_LUA)
         self._abort = client.register_script(ABORT_LUA)
+        self._replace = client.register_script(REPLACE_LUA)
 
     # --- keys ----------------------------------------------------------------------------
     @staticmethod
@@ -288,6 +304,33 @@ class OwnerBinding:
             self._r.set(self.state_key(session_id), state_json, ex=self.ttl_s)
         except redis.RedisError as e:
             raise BackendUnavailableError(f"Redis failed while creating session: {e}") from e
+
+    def server_state(self, session_id: str) -> str | None:
+        """The latest signed state of a session whoever owns it (server-side jobs only, such
+        as the idle sweep); ``None`` when the session has none."""
+        try:
+            raw = self._r.get(self.state_key(session_id))
+        except redis.RedisError as e:
+            raise BackendUnavailableError(f"Redis failed while reading the state: {e}") from e
+        if raw is None:
+            return None
+        return raw if isinstance(raw, str) else bytes(raw).decode()
+
+    def replace_latest(
+        self, session_id: str, nonce: str, expected_version: int, state_json: str
+    ) -> str:
+        """The server's own new state for a session (version ``expected_version + 1``), e.g.
+        the idle sweep's trace-cleared one. Applied only if nobody holds the write lease and
+        the session is still at ``expected_version`` of incarnation ``nonce``; returns
+        ``ok``, ``busy``, ``stale`` or ``unknown`` (nothing changed)."""
+        return str(
+            self._run(
+                "replacing the session state",
+                self._replace,
+                self._keys(session_id),
+                [nonce, expected_version, expected_version + 1, state_json, self.ttl_s],
+            )
+        )
 
     def latest_state(self, session_id: str, agent_id: str) -> str:
         """The latest signed state (JSON) of ``agent_id``'s session."""

@@ -170,7 +170,7 @@ def _require_result(ev: ToolCallEvent) -> None:
         )
 
 
-def _contract_out(session_id: str, c: Any) -> ContractResponse:
+def _contract_out(session_id: str, c: Any, ttl_s: float | None = None) -> ContractResponse:
     canon = json.dumps(
         {"version": c.version, "fields": c.fields}, sort_keys=True, separators=(",", ":")
     )
@@ -180,6 +180,8 @@ def _contract_out(session_id: str, c: Any) -> ContractResponse:
         fields=c.fields,
         corrected=c.corrected,
         locked=c.locked,
+        status=c.status,
+        ttl_s=ttl_s,
         sha256=hashlib.sha256(canon.encode()).hexdigest(),
     )
 
@@ -219,8 +221,11 @@ def install_session_routes(app: FastAPI) -> None:
     def post_event(
         session_id: PathSessionId, body: EventRequest, svc: Svc, who: Who, nbytes: BodyBytes
     ) -> Response:
-        """A lifecycle event (tool_call, user_correction, context_overflow, session_timeout,
-        goal_achieved, error_recovery); everything stored passes the gateway. The returned
+        """A lifecycle event (tool_call, user_message, user_correction, context_overflow,
+        session_timeout, goal_achieved, error_recovery, recovery_complete); everything stored
+        passes the gateway. The platform adds its own triggers: a user_message that
+        contradicts the task contract is applied as a correction, and a trace over
+        ``CTX_L1_MAX_TRACE_TOKENS`` evicts its oldest pairs (``info.overflow``). The returned
         state is the session's new latest; the one sent is stale from then on."""
         wire = body.state
         _signed_for(svc, wire, session_id)
@@ -298,8 +303,7 @@ def install_session_routes(app: FastAPI) -> None:
         m.observe_bundle(bundle.timings_ms, l3_requested=bool(spec.l3))
         if bundle.degraded:
             m.degraded.inc()
-        found = len((bundle.context_used or {}).get("l2", ()))
-        misses = len(spec.l2_keys) - found  # optional keys the step went without
+        misses = len(bundle.l2_missing)  # optional keys the step went without
         if misses > 0:
             m.l2_misses.inc(misses)
         return json_response(
@@ -326,6 +330,7 @@ def install_session_routes(app: FastAPI) -> None:
         svc.owners.verify(session_id, who.agent_id, wire.nonce, wire.version)
         step = wire.current_step if body.step is None else body.step
         svc.tracer.record_output(body.trace_id, session_id, step, body.output)
+        svc.wm.session(session_id).touch()
         return json_response(
             {"state": wire.model_dump(), "info": {"step": step, "trace_id": body.trace_id}}
         )
@@ -360,9 +365,27 @@ def install_session_routes(app: FastAPI) -> None:
 
     @app.get("/v1/sessions/{session_id}/contract", tags=["sessions"])
     def get_contract(session_id: PathSessionId, svc: Svc, who: Who) -> ContractResponse:
-        """The current task contract with a content hash (used to check nothing was lost)."""
+        """The current task contract with a content hash (used to check nothing was lost), its
+        status (active, expired after a timeout, completed) and the seconds it has left."""
         svc.owners.check(session_id, who.agent_id)
-        return _contract_out(session_id, svc.wm.session(session_id).contract())
+        sm = svc.wm.session(session_id)
+        contract = sm.contract()
+        ttl: float | None = None
+        if contract.version:
+            with contextlib.suppress(ContextMissError):
+                ttl = sm.ttl(sm.key("contract", "current"))
+        return _contract_out(session_id, contract, ttl)
+
+    @app.get("/v1/sessions/{session_id}/contract/history", tags=["sessions"])
+    def get_contract_history(session_id: PathSessionId, svc: Svc, who: Who) -> dict[str, Any]:
+        """Every version of the task contract, oldest first (kept for audit for
+        ``CTX_WM_CONTRACT_HISTORY_TTL_S`` after its last write, 30 days by default)."""
+        svc.owners.check(session_id, who.agent_id)
+        history = svc.wm.session(session_id).contract_history()
+        return {
+            "session_id": session_id,
+            "versions": [_contract_out(session_id, c).model_dump() for c in history],
+        }
 
     @app.delete("/v1/sessions/{session_id}", tags=["sessions"], response_model=CloseResponse)
     def close_session(session_id: PathSessionId, svc: Svc, who: Who) -> Response:
@@ -370,6 +393,7 @@ def install_session_routes(app: FastAPI) -> None:
         its states are void (a session created again under the id starts a new incarnation)."""
         svc.owners.check(session_id, who.agent_id)
         n = svc.wm.session(session_id).clear()
+        svc.wm.forget_activity(session_id)
         svc.owners.release(session_id)
         svc.quotas.forget(who.agent_id, session_id)
         return json_response({"session_id": session_id, "deleted_keys": n})

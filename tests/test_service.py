@@ -76,24 +76,35 @@ def _acl_keys(tmp: Path) -> tuple[Path, dict[str, str]]:
     return path, raw
 
 
-@pytest.fixture(scope="module")
-def svc(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[dict[str, Any]]:
-    tmp = tmp_path_factory.mktemp("service")
+def service_settings(tmp: Path, redis_url: str, **extra: Any) -> tuple[Settings, dict[str, str]]:
+    """Settings of a test service on ``tmp`` with the ACL keys file; returns the raw keys."""
     keys_file, raw = _acl_keys(tmp)
     settings = get_settings(
         data_dir=tmp / "ctx",
         reports_dir=tmp / "reports",
         redis_url=redis_url,
         api_keys_file=keys_file,
-        max_body_bytes=64 * 1024,
         l3_timeout_ms=5000,  # a shared 2-core box: don't let scheduling noise degrade bundles
+        **extra,
     )
-    with running_service(settings) as url:
-        yield {"url": url, "keys": raw, "settings": settings}
+    return settings, raw
+
+
+def cleanup_service_keys(redis_url: str) -> None:
+    """Sessions (``t-`` ids) and the test agents' quota counters a service test left."""
     cleanup_keys(redis_url, "svc:{t-*")
     cleanup_keys(redis_url, "wm:{t-*")
     for agent in AGENTS:  # per-agent quota counters (live sessions, bytes per minute)
         cleanup_keys(redis_url, f"svc:agent:{{{agent}}}:*")
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("service")
+    settings, raw = service_settings(tmp, redis_url, max_body_bytes=64 * 1024)
+    with running_service(settings) as url:
+        yield {"url": url, "keys": raw, "settings": settings}
+    cleanup_service_keys(redis_url)
 
 
 @pytest.fixture

@@ -17,30 +17,18 @@ import httpx
 import pytest
 import redis
 from conftest import cleanup_keys
-from test_service import AGENTS, _acl_keys, running_service
-
-from context_core.config import get_settings
+from test_service import cleanup_service_keys, running_service, service_settings
 
 
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("mechanisms")
-    keys_file, raw = _acl_keys(tmp)
-    settings = get_settings(
-        data_dir=tmp / "ctx",
-        reports_dir=tmp / "reports",
-        redis_url=redis_url,
-        api_keys_file=keys_file,
-        l3_timeout_ms=5000,
-        idle_sweep_interval_s=0,  # sweeps are run by the idle test's own service
-    )
+    # sweeps are run by the idle test's own service
+    settings, raw = service_settings(tmp, redis_url, idle_sweep_interval_s=0)
     with running_service(settings) as url:
         yield {"url": url, "keys": raw, "settings": settings, "redis_url": redis_url}
-    cleanup_keys(redis_url, "svc:{t-*")
-    cleanup_keys(redis_url, "wm:{t-*")
+    cleanup_service_keys(redis_url)
     cleanup_keys(redis_url, "pref:{u-mech-*")
-    for agent in AGENTS:
-        cleanup_keys(redis_url, f"svc:agent:{{{agent}}}:*")
 
 
 def _client(svc: dict[str, Any], agent: str = "agent-a") -> httpx.Client:
@@ -367,14 +355,8 @@ def test_a_calibration_written_while_the_service_runs_is_in_force_on_the_next_ro
 def test_an_idle_session_is_timed_out_by_the_services_own_sweep(
     tmp_path: Path, redis_url: str
 ) -> None:
-    keys_file, raw = _acl_keys(tmp_path)
-    settings = get_settings(
-        data_dir=tmp_path / "ctx",
-        reports_dir=tmp_path / "reports",
-        redis_url=redis_url,
-        api_keys_file=keys_file,
-        session_idle_s=1,
-        idle_sweep_interval_s=0.3,
+    settings, raw = service_settings(
+        tmp_path, redis_url, session_idle_s=1, idle_sweep_interval_s=0.3
     )
     sid = f"t-idle-{uuid.uuid4().hex[:10]}"
     busy = f"t-busy-{uuid.uuid4().hex[:10]}"

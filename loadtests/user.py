@@ -17,6 +17,7 @@ import json
 import random
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,37 @@ class ContextAgent(FastHttpUser):
         if self.state is not None:
             self._close()
 
+    def _call(
+        self,
+        method: str,
+        path: str,
+        name: str,
+        what: str,
+        body: Any = None,
+        *,
+        ok: tuple[int, ...] = (200,),
+        parse: bool = False,
+        check: Callable[[Any], str | None] | None = None,
+    ) -> Any:
+        """One request with Locust's ``catch_response``: a status outside ``ok``, or a body
+        that ``check`` finds wrong (it returns the reason), is reported as a failure and
+        gives ``None``. Otherwise the parsed JSON body when ``parse`` or ``check`` asks for
+        it, else ``True`` (the load generator parses only what it reads)."""
+        with self.client.request(
+            method, path, json=body, headers=self.headers, name=name, catch_response=True
+        ) as r:
+            if r.status_code not in ok:
+                r.failure(f"{what}: HTTP {r.status_code}")
+                return None
+            if not (parse or check):
+                return True
+            data = r.json()
+            problem = check(data) if check is not None else None
+            if problem:
+                r.failure(f"{what}: {problem}")
+                return None
+            return data
+
     def _create(self) -> bool:
         self.sid = f"lt-{uuid.uuid4().hex[:16]}"
         self.device = random.choice(DEVICES)
@@ -135,17 +167,12 @@ class ContextAgent(FastHttpUser):
             "user_query": random.choice(QUERIES),
             "device_id": self.device,
         }
-        with self.client.post(
-            "/v1/sessions",
-            json=body,
-            headers=self.headers,
-            name="/v1/sessions",
-            catch_response=True,
-        ) as r:
-            if r.status_code != 201:
-                r.failure(f"create: HTTP {r.status_code}")
-                return False
-            self.state = r.json()["state"]
+        created = self._call(
+            "POST", "/v1/sessions", "/v1/sessions", "create", body, ok=(201,), parse=True
+        )
+        if created is None:
+            return False
+        self.state = created["state"]
         self.steps_done = 0
         return self._send_plan()
 
@@ -168,17 +195,8 @@ class ContextAgent(FastHttpUser):
         }
 
     def _send_plan(self) -> bool:
-        with self.client.put(
-            f"/v1/sessions/{self.sid}/plan",
-            json=self.session_plan(),
-            headers=self.headers,
-            name="/v1/sessions/{id}/plan",
-            catch_response=True,
-        ) as r:
-            if r.status_code != 200:
-                r.failure(f"plan: HTTP {r.status_code}")
-                return False
-        return True
+        path, name = f"/v1/sessions/{self.sid}/plan", "/v1/sessions/{id}/plan"
+        return self._call("PUT", path, name, "plan", self.session_plan()) is not None
 
     def _one_step(self) -> bool:
         assert self.state is not None
@@ -191,17 +209,17 @@ class ContextAgent(FastHttpUser):
             "result": {"device": self.device, "rms_mm_s": rms, "status": "running"},
             "series": {f"{self.device}.vibration": [[now - 1.0, rms * 0.97], [now, rms]]},
         }
-        with self.client.post(
+        done = self._call(
+            "POST",
             f"/v1/sessions/{self.sid}/events",
-            json={"state": self.state, "event": event},
-            headers=self.headers,
-            name="/v1/sessions/{id}/events",
-            catch_response=True,
-        ) as r:
-            if r.status_code != 200:
-                r.failure(f"event: HTTP {r.status_code}")
-                return False
-            self.state = r.json()["state"]
+            "/v1/sessions/{id}/events",
+            "event",
+            {"state": self.state, "event": event},
+            parse=True,
+        )
+        if done is None:
+            return False
+        self.state = done["state"]
 
         intent = INTENT_CYCLE[self.steps_done % len(INTENT_CYCLE)]
         params: dict[str, Any] = {"device": self.device}
@@ -213,46 +231,30 @@ class ContextAgent(FastHttpUser):
             "state": self.state,
             "params": params,
         }
-        with self.client.post(
-            "/v1/context",
-            json=body,
-            headers=self.headers,
-            name="/v1/context",
-            catch_response=True,
-        ) as r:
-            if r.status_code != 200:
-                r.failure(f"context {intent}: HTTP {r.status_code}")
-                return False
-            bundle = r.json()
-            if bundle.get("step") != self.state["current_step"] or not bundle.get("fragments"):
-                r.failure(f"context {intent}: bundle for the wrong step or empty")
-                return False
-            trace_id = bundle["trace_id"]
+        step = self.state["current_step"]
+
+        def wrong(bundle: Any) -> str | None:
+            if bundle.get("step") != step or not bundle.get("fragments"):
+                return "bundle for the wrong step or empty"
+            return None
+
+        bundle = self._call(
+            "POST", "/v1/context", "/v1/context", f"context {intent}", body, check=wrong
+        )
+        if bundle is None:
+            return False
+        trace_id = bundle["trace_id"]
 
         out = {
             "state": self.state,
             "trace_id": trace_id,
             "output": f"{intent}: {self.device} RMS {rms} mm/s",
         }
-        with self.client.post(
-            f"/v1/sessions/{self.sid}/outputs",
-            json=out,
-            headers=self.headers,
-            name="/v1/sessions/{id}/outputs",
-            catch_response=True,
-        ) as r:
-            if r.status_code != 200:
-                r.failure(f"output: HTTP {r.status_code}")
-                return False
-        return True
+        path, name = f"/v1/sessions/{self.sid}/outputs", "/v1/sessions/{id}/outputs"
+        return self._call("POST", path, name, "output", out) is not None
 
     def _close(self) -> None:
-        with self.client.delete(
-            f"/v1/sessions/{self.sid}",
-            headers=self.headers,
-            name="/v1/sessions/{id}",
-            catch_response=True,
-        ) as r:
-            if r.status_code not in (200, 404):  # 404: Redis lost it (fault drills)
-                r.failure(f"close: HTTP {r.status_code}")
+        # 404: Redis lost the session (fault drills)
+        path, name = f"/v1/sessions/{self.sid}", "/v1/sessions/{id}"
+        self._call("DELETE", path, name, "close", ok=(200, 404))
         self.state = None

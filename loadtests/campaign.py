@@ -3,6 +3,11 @@
 Everything runs on loopback and is bounded in time. The campaign owns every server it starts
 (an embedded Valkey on a free port, the service as a uvicorn subprocess) and stops them all,
 also on errors; a fault drill only ever restarts the Valkey it started itself.
+
+When it starts the service, it compresses the service's TTLs with the sessions
+(:func:`loadtests.shapes.scaled_ttls` by ``RunPlan.ttl_factor``, passed as ``CTX_*``
+variables to the subprocess) and tells Locust the factor, so the expired-keys gate counts
+per profile minute. A service given with ``--service-url`` keeps its own TTLs (factor 1).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from loadtests.faults import (
     canary_contract,
     slow_l3_checks,
 )
-from loadtests.shapes import get_profile, plan
+from loadtests.shapes import TTL_SETTINGS, get_profile, plan, scaled_ttls
 
 __all__ = ["CampaignConfig", "CampaignResult", "run_campaign"]
 
@@ -143,6 +148,17 @@ def run_campaign(
         cfg.profile, time_scale=cfg.time_scale, duration_s=cfg.duration_s, rate_scale=cfg.rate_scale
     )
     notes: list[str] = []
+    ttls: dict[str, float] | None = None
+    ttl_factor = 1.0
+    if not cfg.service_url:
+        ttl_factor = run_plan.ttl_factor
+        design = {k: float(getattr(settings, k)) for k in TTL_SETTINGS}
+        ttls = scaled_ttls(design, ttl_factor, run_plan.mean_step_period())
+    else:
+        notes.append(
+            "TTLs not scaled (--service-url: the service keeps its own); expired-keys growth "
+            "is per run minute"
+        )
     valkey: Any = None
     service: subprocess.Popen[bytes] | None = None
     drill: RedisRestartDrill | None = None
@@ -191,6 +207,13 @@ def run_campaign(
                 "TRANSFORMERS_OFFLINE": "1",
                 "TOKENIZERS_PARALLELISM": "false",
             }
+            assert ttls is not None
+            env.update(ttl_env(ttls))
+            say(
+                f"TTLs / {ttl_factor:.4g} (profile session {run_plan.profile.session_s:.0f} s "
+                f"-> {run_plan.run_session_s:.2f} s): "
+                + ", ".join(f"{k}={_num(v)}" for k, v in ttls.items())
+            )
             if settings.qdrant_url:
                 env["CTX_QDRANT_URL"] = settings.qdrant_url
             log_path = run_dir / "service.log"
@@ -223,6 +246,7 @@ def run_campaign(
             "--rate-scale", str(cfg.rate_scale), "--keys-file", str(raw_keys),
             "--redis-url", redis_url or "", "--samples-out", str(samples_path),
             "--fault", cfg.fault or "none", "--sample-every", str(cfg.sample_every_s),
+            "--ttl-factor", repr(ttl_factor),
             "--loglevel", "WARNING", "--stop-timeout", "5", "--only-summary",
         ]  # fmt: skip
         if cfg.time_scale:
@@ -273,6 +297,10 @@ def run_campaign(
     slo = doc.get("verdict") or {"passed": False, "results": [], "expected_breaches": []}
     if not doc:
         notes.append("Locust wrote no samples (see locust.log in the run directory)")
+    else:  # the TTLs the service ran with belong next to the plan
+        doc.setdefault("plan", {})["ttls"] = ttls
+        doc["plan"]["ttl_factor"] = ttl_factor
+        samples_path.write_text(json.dumps(doc, indent=1), encoding="utf-8")
     if cfg.fault == "slow-l3":
         fault_checks = slow_l3_checks(*_counter_deltas(doc, "degraded", "load_failures"))
     passed = bool(slo.get("passed")) and locust_rc == 0 and all(c.passed for c in fault_checks)
@@ -293,6 +321,15 @@ def run_campaign(
     return CampaignResult(
         passed, report, plot, html, csv_prefix, samples_path, locust_rc, slo, fault_checks, notes
     )
+
+
+def ttl_env(ttls: dict[str, float]) -> dict[str, str]:
+    """``CTX_*`` variables for scaled TTL settings (int settings as whole numbers)."""
+    return {f"CTX_{k.upper()}": _num(v) for k, v in ttls.items()}
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else f"{v:g}"
 
 
 def _peak(run_plan: Any) -> float:

@@ -26,7 +26,7 @@ if __package__ in (None, ""):  # run as a file by locust: make `loadtests` impor
 from loadtests.faults import EXPECTED_BREACHES, FAULTS
 from loadtests.sampler import Sampler
 from loadtests.shapes import PROFILES
-from loadtests.slo import evaluate
+from loadtests.slo import GATES, evaluate
 from loadtests.user import RUN_STARTED, ContextAgent, plan_from_options
 
 __all__ = ["ContextAgent", "ProfileShape"]
@@ -90,6 +90,14 @@ def _options(parser: Any, **_kwargs: Any) -> None:
         help="fault drill running alongside",
     )
     g.add_argument(
+        "--ttl-factor",
+        type=float,
+        default=1.0,
+        env_var="LOCUST_TTL_FACTOR",
+        help="the factor the service's TTLs were divided by (ctx loadtest passes it when it "
+        "scales them); the expired-keys gate counts per profile minute with it",
+    )
+    g.add_argument(
         "--sample-every",
         type=float,
         default=2.0,
@@ -123,6 +131,7 @@ def _start_sampler(environment: Any, **_kwargs: Any) -> None:
         target=run_plan.target_rps,
         users=lambda: runner.user_count,
         every_s=opts.sample_every,
+        target_requests=run_plan.target_requests,
     )
     _state["sampler"] = sampler
     _state["greenlet"] = gevent.spawn(sampler.run)
@@ -138,8 +147,14 @@ def _verdict(environment: Any, **_kwargs: Any) -> None:
         _state["greenlet"].kill(block=False)
     opts = environment.parsed_options
     expected = EXPECTED_BREACHES.get(opts.fault, frozenset())
-    verdict = evaluate(sampler.samples, expected_breaches=expected, baseline=sampler.baseline)
     run_plan = plan_from_options(opts)
+    verdict = evaluate(
+        sampler.samples,
+        expected_breaches=expected,
+        baseline=sampler.baseline,
+        run_s=run_plan.duration_s,
+        ttl_factor=opts.ttl_factor,
+    )
     if opts.samples_out:
         sampler.dump(
             Path(opts.samples_out),
@@ -152,17 +167,30 @@ def _verdict(environment: Any, **_kwargs: Any) -> None:
                 "think_s": run_plan.think_s,
                 "steps_per_session": run_plan.steps_per_session,
                 "user_rps": run_plan.user_rps,
+                "abandon_share": run_plan.profile.abandon_share,
+                "confirm_every": run_plan.profile.confirm_every,
+                "requests_per_step": run_plan.requests_per_step,
+                "requests_per_session": run_plan.requests_per_session,
+                "step_period_s": run_plan.mean_step_period(),
+                "run_session_s": run_plan.run_session_s,
+                "profile_session_s": run_plan.profile.session_s,
+                "ttl_factor": opts.ttl_factor,
             },
             verdict=verdict.to_dict(),
         )
     for r in verdict.results:
         log.warning(
-            "SLO %-22s %-10s achieved=%s %s",
+            "SLO %-22s %-26s achieved=%s %s %s",
             r.name,
             r.target,
             r.achieved,
             "PASS" if r.passed else "FAIL",
+            r.note,
         )
+    if verdict.passed:
+        log.warning("SLO verdict: PASS (%d gates)", len(GATES))
+    else:
+        log.error("SLO verdict: FAIL; failed gates: %s", ", ".join(verdict.failed))
     environment.process_exit_code = 0 if verdict.passed else 1
 
 

@@ -1,9 +1,11 @@
 """Samples the figures the SLO gates need while a campaign runs (a greenlet in Locust).
 
-Every few seconds: Locust's own counters and current percentiles, the service's ``/metrics``
-(L3 search histogram, load failures, degraded bundles, L2 misses) and Redis ``INFO``
-(``expired_keys``, keys held). A source that does not answer leaves ``None`` in the sample,
-which is itself information (Redis down during a fault drill).
+Every few seconds: Locust's own counters, current percentiles and cumulative response-time
+histograms (all requests, ``POST /v1/context``; requests per endpoint), the target integrated
+so far, the service's ``/metrics`` (L3 search histogram, load failures, degraded bundles, L2
+misses, process RSS and allocated Python blocks) and Redis ``INFO`` (``expired_keys``, keys
+held). A source that does not answer leaves ``None`` in the sample, which is itself
+information (Redis down during a fault drill).
 """
 
 from __future__ import annotations
@@ -16,9 +18,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from loadtests.slo import Sample, parse_redis_info, parse_service_metrics
+from loadtests.slo import Hist, Sample, parse_redis_info, parse_service_metrics
 
-__all__ = ["Sampler"]
+__all__ = ["CONTEXT_ENTRY", "Sampler", "histogram_of"]
+
+#: Locust's stats entry (name, method) of the context load.
+CONTEXT_ENTRY = ("/v1/context", "POST")
+
+
+def histogram_of(entry: Any) -> Hist | None:
+    """A Locust ``StatsEntry``'s response-time dict as sorted ``(ms, count)`` pairs."""
+    if entry is None:
+        return None
+    return tuple(sorted((int(ms), int(n)) for ms, n in entry.response_times.items()))
+
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +47,7 @@ class Sampler:
         target: Callable[[float], float],
         users: Callable[[], int],
         every_s: float = 2.0,
+        target_requests: Callable[[float, float], float] | None = None,
     ) -> None:
         self.service_url = service_url.rstrip("/")
         self.redis_url = redis_url
@@ -48,6 +62,8 @@ class Sampler:
         self._db = 0
         self._running = False
         self._prev: tuple[float, int] | None = None
+        self.target_requests = target_requests
+        self._target_total = (0.0, 0.0)  # (t, requests the target asked for from 0 to t)
 
     def _redis_figures(self) -> tuple[int | None, int | None]:
         if not self.redis_url:
@@ -85,6 +101,16 @@ class Sampler:
         if self._prev is not None and t > self._prev[0]:
             achieved = (n - self._prev[1]) / (t - self._prev[0])
         self._prev = (t, n)
+        t0, asked = self._target_total
+        if self.target_requests is not None and t > t0:
+            asked += self.target_requests(t0, t)
+            self._target_total = (t, asked)
+        entries = self.stats.entries
+        endpoints = tuple(
+            sorted(
+                (f"{method} {name}", int(e.num_requests)) for (name, method), e in entries.items()
+            )
+        )
         return Sample(
             t=round(t, 3),
             target_rps=round(self.target(t), 3),
@@ -100,7 +126,14 @@ class Sampler:
             l3_buckets=svc.get("l3_buckets"),
             load_failures=svc.get("load_failures"),
             degraded=svc.get("degraded"),
+            shed=svc.get("shed"),
             l2_misses=svc.get("l2_misses"),
+            target_total=round(asked, 3),
+            rt_all=histogram_of(total),
+            rt_context=histogram_of(entries.get(CONTEXT_ENTRY)),
+            endpoints=endpoints,
+            rss_bytes=svc.get("rss_bytes"),
+            py_blocks=svc.get("py_blocks"),
         )
 
     def run(self) -> None:

@@ -6,6 +6,12 @@ time come from the run plan (:mod:`loadtests.shapes`), so a compressed 24-hour p
 its proportions. Each user holds a constant step rate
 (Locust's ``constant_throughput`` pacing, rate from the plan); the shape decides how many users run.
 
+A share of sessions (``Profile.abandon_share``, drawn per session from the user's own RNG) is
+*abandoned*: after its last step the agent just starts the next session, without ``DELETE``,
+and the service's TTLs and idle sweep have to clean up. Where the profile asks for it
+(``confirm_every``, long_sessions), every n-th step of a user also posts a user confirmation,
+so the hot knowledge collection grows during the run.
+
 Logical failures (a 200 without a bundle, a bundle for the wrong step) are reported as
 failures through ``catch_response``, so the SLO error ratio sees them.
 """
@@ -16,7 +22,6 @@ import itertools
 import json
 import random
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +48,9 @@ QUERIES = (
     "Compressor discharge pressure trips the unit",
     "Write the maintenance report for the vibration check",
 )
+
+#: Users born within this many run seconds are the initial spawn (they get a random phase).
+INITIAL_SPAWN_S = 2.0
 
 _key_cycle: itertools.cycle[tuple[str, str]] | None = None
 #: perf_counter() at test start, set by the locustfile on every runner (workers have no shape
@@ -86,19 +94,29 @@ class ContextAgent(FastHttpUser):
         opts = self.environment.parsed_options
         self.plan = plan_from_options(opts)
         self._t_born = time.perf_counter()
+        self._backoff_s = 0.0  # Retry-After of the last shed answer, taken before the next step
         # A random phase within one step period: users start within the same second and then
         # hold the same period, so without it they stay in lock-step and the service sees
         # every user's step at the same instant (an N-deep burst per period, measured as tail
         # latency) rather than the steady stream of independently started agent sessions.
-        rate = self.plan.user_step_rate_at(self._run_time())
-        gevent.sleep(random.uniform(0.0, min(1.0 / rate, 5.0)) if rate > 0 else 0.0)
+        # Only the users of the initial spawn wait (inside the warm-up, which no gate sees):
+        # a user added later by a ramp is already out of step, and a delay would only be
+        # requests the target asked for and the generator never sent.
+        t = self._run_time()
+        rate = self.plan.user_step_rate_at(t)
+        self.rng = random.Random()  # every draw of this agent: phase, session, abandonment
+        if rate > 0 and t < INITIAL_SPAWN_S:
+            gevent.sleep(self.rng.uniform(0.0, min(1.0 / rate, 5.0)))
         self._t_task = time.perf_counter()
         self.agent_id, key = _next_key(opts)
         self.headers = {"X-API-Key": key}
         self.state: dict[str, Any] | None = None
         self.sid = ""
         self.steps_done = 0
-        self.device = random.choice(DEVICES)
+        self.steps_total = 0  # over every session of this user: paces the confirmations
+        self.abandon = False
+        self.device = self.rng.choice(DEVICES)
+        self.rms = 0.0
 
     def _run_time(self) -> float:
         shape = self.environment.shape_class
@@ -110,7 +128,8 @@ class ContextAgent(FastHttpUser):
         """Locust's constant_throughput, with the rate read from the plan at the current run
         time: ``users x rate`` then equals the target even when users are rounded up."""
         rate = self.plan.user_step_rate_at(self._run_time())
-        return max(0.0, 1.0 / rate - (time.perf_counter() - self._t_task))
+        backoff, self._backoff_s = self._backoff_s, 0.0
+        return max(backoff, 1.0 / rate - (time.perf_counter() - self._t_task))
 
     # --- the session -------------------------------------------------------------------------
     @task
@@ -120,11 +139,23 @@ class ContextAgent(FastHttpUser):
             return
         ok = self._one_step()
         self.steps_done += 1
+        self.steps_total += 1
+        every = self.plan.profile.confirm_every
+        if ok and every > 0 and self.steps_total % every == 0:
+            ok = self._confirm()
         if not ok or self.steps_done >= self.plan.steps_per_session:
-            self._close()
+            self._end_session()
 
     def on_stop(self) -> None:
         if self.state is not None:
+            self._end_session()
+
+    def _end_session(self) -> None:
+        """Close the session, or, for an abandoned one, just stop using it (its keys are
+        left to the service's TTLs and idle sweep)."""
+        if self.abandon:
+            self.state = None
+        else:
             self._close()
 
     def _call(
@@ -147,7 +178,14 @@ class ContextAgent(FastHttpUser):
             method, path, json=body, headers=self.headers, name=name, catch_response=True
         ) as r:
             if r.status_code not in ok:
-                r.failure(f"{what}: HTTP {r.status_code}")
+                retry = r.headers.get("Retry-After") if r.status_code in (429, 503) else None
+                if retry and retry.isdigit():
+                    # shed by the service: a failure all the same, and the agent backs off
+                    # as told before its next step, the way a well-behaved client does
+                    self._backoff_s = max(self._backoff_s, float(retry))
+                    r.failure(f"{what}: HTTP {r.status_code} shed (Retry-After {retry} s)")
+                else:
+                    r.failure(f"{what}: HTTP {r.status_code}")
                 return None
             if not (parse or check):
                 return True
@@ -159,12 +197,13 @@ class ContextAgent(FastHttpUser):
             return data
 
     def _create(self) -> bool:
-        self.sid = f"lt-{uuid.uuid4().hex[:16]}"
-        self.device = random.choice(DEVICES)
+        self.sid = f"lt-{self.rng.getrandbits(64):016x}"
+        self.device = self.rng.choice(DEVICES)
+        self.abandon = self.rng.random() < self.plan.profile.abandon_share
         body = {
             "session_id": self.sid,
-            "user_id": f"user-{random.randint(1, 500)}",
-            "user_query": random.choice(QUERIES),
+            "user_id": f"user-{self.rng.randint(1, 500)}",
+            "user_query": self.rng.choice(QUERIES),
             "device_id": self.device,
         }
         created = self._call(
@@ -201,7 +240,8 @@ class ContextAgent(FastHttpUser):
     def _one_step(self) -> bool:
         assert self.state is not None
         now = time.time()
-        rms = round(random.uniform(2.0, 8.0), 2)
+        rms = round(self.rng.uniform(2.0, 8.0), 2)
+        self.rms = rms
         event = {
             "type": "tool_call",
             "name": "read_sensor",
@@ -252,6 +292,22 @@ class ContextAgent(FastHttpUser):
         }
         path, name = f"/v1/sessions/{self.sid}/outputs", "/v1/sessions/{id}/outputs"
         return self._call("POST", path, name, "output", out) is not None
+
+    def _confirm(self) -> bool:
+        """The user confirms an answer: it goes to hot knowledge (a new point each time, the
+        text differs), so the hot collection grows with the run."""
+        assert self.state is not None
+        n = self.rng.getrandbits(32)
+        answer = {
+            "text": f"Confirmed for {self.device}: vibration RMS {self.rms} mm/s is within "
+            f"limits after the bearing and coupling check (field note {n}).",
+            "section": self.device.split("-")[0],
+            "title": "Vibration check confirmed by the operator",
+        }
+        path = f"/v1/sessions/{self.sid}/confirmations"
+        name = "/v1/sessions/{id}/confirmations"
+        body = {"state": self.state, "answers": [answer]}
+        return self._call("POST", path, name, "confirmation", body, ok=(201,)) is not None
 
     def _close(self) -> None:
         # 404: Redis lost the session (fault drills)

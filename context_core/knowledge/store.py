@@ -292,12 +292,18 @@ def read_sidecar(path: Path) -> dict[str, Any] | None:
 
 
 def open_store(settings: Settings) -> VectorStore:
-    """``CTX_QDRANT_URL`` set -> a Qdrant server/cluster; otherwise embedded Qdrant Edge."""
+    """``CTX_QDRANT_URL`` set -> a Qdrant server/cluster; ``CTX_EDGE_SOCKET`` set -> the Edge
+    shards served by an edge server process (several workers); otherwise embedded Qdrant Edge
+    (one process per data dir)."""
     if settings.qdrant_url:
         from context_core.knowledge.server import QdrantServerStore
 
         key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
         return QdrantServerStore.connect(settings.qdrant_url, api_key=key)
+    if settings.edge_socket is not None:
+        from context_core.knowledge.edge_server import RemoteEdgeStore
+
+        return RemoteEdgeStore(settings.edge_socket)
     from context_core.knowledge.edge import EdgeStore
 
-    return EdgeStore(settings.qdrant_dir)
+    return EdgeStore(settings.qdrant_dir, search_threads=settings.qdrant_search_threads or None)

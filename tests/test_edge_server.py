@@ -1,0 +1,483 @@
+"""The edge server: one process owns the Qdrant Edge shards, others use them over a socket.
+
+The VectorStore contract itself runs against ``RemoteEdgeStore`` in
+``test_vector_store_contract.py``; this module covers what the wire adds: errors crossing it,
+a dead server, several client processes, the socket's mode, the frame cap, the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+
+from context_core.errors import (
+    BackendUnavailableError,
+    CollectionNotFoundError,
+    ConfigError,
+    ContextError,
+    InvalidStoreRequestError,
+    ModelMismatchError,
+)
+from context_core.knowledge import edge_server as es
+from context_core.knowledge.edge import EdgeStore
+from context_core.knowledge.edge_server import (
+    EdgeServer,
+    RemoteEdgeStore,
+    start_edge_server,
+    stop_edge_server,
+)
+from context_core.knowledge.store import PointRecord, point_id
+
+DIM = 16
+N = 200
+COLL = "kb"
+
+
+def _vectors(n: int, seed: int) -> np.ndarray:
+    v = np.random.default_rng(seed).normal(size=(n, DIM)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+VECS = _vectors(N, 7)
+QUERIES = _vectors(20, 99)
+IDS = [point_id(f"page-{i // 10}", i % 10) for i in range(N)]
+
+
+def _records() -> list[PointRecord]:
+    return [
+        PointRecord(IDS[i], VECS[i], {"section": ("PUMP", "FAN")[i % 2], "text": f"chunk {i}"})
+        for i in range(N)
+    ]
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    # short: pytest's tmp_path can exceed the 107 bytes a Unix socket path may have
+    d = Path(tempfile.mkdtemp(prefix="ctx-edge-"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def served(tmp_path: Path, sock_dir: Path) -> Iterator[tuple[EdgeServer, RemoteEdgeStore]]:
+    """An in-process server (threads) with a filled collection, and a client."""
+    server = EdgeServer(tmp_path / "qdrant", sock_dir / "edge.sock", search_threads=1).start()
+    client = RemoteEdgeStore(server.socket_path)
+    try:
+        client.create_collection(COLL, dim=DIM, model="test-16d")
+        client.upsert(COLL, _records())
+        yield server, client
+    finally:
+        client.close()
+        server.close()
+
+
+def _raises(fn: Callable[..., Any], *args: Any, **kw: Any) -> ContextError:
+    with pytest.raises(ContextError) as info:
+        fn(*args, **kw)
+    return info.value
+
+
+# --- errors over the wire ---------------------------------------------------------------
+
+
+def test_errors_keep_class_and_message(served: tuple[EdgeServer, RemoteEdgeStore]) -> None:
+    server, client = served
+    direct: EdgeStore = server.store  # the very store the server answers from
+    cases: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+        ("search", ("nope", QUERIES[0]), {}),
+        ("search", (COLL, np.ones(8, dtype=np.float32)), {}),
+        ("create_collection", (COLL,), {"dim": DIM, "model": "other-model"}),
+        ("create_collection", (COLL,), {"dim": 384, "model": "test-16d"}),
+        ("upsert", (COLL, [PointRecord("not-a-uuid", VECS[0], {})]), {}),
+        ("upsert", (COLL, [PointRecord(IDS[0], None, {})]), {}),
+        ("count", (COLL,), {"filter": {"section": {"before": 3}}}),
+        ("count", ("missing",), {}),
+        ("delete", (COLL,), {}),
+        ("search", ("../escape", QUERIES[0]), {}),
+    ]
+    kinds = set()
+    for method, args, kw in cases:
+        want = _raises(getattr(direct, method), *args, **kw)
+        got = _raises(getattr(client, method), *args, **kw)
+        assert type(got) is type(want), (method, args)
+        assert str(got) == str(want), (method, args)
+        kinds.add(type(got))
+    assert kinds == {CollectionNotFoundError, InvalidStoreRequestError, ModelMismatchError}
+    # nothing above broke the connection or the data
+    assert client.count(COLL) == N
+
+
+def test_unknown_server_errors_become_backend_unavailable(
+    served: tuple[EdgeServer, RemoteEdgeStore],
+) -> None:
+    _, client = served
+    with pytest.raises(InvalidStoreRequestError, match="unknown edge server op 'explode'"):
+        client._call("explode", {})
+    # a malformed request makes the server raise a plain KeyError: not a platform class
+    with pytest.raises(BackendUnavailableError, match=r"failed on search: KeyError: 'vector'"):
+        client._call("search", {"name": COLL})
+    assert client.count(COLL) == N
+
+
+def test_wire_round_trip_is_faithful(served: tuple[EdgeServer, RemoteEdgeStore]) -> None:
+    server, client = served
+    direct: EdgeStore = server.store
+    for q in QUERIES[:5]:
+        for filt in (None, {"section": "FAN"}, {"section": ["PUMP", "FAN"]}):
+            assert client.search(COLL, q, limit=5, filter=filt) == direct.search(
+                COLL, q, limit=5, filter=filt
+            )
+    # float64 lists and float32 rows give the same answer (the wire is float32, like the shard)
+    assert client.search(COLL, QUERIES[0].astype(np.float64).tolist()) == direct.search(
+        COLL, QUERIES[0]
+    )
+    assert client.retrieve(COLL, IDS[:3], with_vectors=True) == direct.retrieve(
+        COLL, IDS[:3], with_vectors=True
+    )
+    assert client.optimize(COLL) == direct.index_status(COLL)
+    assert client.index_status(COLL) == direct.index_status(COLL)
+    with pytest.raises(InvalidStoreRequestError, match="one-dimensional"):
+        client.search(COLL, QUERIES[:2])
+    with pytest.raises(InvalidStoreRequestError, match="a filter must be a mapping"):
+        client.search(COLL, QUERIES[0], filter=["section"])  # type: ignore[arg-type]
+
+
+def test_small_pages_and_batches(
+    served: tuple[EdgeServer, RemoteEdgeStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Upserts, retrieves and scroll pages are split at _BATCH; the results do not change."""
+    server, client = served
+    monkeypatch.setattr(es, "_BATCH", 7)
+    client.create_collection("small", dim=DIM, model="test-16d")
+    client.upsert("small", _records()[:50])
+    assert server.store.count("small") == 50
+    got = client.retrieve("small", [*reversed(IDS[:50]), point_id("missing", 0)])
+    assert [r.id for r in got] == list(reversed(IDS[:50]))
+    seen = [r.id for r in client.scroll("small", batch=1000)]
+    assert sorted(seen) == sorted(IDS[:50])
+    assert [r.id for r in client.scroll(COLL)] == [r.id for r in server.store.scroll(COLL)]
+
+
+def test_threads_share_one_client(served: tuple[EdgeServer, RemoteEdgeStore]) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, client = served
+
+    def ids_for(j: int) -> list[str]:
+        return [h.id for h in client.search(COLL, QUERIES[j], limit=5)]
+
+    serial = [ids_for(j) for j in range(len(QUERIES))]
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        threaded = list(pool.map(ids_for, list(range(len(QUERIES))) * 5))
+    assert threaded == serial * 5
+    assert len(client._idle) <= client.max_idle
+
+
+# --- the frame cap ------------------------------------------------------------------------
+
+
+def _read_frame(sock: socket.socket) -> object:
+    buf = b""
+    while len(buf) < 4:
+        buf += sock.recv(4096)
+    size = int.from_bytes(buf[:4], "big")
+    while len(buf) < 4 + size:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed before the answer"
+        buf += chunk
+    return msgspec.msgpack.decode(buf[4 : 4 + size])
+
+
+def test_oversized_frame_is_refused_and_server_keeps_serving(
+    served: tuple[EdgeServer, RemoteEdgeStore],
+) -> None:
+    server, client = served
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+        raw.settimeout(5)
+        raw.connect(str(server.socket_path))
+        raw.sendall((es.MAX_FRAME_BYTES + 1).to_bytes(4, "big") + b"\x00" * 1000)
+        answer = _read_frame(raw)
+        assert isinstance(answer, dict)
+        assert answer["error"]["type"] == "InvalidStoreRequestError"
+        assert f"{es.MAX_FRAME_BYTES + 1} bytes" in answer["error"]["message"]
+        assert "frame cap" in answer["error"]["message"]
+        assert raw.recv(1) == b""  # that connection is dropped (its body can't be skipped)
+    # garbage inside a well-formed frame is answered, not fatal
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+        raw.settimeout(5)
+        raw.connect(str(server.socket_path))
+        raw.sendall((3).to_bytes(4, "big") + b"\xc1\xc1\xc1")
+        answer = _read_frame(raw)
+        assert isinstance(answer, dict)
+        assert answer["error"]["type"] == "InvalidStoreRequestError"
+    # everyone else is still served
+    assert client.count(COLL) == N
+    assert RemoteEdgeStore(server.socket_path).search(COLL, VECS[3], limit=1)[0].id == IDS[3]
+
+
+def test_client_splits_big_upserts_and_refuses_one_oversized_point(
+    served: tuple[EdgeServer, RemoteEdgeStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, client = served
+    monkeypatch.setattr(es, "MAX_FRAME_BYTES", 64 * 1024)  # client and in-process server
+    big = [
+        PointRecord(point_id("big", i), VECS[i], {"text": "x" * 2000}) for i in range(100)
+    ]  # ~200 KB: over the cap in one frame, fine in several
+    client.upsert(COLL, big)
+    assert client.count(COLL) == N + 100
+    with pytest.raises(InvalidStoreRequestError, match=r"over the edge server's frame cap"):
+        client.upsert(COLL, [PointRecord(point_id("huge", 0), VECS[0], {"text": "x" * 70_000})])
+    assert client.count(COLL) == N + 100
+    # an answer over the cap is refused by the server, which then answers the next call
+    with pytest.raises(InvalidStoreRequestError, match="the retrieve answer"):
+        client.retrieve(COLL, [p.id for p in big], with_vectors=True)
+    assert server.store.count(COLL) == N + 100
+    assert client.count(COLL) == N + 100
+
+
+# --- the socket -----------------------------------------------------------------------------
+
+
+def test_socket_mode_is_0600_even_with_a_permissive_umask(tmp_path: Path, sock_dir: Path) -> None:
+    old = os.umask(0)
+    try:
+        server = EdgeServer(tmp_path / "q", sock_dir / "edge.sock").start()
+    finally:
+        os.umask(old)
+    try:
+        mode = os.stat(server.socket_path).st_mode
+        assert stat.S_ISSOCK(mode)
+        assert stat.S_IMODE(mode) == 0o600
+    finally:
+        server.close()
+    assert not server.socket_path.exists()  # removed on close
+
+
+def test_live_server_is_not_replaced_stale_socket_is(tmp_path: Path, sock_dir: Path) -> None:
+    path = sock_dir / "edge.sock"
+    with EdgeServer(tmp_path / "a", path):
+        with pytest.raises(BackendUnavailableError, match="already listening on"):
+            EdgeServer(tmp_path / "b", path).start()
+        with pytest.raises(BackendUnavailableError, match="already owns the Qdrant Edge shards"):
+            EdgeServer(tmp_path / "a", sock_dir / "other.sock").start()
+        assert RemoteEdgeStore(path).ping()["root"] == str((tmp_path / "a").resolve())
+    # a socket file nobody listens on (a crashed server) is replaced
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))
+    stale.close()
+    assert path.exists()
+    with EdgeServer(tmp_path / "b", path):
+        assert RemoteEdgeStore(path).ping()["root"] == str((tmp_path / "b").resolve())
+    # a regular file is never deleted
+    path.write_text("not a socket")
+    with pytest.raises(ConfigError, match="is not a socket"):
+        EdgeServer(tmp_path / "b", path).start()
+    assert path.read_text() == "not a socket"
+    with pytest.raises(ConfigError, match="longer than the 107 bytes"):
+        EdgeServer(tmp_path / "b", sock_dir / ("x" * 120)).start()
+
+
+# --- a real server process ------------------------------------------------------------------
+
+
+def _fill_pool(client: RemoteEdgeStore, n: int) -> None:
+    """Leave ``n`` connections in the client's pool (n concurrent calls)."""
+    import threading
+
+    barrier = threading.Barrier(n)
+
+    def call() -> None:
+        conn = client._checkout()
+        barrier.wait()
+        client._checkin(conn)
+
+    threads = [threading.Thread(target=call) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(client._idle) >= n
+
+
+def test_killed_server_names_the_socket_and_restart_recovers(
+    tmp_path: Path, sock_dir: Path
+) -> None:
+    path = sock_dir / "edge.sock"
+    proc = start_edge_server(tmp_path / "qdrant", path, 1)
+    client = RemoteEdgeStore(path, timeout_s=5)
+    try:
+        client.create_collection(COLL, dim=DIM, model="test-16d")
+        client.upsert(COLL, _records())
+        _fill_pool(client, 4)
+        # the server dies and a new one takes its socket between two calls: the client's
+        # pooled connections all lead to the dead one; the next call reconnects once and works
+        proc.kill()
+        stop_edge_server(proc)
+        proc = start_edge_server(tmp_path / "qdrant", path, 1)
+        assert client.count(COLL) == N
+        assert [h.id for h in client.search(COLL, VECS[7], limit=1)] == [IDS[7]]
+        # no server at all: a clear error naming the socket and the fix
+        proc.kill()
+        stop_edge_server(proc)
+        with pytest.raises(BackendUnavailableError) as info:
+            client.search(COLL, QUERIES[0])
+        msg = str(info.value)
+        assert f"on {path} is unreachable" in msg
+        assert "python -m context_core.knowledge.edge_server" in msg
+        assert "CTX_EDGE_SOCKET" in msg
+        path.unlink()  # and with the socket file gone too
+        with pytest.raises(BackendUnavailableError, match=f"on {path} is unreachable"):
+            client.count(COLL)
+    finally:
+        client.close()
+        stop_edge_server(proc)
+
+
+def test_sigterm_flushes_and_removes_the_socket(tmp_path: Path, sock_dir: Path) -> None:
+    path = sock_dir / "edge.sock"
+    proc = start_edge_server(tmp_path / "qdrant", path, 1)
+    try:
+        with RemoteEdgeStore(path) as client:
+            client.create_collection(COLL, dim=DIM, model="test-16d")
+            client.upsert(COLL, _records())
+    finally:
+        code = stop_edge_server(proc)
+    assert code == 0
+    assert not path.exists()
+    # the shards were closed cleanly: this process can open them now
+    with EdgeStore(tmp_path / "qdrant") as direct:
+        assert direct.count(COLL) == N
+        assert direct.search(COLL, VECS[5], limit=1)[0].id == IDS[5]
+
+
+_CHILD = textwrap.dedent(
+    """
+    import json, sys, time
+    import numpy as np
+    from context_core.knowledge.edge_server import RemoteEdgeStore
+
+    sock, go, queries, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    qs = np.load(queries)
+    client = RemoteEdgeStore(sock)
+    client.ping()  # connected before the start signal
+    while not __import__("os").path.exists(go):
+        time.sleep(0.005)
+    t0 = time.time()
+    out = []
+    for _ in range(rounds):
+        out.append([[h.id for h in client.search("kb", q, limit=5)] for q in qs])
+    t1 = time.time()
+    print(json.dumps({"t0": t0, "t1": t1, "ids": out}))
+    """
+)
+
+
+def test_two_client_processes_search_concurrently(tmp_path: Path, sock_dir: Path) -> None:
+    path = sock_dir / "edge.sock"
+    proc = start_edge_server(tmp_path / "qdrant", path, 1)
+    try:
+        with RemoteEdgeStore(path) as client:
+            client.create_collection(COLL, dim=DIM, model="test-16d")
+            client.upsert(COLL, _records())
+            expected = [[h.id for h in client.search(COLL, q, limit=5)] for q in QUERIES]
+        np.save(tmp_path / "q.npy", QUERIES)
+        go = tmp_path / "go"
+        rounds = 15
+        children = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    _CHILD,
+                    str(path),
+                    str(go),
+                    str(tmp_path / "q.npy"),
+                    str(rounds),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        time.sleep(0.2)
+        go.touch()
+        results = []
+        for child in children:
+            out, err = child.communicate(timeout=120)
+            assert child.returncode == 0, err
+            results.append(json.loads(out))
+    finally:
+        stop_edge_server(proc)
+    for r in results:
+        assert r["ids"] == [expected] * rounds
+    a, b = results
+    assert a["t0"] < b["t1"] and b["t0"] < a["t1"], "the two clients did not overlap in time"
+
+
+# --- wiring -------------------------------------------------------------------------------
+
+
+def test_open_store_uses_the_socket_when_set(
+    tmp_path: Path, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from context_core.config import get_settings
+    from context_core.knowledge.store import open_store
+
+    monkeypatch.setenv("CTX_EDGE_SOCKET", str(sock_dir / "edge.sock"))
+    settings = get_settings(data_dir=tmp_path / "ctx")
+    assert settings.edge_socket == sock_dir / "edge.sock"
+    store = open_store(settings)
+    try:
+        assert isinstance(store, RemoteEdgeStore)
+        assert store.socket_path == sock_dir / "edge.sock"
+        with EdgeServer(settings.qdrant_dir, sock_dir / "edge.sock"):
+            store.create_collection(COLL, dim=DIM, model="test-16d")
+            assert store.info(COLL) is not None
+    finally:
+        store.close()
+    # CTX_QDRANT_URL still wins
+    from context_core.knowledge.server import QdrantServerStore
+
+    server = open_store(get_settings(data_dir=tmp_path / "ctx", qdrant_url=":memory:"))
+    try:
+        assert isinstance(server, QdrantServerStore)
+    finally:
+        server.close()
+
+
+def test_cli_help() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "context_core.knowledge.edge_server", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    for word in ("--root", "--socket", "--search-threads", "CTX_EDGE_SOCKET", "SIGTERM"):
+        assert word in out
+
+
+def test_start_failure_shows_the_server_log(tmp_path: Path, sock_dir: Path) -> None:
+    path = sock_dir / "edge.sock"
+    path.write_text("occupied")
+    with pytest.raises(BackendUnavailableError, match=r"exited with code 1[\s\S]*not a socket"):
+        start_edge_server(tmp_path / "qdrant", path, 1, timeout_s=30)

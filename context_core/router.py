@@ -210,7 +210,10 @@ class ContextRouter:
         *,
         params: Mapping[str, Any] | None = None,
         agent_id: str | None = None,
+        skip_l3: str | None = None,
     ) -> ContextBundle:
+        """The bundle for one step. ``skip_l3`` (a reason, e.g. the service is under load)
+        leaves L3 out and marks the bundle degraded, as an L3 timeout would."""
         t0 = time.perf_counter()
         now = time.time()
         params = dict(params or {})
@@ -220,7 +223,7 @@ class ContextRouter:
         trace_id = new_trace_id()
 
         # 1. L3 starts first so it overlaps the Redis round trips.
-        l3_wanted = spec.l3 and self.knowledge is not None
+        l3_wanted = spec.l3 and self.knowledge is not None and not skip_l3
         query = self._l3_query(spec, values, params) if spec.l3 else ""
         future: Future[_L3Outcome] | None = None
         if l3_wanted:
@@ -274,7 +277,7 @@ class ContextRouter:
         t_l2 = time.perf_counter()
 
         # 5. L3 result (not awaited when the route is failing anyway)
-        outcome = _L3Outcome()
+        outcome = _L3Outcome(error=skip_l3) if spec.l3 and skip_l3 else _L3Outcome()
         # An intent that wants L3 on a router without knowledge memory is degraded too.
         degraded = spec.l3 and not l3_wanted
         searched = False  # an L3 search ran to completion for this route
@@ -348,7 +351,7 @@ class ContextRouter:
                     "hits": hits_trace,
                     "used": any(f.layer == "L3" for f in delivered),
                     "error": outcome.error
-                    if l3_wanted
+                    if l3_wanted or skip_l3
                     else (None if not spec.l3 else "no knowledge memory configured"),
                 },
                 "ns": ns_trace,

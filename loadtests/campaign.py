@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -60,6 +61,7 @@ class CampaignConfig:
     fault: str | None = None
     sample_every_s: float = 2.0
     seed_knowledge: bool = True
+    service_workers: int = 1  # > 1: uvicorn workers + an edge server owning the Edge shards
 
 
 @dataclass
@@ -116,8 +118,12 @@ def validate(cfg: CampaignConfig) -> None:
             "--fault redis-restart restarts the campaign's own Valkey; it never touches a "
             "server given with --redis-url. Drop --redis-url."
         )
+    if cfg.service_workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {cfg.service_workers}")
     if cfg.service_url:
         _check_loopback(cfg.service_url, "--service-url")
+        if cfg.service_workers > 1:
+            raise ConfigError("--workers sizes the service the campaign starts; drop --service-url")
         if cfg.fault is not None:
             raise ConfigError("--fault needs the campaign to start the service; drop --service-url")
         if cfg.keys_file is None:
@@ -160,6 +166,7 @@ def run_campaign(
             "is per run minute"
         )
     valkey: Any = None
+    edge: subprocess.Popen[bytes] | None = None
     service: subprocess.Popen[bytes] | None = None
     drill: RedisRestartDrill | None = None
     fault_checks: list[FaultCheck] = []
@@ -216,6 +223,25 @@ def run_campaign(
             )
             if settings.qdrant_url:
                 env["CTX_QDRANT_URL"] = settings.qdrant_url
+            workers_args: list[str] = []
+            if cfg.service_workers > 1:
+                workers_args = ["--workers", str(cfg.service_workers)]
+                metrics_dir = run_dir / "metrics"  # fresh per run: counters start at 0
+                metrics_dir.mkdir()
+                env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+                if not settings.qdrant_url:
+                    from context_core.knowledge.edge_server import start_edge_server
+
+                    # short path: AF_UNIX socket paths are limited to ~107 bytes
+                    sock = Path(tempfile.mkdtemp(prefix="ctx-edge-")) / "edge.sock"
+                    edge = start_edge_server(
+                        settings.model_copy(update={"data_dir": data_dir}).qdrant_dir,
+                        sock,
+                        settings.qdrant_search_threads or None,
+                        log_path=run_dir / "edge_server.log",
+                    )
+                    env["CTX_EDGE_SOCKET"] = str(sock)
+                    say(f"edge server: {sock} (owns the Qdrant Edge shards)")
             log_path = run_dir / "service.log"
             with log_path.open("wb") as log_fh:
                 service = subprocess.Popen(
@@ -223,6 +249,7 @@ def run_campaign(
                         sys.executable, "-m", "uvicorn", "--factory",
                         "context_core.service.app:create_app", "--host", "127.0.0.1",
                         "--port", str(port), "--log-level", "warning", "--no-access-log",
+                        *workers_args,
                     ],
                     env=env, stdout=log_fh, stderr=subprocess.STDOUT,
                 )  # fmt: skip
@@ -287,6 +314,10 @@ def run_campaign(
             except subprocess.TimeoutExpired:
                 service.kill()
                 service.wait(timeout=5)
+        if edge is not None:
+            from context_core.knowledge.edge_server import stop_edge_server
+
+            stop_edge_server(edge)
         if valkey is not None:
             try:
                 valkey.stop()

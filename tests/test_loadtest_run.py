@@ -120,6 +120,26 @@ def test_a_rate_this_machine_cannot_hold_fails_on_rate_or_latency(
     assert "failed gates:" in log and "achieved_rate" in log
 
 
+@pytest.mark.slow
+def test_a_two_worker_service_with_an_edge_server_holds_a_small_rate(
+    campaign_settings: Settings,
+) -> None:
+    # two uvicorn workers search one set of Qdrant Edge shards through the edge server;
+    # /metrics aggregates both workers (memory gauges included)
+    cfg = CampaignConfig(
+        profile="short_sessions", duration_s=20.0, rate_scale=0.02, service_workers=2
+    )
+    res = run_campaign(cfg, campaign_settings, say=lambda _m: None)
+    assert res.passed and res.locust_exit == 0, _failed(res)
+    run_dir = res.samples.parent
+    assert "ready" in (run_dir / "edge_server.log").read_text(encoding="utf-8").lower()
+    assert any((run_dir / "metrics").glob("*.db")), "workers wrote no multiprocess metrics"
+    doc = json.loads(res.samples.read_text())
+    l3 = doc["samples"][-1]["l3_buckets"]
+    assert l3 and l3[-1][1] > 0, "no L3 search went through the edge server"
+    assert all(s["rss_bytes"] for s in doc["samples"][1:])
+
+
 def test_campaigns_refuse_what_they_must_not_do(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="never touches a server given with --redis-url"):
         validate(
@@ -129,6 +149,12 @@ def test_campaigns_refuse_what_they_must_not_do(tmp_path: Path) -> None:
         validate(CampaignConfig("burst", service_url="http://10.1.2.3:8080", keys_file=tmp_path))
     with pytest.raises(ConfigError, match="needs --keys-file"):
         validate(CampaignConfig("burst", service_url="http://127.0.0.1:8080"))
+    with pytest.raises(ConfigError, match="drop --service-url"):
+        validate(
+            CampaignConfig(
+                "burst", service_url="http://127.0.0.1:8080", keys_file=tmp_path, service_workers=2
+            )
+        )
     with pytest.raises(ConfigError, match="allowed: slow-l3, redis-restart"):
         validate(CampaignConfig("burst", fault="meteor"))
     with pytest.raises(ValueError, match="allowed: burst, long_sessions, short_sessions"):

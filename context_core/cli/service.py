@@ -134,7 +134,8 @@ def serve(
     Embedded defaults: with no CTX_REDIS_URL an embedded Valkey starts under CTX_DATA_DIR,
     with no CTX_QDRANT_URL Qdrant Edge runs in-process. With no CTX_API_KEYS_FILE a dev API
     key is generated and printed once. OpenAPI: http://HOST:PORT/docs and /openapi.json.
-    With --workers > 1, set CTX_REDIS_URL (workers must share one Redis) and metrics are
+    With --workers > 1 the workers share one Redis (an embedded Valkey unless CTX_REDIS_URL),
+    one edge server owns the Qdrant Edge shards (unless CTX_QDRANT_URL) and metrics are
     aggregated across workers through PROMETHEUS_MULTIPROC_DIR.
     """
     import uvicorn
@@ -169,6 +170,16 @@ def serve(
             param_hint="--workers",
         )
     os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="ctx-metrics-"))
+    edge = None
+    if not settings.qdrant_url and not settings.edge_socket:
+        # An Edge shard opens in one process only: one edge server owns them, the workers
+        # search through its socket (CTX_EDGE_SOCKET).
+        from context_core.knowledge.edge_server import start_edge_server
+
+        sock = Path(tempfile.mkdtemp(prefix="ctx-edge-")) / "edge.sock"
+        edge = start_edge_server(settings.qdrant_dir, sock, settings.qdrant_search_threads or None)
+        os.environ["CTX_EDGE_SOCKET"] = str(sock)
+        typer.echo(f"embedded Qdrant Edge for {workers} workers behind {sock}", err=True)
     try:
         uvicorn.run(
             app_ref,
@@ -180,6 +191,10 @@ def serve(
             log_config=serve_log_config(),
         )
     finally:
+        if edge is not None:
+            from context_core.knowledge.edge_server import stop_edge_server
+
+            stop_edge_server(edge)
         if provider is not None:
             provider.close()
 
@@ -219,6 +234,12 @@ def loadtest(
     no_seed: bool = typer.Option(
         False, "--no-seed", help="Do not index the sample export for L3 first."
     ),
+    workers: int = typer.Option(
+        1,
+        "--workers",
+        min=1,
+        help="Service worker processes (an edge server then owns the Qdrant Edge shards).",
+    ),
 ) -> None:
     """Run a load-test campaign on this machine and exit 0 (SLOs held) or 1 (breached).
 
@@ -249,6 +270,7 @@ def loadtest(
         keys_file=Path(keys_file) if keys_file else None,
         fault=fault,
         seed_knowledge=not no_seed,
+        service_workers=workers,
     )
     try:
         with console.status(f"[bold]load test {profile}[/] running ({duration})..."):

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -33,7 +34,7 @@ from context_core.service.errors_map import install_handlers, json_response, val
 from context_core.service.http_deps import Svc
 from context_core.service.idle import sweep_idle_once
 from context_core.service.metrics import CONTENT_TYPE_LATEST
-from context_core.service.middleware import BodyLimit, RequestMetrics
+from context_core.service.middleware import BodyLimit, LoadGauge, LoadShed, RequestMetrics
 from context_core.service.sessions_api import install_session_routes
 
 __all__ = ["create_app", "json_response", "validation_body"]
@@ -42,6 +43,14 @@ log = logging.getLogger(__name__)
 
 
 # --- app -------------------------------------------------------------------------------------
+
+
+async def _process_samples(svc: Services, gauge: LoadGauge, every_s: float = 2.0) -> None:
+    """With several workers each one writes its own RSS / blocks / in-flight figures for the
+    aggregated /metrics (a scrape reaches one worker only)."""
+    while True:
+        await asyncio.sleep(every_s)
+        svc.metrics.sample_process(gauge.inflight)
 
 
 async def _idle_sweeps(svc: Services, interval_s: float) -> None:
@@ -78,16 +87,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # apps in the same process (tests) keep their frozen heap.
         gc.collect()
         gc.freeze()
-        sweeper = None
+        tasks = []
         if settings.idle_sweep_interval_s > 0:
-            sweeper = asyncio.create_task(_idle_sweeps(svc, settings.idle_sweep_interval_s))
+            tasks.append(asyncio.create_task(_idle_sweeps(svc, settings.idle_sweep_interval_s)))
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            tasks.append(asyncio.create_task(_process_samples(svc, app.state.load)))
         try:
             yield
         finally:
-            if sweeper is not None:
-                sweeper.cancel()
+            for task in tasks:
+                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await sweeper
+                    await task
             holder.pop("svc", None)
             await anyio.to_thread.run_sync(svc.close)
 
@@ -99,8 +110,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     install_handlers(app)
     _install_routes(app)
+    gauge = LoadGauge.from_settings(settings)
+    app.state.load = gauge
     app.add_middleware(RequestMetrics, get_services=lambda: holder.get("svc"))
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    # outermost: a shed request costs no body read, no routing, no thread
+    app.add_middleware(LoadShed, gauge=gauge, get_services=lambda: holder.get("svc"))
     return app
 
 
@@ -145,9 +160,12 @@ def _install_routes(app: FastAPI) -> None:
         return JSONResponse(checks, status_code=200 if ok else 503)
 
     @app.get("/metrics", tags=["ops"], response_class=Response)
-    def metrics(svc: Svc) -> Response:
-        """Prometheus exposition (the threshold pair in force is read at scrape time)."""
+    def metrics(request: Request, svc: Svc) -> Response:
+        """Prometheus exposition (the threshold pair in force and the requests in flight are
+        read at scrape time)."""
         svc.metrics.set_thresholds(svc.router.policy_status())
+        gauge = getattr(request.app.state, "load", None)
+        svc.metrics.sample_process(gauge.inflight if gauge is not None else None)
         return Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/intents", tags=["context"])

@@ -76,6 +76,34 @@ class ServiceMetrics:
             ["backend"],
             registry=r,
         )
+        self.shed = Counter(
+            "ctx_shed_requests",
+            "Requests answered 503 + Retry-After because the worker already held "
+            "CTX_SHED_INFLIGHT requests (load shedding)",
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "ctx_inflight_requests",
+            "Requests in flight in this worker at scrape time (CTX_DEGRADE_INFLIGHT skips L3 "
+            "from here on, CTX_SHED_INFLIGHT sheds)",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        # Process figures for the long-session leak gate, refreshed by sample_process() at
+        # scrape time and (with several workers) by each worker's own periodic task.
+        self.rss = Gauge(
+            "ctx_process_rss_bytes",
+            "Resident set size of the service process (summed over live workers)",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.py_blocks = Gauge(
+            "ctx_python_allocated_blocks",
+            "sys.getallocatedblocks(): memory blocks the interpreter holds, a cheap proxy of "
+            "live Python objects (summed over live workers; no heap walk)",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.acl_resyncs = Counter(
             "ctx_acl_resyncs",
             "Namespace ACL re-syncs from the API keys file after Redis lost its data "
@@ -113,6 +141,17 @@ class ServiceMetrics:
         # pre-create the label sets the SLO gates read, so they export 0 instead of nothing
         for reason in ("backend", "l2_miss", "error"):
             self.load_failures.labels(reason=reason)
+
+    def sample_process(self, inflight: int | None = None) -> None:
+        """Refresh the per-process gauges (RSS, interpreter blocks, requests in flight)."""
+        import sys
+
+        import psutil
+
+        self.rss.set(float(psutil.Process().memory_info().rss))
+        self.py_blocks.set(float(sys.getallocatedblocks()))
+        if inflight is not None:
+            self.inflight.set(float(max(0, inflight)))
 
     def observe_bundle(self, timings_ms: Mapping[str, float], *, l3_requested: bool) -> None:
         for layer, ms in timings_ms.items():

@@ -1,4 +1,4 @@
-"""ASGI middleware of the service: the body guard and per-route request metrics."""
+"""ASGI middleware of the service: load shedding, the body guard and per-route metrics."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from context_core.service.errors_map import validation_body
 from context_core.service.limits import MAX_BODY_DEPTH, raw_body_problem
 
-__all__ = ["ASGIApp", "BodyLimit", "RequestMetrics"]
+__all__ = ["OPS_PATHS", "ASGIApp", "BodyLimit", "LoadGauge", "LoadShed", "RequestMetrics"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -21,6 +21,84 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _SCAN_IN_THREAD = 16 * 1024
 """Bodies bigger than this are checked on a worker thread, not on the event loop."""
+
+
+#: Always served, whatever the load: probes and scrapes must see an overloaded service.
+OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+class LoadGauge:
+    """Requests in flight in this worker process, and the two steps of the degradation path.
+
+    Only the event loop changes ``inflight`` (a plain int); endpoint threads only read it.
+    From ``degrade_at`` on, context loads skip L3 (:meth:`degrade_reason`); from ``shed_at``
+    on, new requests are answered 503 + ``Retry-After`` before their body is read. Both are
+    per process, so with N workers the instance sheds at N x ``shed_at``.
+    """
+
+    def __init__(self, *, shed_at: int, degrade_at: int, retry_after_s: int = 1) -> None:
+        self.shed_at = shed_at
+        self.degrade_at = degrade_at
+        self.retry_after_s = retry_after_s
+        self.inflight = 0
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> LoadGauge:
+        return cls(
+            shed_at=settings.shed_inflight,
+            degrade_at=settings.degrade_inflight,
+            retry_after_s=settings.shed_retry_after_s,
+        )
+
+    def degrade_reason(self) -> str | None:
+        """Why L3 is skipped now, or None when the worker is not under pressure."""
+        n = self.inflight
+        if self.degrade_at and n >= self.degrade_at:
+            return (
+                f"skipped under load: {n} requests in flight in this worker "
+                f"(CTX_DEGRADE_INFLIGHT={self.degrade_at})"
+            )
+        return None
+
+
+class LoadShed:
+    """Answer 503 + ``Retry-After`` instead of queueing once the worker holds ``shed_at``
+    requests: a client that backs off for a second gets served then, where a queue would
+    make every request wait seconds (the ops endpoints are never shed)."""
+
+    def __init__(
+        self, app: ASGIApp, gauge: LoadGauge, get_services: Callable[[], Any] = lambda: None
+    ) -> None:
+        self.app = app
+        self.gauge = gauge
+        self.get_services = get_services
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPS_PATHS:
+            await self.app(scope, receive, send)
+            return
+        g = self.gauge
+        if g.shed_at and g.inflight >= g.shed_at:
+            svc = self.get_services()
+            if svc is not None:
+                svc.metrics.shed.inc()
+            resp = JSONResponse(
+                {
+                    "error": "overloaded",
+                    "detail": f"the service holds {g.inflight} requests in this worker "
+                    f"(CTX_SHED_INFLIGHT={g.shed_at}); retry after {g.retry_after_s} s",
+                    "retry_after_s": g.retry_after_s,
+                },
+                status_code=503,
+                headers={"Retry-After": str(g.retry_after_s)},
+            )
+            await resp(scope, _noop_receive, send)
+            return
+        g.inflight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            g.inflight -= 1
 
 
 class BodyLimit:

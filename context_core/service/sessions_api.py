@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any
 
 import redis
-from fastapi import FastAPI, Path
+from fastapi import FastAPI, Path, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
@@ -261,8 +261,10 @@ def install_session_routes(app: FastAPI) -> None:
             503: {"description": "Redis is unreachable"},
         },
     )
-    def load_context(body: ContextRequest, svc: Svc, who: Who) -> Response:
-        """Route one step: the bundle of L1/L2/L3/shared fragments, each with provenance."""
+    def load_context(body: ContextRequest, svc: Svc, who: Who, request: Request) -> Response:
+        """Route one step: the bundle of L1/L2/L3/shared fragments, each with provenance.
+        Under load (``CTX_DEGRADE_INFLIGHT`` requests in flight) L3 is skipped and the bundle
+        says ``degraded: true``; past ``CTX_SHED_INFLIGHT`` the service answers 503."""
         allowed = svc.intents()
         if body.step_intent not in allowed:
             raise RequestValidationError(
@@ -281,11 +283,14 @@ def install_session_routes(app: FastAPI) -> None:
             _signed_for(svc, wire, body.session_id)
             svc.owners.verify(body.session_id, who.agent_id, wire.nonce, wire.version)
             state = state_from_wire(wire, gateway=svc.gateway, auth=_auth(who))
+            gauge = getattr(request.app.state, "load", None)
+            skip = gauge.degrade_reason() if gauge is not None else None
             bundle = svc.router.route(
                 state,
                 body.step_intent,
                 params=body.params.model_dump(exclude_unset=True),
                 agent_id=who.agent_id,
+                skip_l3=skip,
             )
         except ContextMissError:
             m.load_failures.labels(reason="l2_miss").inc()
@@ -300,7 +305,7 @@ def install_session_routes(app: FastAPI) -> None:
             m.load_failures.labels(reason="error").inc()
             raise
         spec = svc.registry.get(body.step_intent)
-        m.observe_bundle(bundle.timings_ms, l3_requested=bool(spec.l3))
+        m.observe_bundle(bundle.timings_ms, l3_requested=bool(spec.l3) and skip is None)
         if bundle.degraded:
             m.degraded.inc()
         misses = len(bundle.l2_missing)  # optional keys the step went without

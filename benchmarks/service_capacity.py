@@ -720,11 +720,18 @@ def _csv_rows(csv_prefix: Path) -> dict[str, dict[str, str]]:
     return {r["Name"]: r for r in csv.DictReader(path.read_text(encoding="utf-8").splitlines())}
 
 
-def campaign_step(rate: float, duration_s: float, settings: Any) -> dict[str, Any]:
+def campaign_step(
+    rate: float, duration_s: float, settings: Any, workers: int = 1
+) -> dict[str, Any]:
     """One real campaign at ``rate`` req/s; held = the campaign's own verdict."""
     from loadtests.campaign import CampaignConfig, run_campaign
 
-    cfg = CampaignConfig(profile=PROFILE, duration_s=duration_s, rate_scale=rate / TARGET_QPS)
+    cfg = CampaignConfig(
+        profile=PROFILE,
+        duration_s=duration_s,
+        rate_scale=rate / TARGET_QPS,
+        service_workers=workers,
+    )
     t0 = time.perf_counter()
     res = run_campaign(cfg, settings, say=lambda _m: None)
     rows = _csv_rows(res.csv_prefix)
@@ -912,11 +919,13 @@ def table_rows(
     return rows
 
 
-def section_body(rows: Sequence[Mapping[str, Any]], *, step_s: float | None, sessions: int) -> str:
+def section_body(
+    rows: Sequence[Mapping[str, Any]], *, step_s: float | None, sessions: int, workers: int = 1
+) -> str:
     camp = (
         f"Campaigns: one real `loadtests.campaign` run per rate ({step_s:.0f} s each; Valkey + "
-        "service subprocess + Locust on the same cores); held = the campaign's verdict passed "
-        "(every `loadtests.slo` gate; figures quoted). "
+        f"the service with {workers} worker process(es) + Locust on the same cores); "
+        "held = the campaign's verdict passed (every `loadtests.slo` gate; figures quoted). "
         if step_s is not None
         else "Campaigns skipped (`--skip-campaigns`). "
     )
@@ -963,6 +972,13 @@ def main(argv: list[str]) -> int:
     )
     ap.add_argument("--concurrency", type=int, default=8, help="client threads in the phases")
     ap.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="service worker processes in the campaign steps (an edge server owns the Edge "
+        "shards when > 1)",
+    )
+    ap.add_argument(
         "--bare-requests", type=int, default=20000, help="POSTs against the bare ASGI floor"
     )
     ap.add_argument("--redis-gets", type=int, default=20000, help="GETs in the Redis floor loop")
@@ -978,7 +994,9 @@ def main(argv: list[str]) -> int:
     steps: list[dict[str, Any]] | None = None
     if not args.skip_campaigns:
         rates = [TARGET_QPS * float(s) for s in args.rate_scales.split(",") if s.strip()]
-        best, steps = find_best(rates, args.refine, lambda r: campaign_step(r, args.step, settings))
+        best, steps = find_best(
+            rates, args.refine, lambda r: campaign_step(r, args.step, settings, args.workers)
+        )
     t_cpu = time.perf_counter()
     cpu = measure_cpu(
         settings,
@@ -991,7 +1009,10 @@ def main(argv: list[str]) -> int:
     rows = table_rows(cpu, steps, best)
     print_table("Service capacity and CPU per request (short_sessions)", rows)
     body = section_body(
-        rows, step_s=None if args.skip_campaigns else args.step, sessions=args.sessions
+        rows,
+        step_s=None if args.skip_campaigns else args.step,
+        sessions=args.sessions,
+        workers=args.workers,
     )
     write_section("service", "Service capacity and CPU per request (short_sessions)", body,
                   report=args.report)  # fmt: skip

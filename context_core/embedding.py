@@ -16,6 +16,7 @@ import hashlib
 import logging
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,9 @@ if TYPE_CHECKING:  # pragma: no cover - typing only; the real import is lazy (to
     from sentence_transformers import SentenceTransformer
 
 __all__ = ["MODEL_REGISTRY", "Encoder", "ModelSpec", "load_encoder"]
+
+#: Query vectors each process keeps in front of the Redis cache (1,024 x 1.5-4 KB).
+RECENT_QUERY_VECTORS = 1024
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +176,10 @@ class Encoder:
         self._redis = redis_client
         self._ttl = cache_ttl_s
         self.batch_size = batch_size
+        # In front of Redis: the last few query vectors of this process (an agent fleet asks
+        # the same step queries again and again; each hit saves a Redis round trip).
+        self._recent: OrderedDict[str, bytes] = OrderedDict()
+        self._recent_lock = threading.Lock()
 
     @property
     def model(self) -> SentenceTransformer:
@@ -248,19 +256,34 @@ class Encoder:
         if self._redis is None:
             return self.encode([text])[0]
         key = self.cache_key(text)
+        with self._recent_lock:
+            local = self._recent.get(key)
+            if local is not None:
+                self._recent.move_to_end(key)
+        if local is not None:
+            return np.frombuffer(local, dtype=np.float32).copy()
         try:
             raw = self._redis.get(key)
         except redis.RedisError as e:
             log.warning("embedding cache read failed (%s); embedding without cache", e)
             return self.encode([text])[0]
         if isinstance(raw, bytes) and len(raw) == self.dim * 4:
+            self._remember(key, raw)
             return np.frombuffer(raw, dtype=np.float32).copy()
         vec = self.encode([text])[0]
         try:
             self._redis.set(key, vec.tobytes(), ex=self._ttl)
         except redis.RedisError as e:
             log.warning("embedding cache write failed (%s)", e)
+        self._remember(key, vec.astype(np.float32).tobytes())
         return vec
+
+    def _remember(self, key: str, raw: bytes) -> None:
+        with self._recent_lock:
+            self._recent[key] = raw
+            self._recent.move_to_end(key)
+            while len(self._recent) > RECENT_QUERY_VECTORS:
+                self._recent.popitem(last=False)
 
 
 def load_encoder(settings: Settings, *, redis_client: redis.Redis | None = None) -> Encoder:

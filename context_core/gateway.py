@@ -56,12 +56,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from context_core.errors import InputTooDeepError
 from context_core.redaction import (
     KNOWN_CLEAN,
+    KNOWN_CLEAN_TEXT_MAX_LEN,
     REDACTED,
     fix_surrogates,
     is_secret_key,
     json_too_deep,
     mask_mobile,
     redact_text,
+    remember_clean,
 )
 
 if TYPE_CHECKING:
@@ -214,11 +216,20 @@ class Gateway:
         return out
 
     def clean_text(self, text: str, *, where: str) -> str:
-        """Clean one free-text string (a log line, a user query, a trace payload)."""
+        """Clean one free-text string (a log line, a user query, a trace payload).
+
+        Text up to ``KNOWN_CLEAN_TEXT_MAX_LEN`` characters that had no finding is remembered
+        (bounded), so the L1 state a session sends with every request is not scanned again
+        and again; text with a finding is never remembered and is always scanned and audited.
+        """
+        if type(text) is str and text in KNOWN_CLEAN:
+            return text
         findings: list[Finding] = []
         out = self._guarded(self._clean_str, text, findings)
         if findings:
             self._audit(where, findings)
+        elif out == text and type(text) is str and len(text) <= KNOWN_CLEAN_TEXT_MAX_LEN:
+            remember_clean(text)
         return out
 
     def clean_response(self, payload: Any, *, where: str) -> Any:

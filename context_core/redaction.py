@@ -85,6 +85,7 @@ from context_core.redaction_patterns import (
 
 __all__ = [
     "KNOWN_CLEAN",
+    "KNOWN_CLEAN_TEXT_MAX_LEN",
     "REDACTED",
     "Hits",
     "fix_surrogates",
@@ -92,6 +93,7 @@ __all__ = [
     "json_too_deep",
     "mask_mobile",
     "redact_text",
+    "remember_clean",
 ]
 
 Hits = list[tuple[str, str]]  # (finding kind, original value) per removal
@@ -564,10 +566,20 @@ def redact_text(text: str) -> tuple[str, Hits]:
         if len(hits) == before:
             break
     if short and not hits:
-        if len(KNOWN_CLEAN) >= _KNOWN_CLEAN_MAX_ITEMS:
-            KNOWN_CLEAN.clear()
-        KNOWN_CLEAN[text] = None
+        remember_clean(text)
     return st.src, hits
+
+
+#: Longest free text (a trace payload, a user query) the gateway remembers as clean: the same
+#: signed L1 state comes back with every request of a session and is cleaned again each time.
+KNOWN_CLEAN_TEXT_MAX_LEN = 2048
+
+
+def remember_clean(text: str) -> None:
+    """Remember ``text`` as having no finding (callers only pass such text; bounded)."""
+    if len(KNOWN_CLEAN) >= _KNOWN_CLEAN_MAX_ITEMS:
+        KNOWN_CLEAN.clear()
+    KNOWN_CLEAN[text] = None
 
 
 def mask_mobile(text: str) -> str:

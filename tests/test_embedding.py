@@ -87,9 +87,16 @@ def test_query_cache_in_redis(encoder: Encoder, redis_url: str) -> None:
         assert np.array_equal(np.frombuffer(raw, dtype=np.float32), first)
 
         second = counting.encode_query(text)
-        assert counting.model_calls == 1  # served from Redis, the model did not run
+        assert counting.model_calls == 1  # served from this process's recent vectors
         assert np.array_equal(first, second)
         assert np.allclose(first, encoder.encode([text])[0], atol=1e-6)
+
+        # another process (a fresh encoder) has no recent vectors: Redis serves it
+        other = CountingEncoder(MODEL_REGISTRY["minilm"], encoder.model, redis_client=client)
+        client.set(key, (first * 2).astype(np.float32).tobytes(), ex=60)  # mark Redis's copy
+        assert np.array_equal(other.encode_query(text), first * 2)
+        assert other.model_calls == 0
+        assert np.array_equal(counting.encode_query(text), first)  # the local copy answered
     finally:
         client.delete(key)
         client.close()

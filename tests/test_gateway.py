@@ -889,3 +889,25 @@ def test_audit_write_failure_is_logged_cleaned_without_recursion(tmp_path: Path)
     assert f"context_core.worker key {REDACTED}" in out
     assert "context_core.gateway gateway audit write to" in out
     assert len(g.recent_audit) == 1  # the in-memory tail still has the record
+
+
+def test_clean_text_is_remembered_but_text_with_a_finding_is_scanned_and_audited_every_time(
+    tmp_path: Path,
+) -> None:
+    from context_core.redaction import KNOWN_CLEAN, KNOWN_CLEAN_TEXT_MAX_LEN
+
+    g = Gateway(audit_path=tmp_path / "audit.jsonl")
+    clean = '{"device": "PUMP-0042", "rms_mm_s": 4.2, "status": "running"} ' * 3
+    assert g.clean_text(clean, where="t") == clean
+    assert clean in KNOWN_CLEAN  # the next request carrying the same L1 text skips the scan
+    too_long = "vibration " * (KNOWN_CLEAN_TEXT_MAX_LEN // 10 + 1)
+    assert g.clean_text(too_long, where="t") == too_long
+    assert too_long not in KNOWN_CLEAN
+
+    dirty = "reading done, api_key=sk_live_" + "b" * 24 + " for PUMP-0042"
+    before = len(g.recent_audit)
+    for _ in range(2):
+        out = g.clean_text(dirty, where="t")
+        assert "sk_live_" not in out
+        assert dirty not in KNOWN_CLEAN
+    assert len(g.recent_audit) == before + 2  # audited on each call, never memoised

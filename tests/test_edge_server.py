@@ -481,3 +481,32 @@ def test_start_failure_shows_the_server_log(tmp_path: Path, sock_dir: Path) -> N
     path.write_text("occupied")
     with pytest.raises(BackendUnavailableError, match=r"exited with code 1[\s\S]*not a socket"):
         start_edge_server(tmp_path / "qdrant", path, 1, timeout_s=30)
+
+
+def test_search_batch_answers_each_query_like_a_search_in_one_round_trip(
+    served: tuple[EdgeServer, RemoteEdgeStore],
+) -> None:
+    from context_core.knowledge.store import SearchQuery, search_batch
+
+    server, client = served
+    direct: EdgeStore = server.store
+    queries = [
+        SearchQuery(COLL, 4, {"section": "FAN"}),
+        SearchQuery("no_such_collection", 3),
+        SearchQuery(COLL, 2, None, exact=True),
+    ]
+    calls: list[str] = []
+    real_call = client._call
+
+    def counting(op: str, args: dict[str, Any], **kw: Any) -> Any:
+        calls.append(op)
+        return real_call(op, args, **kw)
+
+    client._call = counting  # type: ignore[method-assign]
+    got = search_batch(client, QUERIES[0], queries)
+    assert calls == ["search_batch"]  # main + hot of a route: one round trip
+    assert got[0] == direct.search(COLL, QUERIES[0], limit=4, filter={"section": "FAN"})
+    assert isinstance(got[1], CollectionNotFoundError) and "no_such_collection" in str(got[1])
+    assert got[2] == direct.search(COLL, QUERIES[0], limit=2, exact=True)
+    # a store without its own batch is searched query by query, with the same answers
+    assert search_batch(direct, QUERIES[0], [queries[0], queries[2]]) == [got[0], got[2]]

@@ -68,6 +68,7 @@ from context_core.knowledge.store import (
     Hit,
     IndexStatus,
     PointRecord,
+    SearchQuery,
     Vector,
     parse_filter,
 )
@@ -277,6 +278,7 @@ class EdgeServer:
             "upsert": self._op_upsert,
             "delete": self._op_delete,
             "search": self._op_search,
+            "search_batch": self._op_search_batch,
             "scroll": self._op_scroll,
             "retrieve": self._op_retrieve,
             "count": self._op_count,
@@ -551,6 +553,22 @@ class EdgeServer:
         )
         return [[h.id, h.score, h.payload] for h in hits]
 
+    def _op_search_batch(self, a: dict[str, Any]) -> list[dict[str, Any]]:
+        """One vector, several searches (main + hot of one route) in one round trip; each
+        answer is ``{"ok": rows}`` or ``{"error": {...}}`` on its own."""
+        vector = _vec_in(a["vector"])
+        out: list[dict[str, Any]] = []
+        for q in a["queries"]:
+            try:
+                hits = self.store.search(
+                    q["name"], vector, limit=q["limit"], filter=q.get("filter"), exact=q["exact"]
+                )
+            except Exception as e:
+                out.append({"error": {"type": type(e).__name__, "message": str(e)}})
+            else:
+                out.append({"ok": [[h.id, h.score, h.payload] for h in hits]})
+        return out
+
     def _op_scroll(self, a: dict[str, Any]) -> dict[str, Any]:
         """One page, as EdgeStore.scroll reads it; ``next`` is the offset of the next page."""
         import qdrant_edge as qe
@@ -797,6 +815,36 @@ class RemoteEdgeStore:
             "exact": exact,
         }
         return [Hit(id=r[0], score=r[1], payload=r[2]) for r in self._call("search", args)]
+
+    def search_batch(
+        self, vector: Vector, queries: Sequence[SearchQuery]
+    ) -> list[list[Hit] | Exception]:
+        """:func:`~context_core.knowledge.store.search_batch` in one round trip."""
+        for q in queries:
+            _check_filter(q.filter)
+        args = {
+            "vector": _vec_out(vector),
+            "queries": [
+                {"name": q.name, "limit": q.limit, "filter": q.filter, "exact": q.exact}
+                for q in queries
+            ],
+        }
+        out: list[list[Hit] | Exception] = []
+        for answer in self._call("search_batch", args):
+            if "error" in answer:
+                err = answer["error"]
+                cls = _ERROR_TYPES.get(err.get("type", ""))
+                out.append(
+                    cls(err.get("message", ""))
+                    if cls is not None
+                    else BackendUnavailableError(
+                        f"the Qdrant Edge server on {self.socket_path} failed on a search: "
+                        f"{err.get('type')}: {err.get('message')}"
+                    )
+                )
+            else:
+                out.append([Hit(id=r[0], score=r[1], payload=r[2]) for r in answer["ok"]])
+        return out
 
     def scroll(
         self,

@@ -45,7 +45,15 @@ from context_core.errors import (
     InvalidStoreRequestError,
     SessionDataInKnowledgeError,
 )
-from context_core.knowledge.store import Filter, Hit, PointRecord, Vector, VectorStore
+from context_core.knowledge.store import (
+    Filter,
+    Hit,
+    PointRecord,
+    SearchQuery,
+    Vector,
+    VectorStore,
+    search_batch,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from context_core.config import Settings
@@ -300,19 +308,24 @@ class KnowledgeMemory:
             raise InvalidStoreRequestError(f"search limit must be > 0, got {k}")
         main = collection or self.main
         base: dict[str, Any] = {"section": section} if section else {}
-        hits: list[Hit] = []
+        queries: list[SearchQuery] = []
         if main != self.hot:
-            hits.extend(self.store.search(main, vector, limit=k, filter=base or None))
+            queries.append(SearchQuery(main, k, base or None))
         if (include_hot or main == self.hot) and (hot_scopes is None or hot_scopes):
             hot_filter: Filter = {**base, "expires_at": {"gt": self._clock()}}
             if hot_scopes is not None:
                 hot_filter = {**hot_filter, "namespace": list(hot_scopes)}
-            try:
-                hits.extend(self.store.search(self.hot, vector, limit=k, filter=hot_filter))
-            except CollectionNotFoundError:
-                if main == self.hot:
-                    raise
-                self._no_hot_collection(main)
+            queries.append(SearchQuery(self.hot, k, hot_filter))
+        hits: list[Hit] = []
+        # main and hot in one batch (one round trip through the edge server)
+        for q, got in zip(queries, search_batch(self.store, vector, queries), strict=True):
+            if isinstance(got, Exception):
+                hot_missing = isinstance(got, CollectionNotFoundError) and q.name == self.hot
+                if hot_missing and main != self.hot:
+                    self._no_hot_collection(main)
+                    continue
+                raise got
+            hits.extend(got)
         hits.sort(key=lambda h: h.score, reverse=True)
         return hits[:k]
 

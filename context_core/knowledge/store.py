@@ -39,12 +39,14 @@ __all__ = [
     "IndexStatus",
     "PointRecord",
     "Range",
+    "SearchQuery",
     "Vector",
     "VectorStore",
     "check_model",
     "open_store",
     "parse_filter",
     "point_id",
+    "search_batch",
 ]
 
 Filter = Mapping[str, Any]
@@ -220,6 +222,37 @@ def vector_list(vector: Vector, *, collection: str, dim: int) -> list[float]:
             "the vector was made by another embedding model"
         )
     return values
+
+
+@dataclass(frozen=True, slots=True)
+class SearchQuery:
+    """One search of :func:`search_batch` (the vector is shared by the batch)."""
+
+    name: str
+    limit: int = 3
+    filter: Filter | None = None
+    exact: bool = False
+
+
+def search_batch(
+    store: Any, vector: Vector, queries: Sequence[SearchQuery]
+) -> list[list[Hit] | Exception]:
+    """Run several searches with one vector; each answer is its hits or the error it raised.
+
+    A store with its own ``search_batch`` (the edge server's client: one round trip for a
+    route's main + hot searches) is asked once; any other store is searched query by query.
+    """
+    batch = getattr(store, "search_batch", None)
+    if callable(batch):
+        return list(batch(vector, queries))
+    out: list[list[Hit] | Exception] = []
+    for q in queries:
+        try:
+            extra = {"exact": True} if q.exact else {}
+            out.append(store.search(q.name, vector, limit=q.limit, filter=q.filter, **extra))
+        except Exception as e:  # handed back to the caller, who decides per query
+            out.append(e)
+    return out
 
 
 @runtime_checkable

@@ -81,6 +81,12 @@ class SlowStore:
         time.sleep(self.delay_s)
         return self._inner.search(*args, **kwargs)
 
+    def search_batch(self, vector: Any, queries: Any) -> list[Any]:
+        from context_core.knowledge.store import search_batch
+
+        time.sleep(self.delay_s * len(queries))  # one sleep per search, as if sent one by one
+        return search_batch(self._inner, vector, queries)
+
     def count(self, *args: Any, **kwargs: Any) -> int:
         time.sleep(self.delay_s)
         return int(self._inner.count(*args, **kwargs))

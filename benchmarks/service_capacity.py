@@ -974,9 +974,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument(
         "--workers",
         type=int,
-        default=2,
-        help="service worker processes in the campaign steps (an edge server owns the Edge "
-        "shards when > 1)",
+        default=0,
+        help="service worker processes in the campaign steps; 0 = one per CPU plus one, like "
+        "ctx loadtest (an edge server owns the Edge shards when > 1)",
     )
     ap.add_argument(
         "--bare-requests", type=int, default=20000, help="POSTs against the bare ASGI floor"
@@ -986,6 +986,7 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from context_core.config import get_settings
+    from loadtests.campaign import auto_workers
 
     t_start = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="bench-service-"))
@@ -994,8 +995,9 @@ def main(argv: list[str]) -> int:
     steps: list[dict[str, Any]] | None = None
     if not args.skip_campaigns:
         rates = [TARGET_QPS * float(s) for s in args.rate_scales.split(",") if s.strip()]
+        workers = args.workers or auto_workers()
         best, steps = find_best(
-            rates, args.refine, lambda r: campaign_step(r, args.step, settings, args.workers)
+            rates, args.refine, lambda r: campaign_step(r, args.step, settings, workers)
         )
     t_cpu = time.perf_counter()
     cpu = measure_cpu(
@@ -1012,7 +1014,7 @@ def main(argv: list[str]) -> int:
         rows,
         step_s=None if args.skip_campaigns else args.step,
         sessions=args.sessions,
-        workers=args.workers,
+        workers=args.workers or auto_workers(),
     )
     write_section("service", "Service capacity and CPU per request (short_sessions)", body,
                   report=args.report)  # fmt: skip

@@ -175,6 +175,13 @@ class Settings(BaseSettings):
         None, description="JSON {agent_id: {key_sha256, namespaces, purposes}}"
     )
     max_body_bytes: int = Field(256 * 1024, gt=0)
+    service_threads: int = Field(
+        40,
+        ge=1,
+        le=1000,
+        description="Worker threads per service process for the blocking endpoints (anyio's "
+        "default limiter). Fewer threads interleave fewer requests under the GIL.",
+    )
     shed_inflight: int = Field(
         96,
         ge=0,

@@ -87,6 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # apps in the same process (tests) keep their frozen heap.
         gc.collect()
         gc.freeze()
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.service_threads
         tasks = []
         if settings.idle_sweep_interval_s > 0:
             tasks.append(asyncio.create_task(_idle_sweeps(svc, settings.idle_sweep_interval_s)))

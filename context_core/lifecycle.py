@@ -51,6 +51,7 @@ session) whatever else lives in Redis.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -191,6 +192,12 @@ class EventResult:
     effects: dict[str, Any] = field(default_factory=dict)
 
 
+@functools.lru_cache(maxsize=64)
+def _signature(handler: Callable[..., Any]) -> inspect.Signature:
+    """The handler's signature (checked against every event's payload; computed once)."""
+    return inspect.signature(handler)
+
+
 class LifecycleManager:
     """Applies lifecycle events. ``handle`` returns the new state; ``apply`` adds effects.
 
@@ -297,10 +304,11 @@ class LifecycleManager:
         if state is None and ev is not LifecycleEvent.SESSION_START:
             raise ContextError(f"{ev.value} needs the session state; only session_start starts one")
         handler = self._handlers[ev]
+        sig = _signature(handler)
         try:
-            inspect.signature(handler).bind(state, **payload)
+            sig.bind(state, **payload)
         except TypeError as e:
-            accepted = [p for p in inspect.signature(handler).parameters if p != "state"]
+            accepted = [p for p in sig.parameters if p != "state"]
             raise ContextError(
                 f"{ev.value}: bad payload ({e}); accepted: {', '.join(accepted) or 'none'}"
             ) from e
@@ -404,8 +412,7 @@ class LifecycleManager:
             fields.setdefault("tool", name)
             effects["step_key"] = sm.put_step_result(str(new.current_step), fields, ttl_s=ttl_s)
         for series_name, points in (series or {}).items():
-            for ts, value in points:
-                sm.add_series_point(series_name, ts, value)
+            sm.add_series_points(series_name, [(ts, value) for ts, value in points])
             effects.setdefault("series", []).append(sm.key("series", series_name))
         changes: dict[str, Any] = {}
         if advance:

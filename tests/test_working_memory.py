@@ -436,6 +436,24 @@ def test_anchored_plan_round_trip() -> None:
 # ---- series window -----------------------------------------------------------------------
 
 
+def test_series_points_of_one_event_go_in_one_round_trip_and_trim_the_same(env: _Env) -> None:
+    s = env.session()
+    stamps = list(range(1200))
+    random.Random(3).shuffle(stamps)
+    s.add_series_points("fan-3.rms", [(1_700_000_000 + t, t * 0.25) for t in stamps[:700]])
+    s.add_series_points("fan-3.rms", [(1_700_000_000 + t, t * 0.25) for t in stamps[700:]])
+    key = s.key("series", "fan-3.rms")
+    assert env.client.zcard(key) == 1000  # the newest 1,000, as point by point
+    pts = s.series("fan-3.rms")
+    assert [p[0] for p in pts] == [1_700_000_000 + t for t in range(200, 1200)]
+    assert 0 < _secs(s, key) <= 900
+    with pytest.raises(ContextError, match="must be finite"):
+        s.add_series_points("fan-3.temp", [(1.0, 2.0), (2.0, float("nan"))])
+    assert env.client.exists(s.key("series", "fan-3.temp")) == 0  # nothing of a bad batch
+    s.add_series_points("fan-3.temp", [])  # nothing to add is not an error
+    assert env.client.exists(s.key("series", "fan-3.temp")) == 0
+
+
 def test_series_keeps_exactly_newest_1000(env: _Env) -> None:
     s = env.session()
     assert env.wm.series_window == 1000

@@ -112,14 +112,17 @@ return 1
 """
 )
 
-# KEYS: 1 series zset, 2 index.  ARGV: 1 member, 2 score, 3 window, 4 ttl seconds.
+# KEYS: 1 series zset, 2 index.  ARGV: 1 window, 2 ttl seconds, then score, member pairs
+# (every point of one event in one round trip).
 SERIES_ADD_LUA = (
     INDEX_ADD_LUA
     + """
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[3]) + 1))
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-index_add(KEYS[2], tonumber(ARGV[4]), KEYS[1])
+for i = 3, #ARGV, 2 do
+  redis.call('ZADD', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[1]) + 1))
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+index_add(KEYS[2], tonumber(ARGV[2]), KEYS[1])
 return 1
 """
 )

@@ -418,21 +418,32 @@ class SessionMemory(LifetimeOps):
     # ---- series (Sorted Set) ------------------------------------------------------------
     def add_series_point(self, series: str, ts: float, value: float) -> None:
         """Add a point and trim to the newest ``series_window`` points, atomically."""
+        self.add_series_points(series, [(ts, value)])
+
+    def add_series_points(self, series: str, points: Sequence[tuple[float, float]]) -> None:
+        """Add ``(ts, value)`` points and trim to the newest ``series_window``, atomically and
+        in one round trip (a tool result usually brings several points of one series)."""
         key = self.key("series", series)
-        try:
-            ts_f, val_f = float(ts), float(value)
-        except (TypeError, ValueError) as e:
-            raise ContextError(f"add_series_point({series!r}): ts and value must be numbers") from e
-        if not (math.isfinite(ts_f) and math.isfinite(val_f)):
-            raise ContextError(f"add_series_point({series!r}): ts/value must be finite")
+        numbers: list[tuple[float, float]] = []
+        for ts, value in points:
+            try:
+                ts_f, val_f = float(ts), float(value)
+            except (TypeError, ValueError) as e:
+                raise ContextError(
+                    f"add_series_point({series!r}): ts and value must be numbers"
+                ) from e
+            if not (math.isfinite(ts_f) and math.isfinite(val_f)):
+                raise ContextError(f"add_series_point({series!r}): ts/value must be finite")
+            numbers.append((ts_f, val_f))
+        if not numbers:
+            return
         # Numbers only, so nothing to redact, but the write path still passes the gateway.
-        ts_f, val_f = self._gw.clean((ts_f, val_f), where=f"L2.series {series}")
-        member = f"{ts_f!r}|{val_f!r}"
-        n = self.wm.series_window
+        cleaned = self._gw.clean(tuple(numbers), where=f"L2.series {series}")
+        args: list[Any] = [self.wm.series_window, self.wm.default_ttl_s]
+        for ts_f, val_f in cleaned:
+            args += [repr(ts_f), f"{ts_f!r}|{val_f!r}"]
         with self.wm._guard(f"ZADD {key}"):
-            self.wm._series_add_script(
-                keys=[key, self._idx], args=[member, repr(ts_f), n, self.wm.default_ttl_s]
-            )
+            self.wm._series_add_script(keys=[key, self._idx], args=args)
 
     def series(self, series: str, since: float | None = None) -> list[tuple[float, float]]:
         """Points ``(ts, value)`` oldest first, optionally from ``since`` (inclusive)."""

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import REPORT, markdown_table, print_table, write_section
+from loadtests.shapes import ENDPOINTS as SHAPE_ENDPOINTS
 
 TARGET_QPS = 1000.0
 #: The CPU goal: weighted service CPU per request at most this many times the bare ASGI floor.
@@ -62,15 +63,9 @@ FLOOR_RATIO_LIMIT = 3.0
 PROFILE = "short_sessions"
 SERVICE_APP = "context_core.service.app:create_app"
 BARE_APP = "benchmarks.service_capacity:bare_app"
-#: The phases' endpoints, in the agent's order (loadtests/user.py).
-ENDPOINTS: dict[str, str] = {
-    "create": "POST /v1/sessions",
-    "plan": "PUT /v1/sessions/{id}/plan",
-    "event": "POST /v1/sessions/{id}/events",
-    "context": "POST /v1/context",
-    "output": "POST /v1/sessions/{id}/outputs",
-    "close": "DELETE /v1/sessions/{id}",
-}
+#: The phases' endpoints, in the agent's order: the profile's, less confirmations (only
+#: long_sessions posts them; short_sessions, measured here, does not).
+ENDPOINTS: dict[str, str] = {k: v for k, v in SHAPE_ENDPOINTS.items() if k != "confirmation"}
 BARE_RESPONSE_BYTES = 2048  # about one context bundle
 BARE_REQUEST_BYTES = 1024
 SESSIONS_PER_AGENT = 200  # well under the per-agent live-session and write-byte quotas

@@ -9,52 +9,28 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
-from test_service import cleanup_service_keys, free_port, service_settings
+from test_ops_hardening import run_app
+from test_service import cleanup_service_keys, service_settings
 
 from context_core.config import get_settings
 from context_core.errors import ConfigError
-from context_core.service import create_app
 from context_core.service.middleware import LoadGauge
 from loadtests.slo import parse_service_metrics
-
-
-@contextmanager
-def _serve(app: Any) -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not server.started:
-        assert thread.is_alive(), "the service failed to start (see the log above)"
-        assert time.monotonic() < deadline, "the service did not start within 120 s"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")
 def shed_svc(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("shed")
     settings, raw = service_settings(tmp, redis_url, shed_inflight=3, degrade_inflight=0)
-    app = create_app(settings)
-    with _serve(app) as url:
+    with run_app(settings) as (url, app):
         yield {"url": url, "key": raw["agent-a"], "gauge": app.state.load, "settings": settings}
     cleanup_service_keys(redis_url)
 

@@ -245,7 +245,7 @@ def serve(
     """Run ``app`` under the campaign's uvicorn command; yields (base URL, psutil.Process)."""
     import psutil
 
-    from loadtests.campaign import _free_port, _wait_ready
+    from loadtests.campaign import _free_port, _stop_service, _wait_ready
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -257,12 +257,7 @@ def serve(
         _wait_ready(url, proc, ready_timeout_s)
         yield url, psutil.Process(proc.pid)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        _stop_service(proc)
 
 
 @contextlib.contextmanager

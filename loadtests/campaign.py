@@ -101,6 +101,16 @@ def _check_loopback(url: str, what: str) -> None:
         )
 
 
+def _stop_service(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (uvicorn shuts its workers down), SIGKILL after 20 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
 def _wait_ready(url: str, proc: subprocess.Popen[bytes] | None, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     last = "no answer"
@@ -320,12 +330,7 @@ def run_campaign(
         if drill is not None:
             drill.join(timeout=5)
         if service is not None:
-            service.terminate()
-            try:
-                service.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                service.kill()
-                service.wait(timeout=5)
+            _stop_service(service)
         if edge is not None:
             from context_core.knowledge.edge_server import stop_edge_server
 

@@ -61,7 +61,7 @@ TARGET_QPS = 1000.0
 #: The CPU goal: weighted service CPU per request at most this many times the bare ASGI floor.
 FLOOR_RATIO_LIMIT = 3.0
 PROFILE = "short_sessions"
-SERVICE_APP = "context_core.service.app:create_app"
+SERVICE_APP = "context_app.service.app:create_app"
 BARE_APP = "benchmarks.service_capacity:bare_app"
 #: The phases' endpoints, in the agent's order: the profile's, less confirmations (only
 #: long_sessions posts them; short_sessions, measured here, does not).
@@ -593,7 +593,7 @@ def measure_cpu(
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Service CPU per endpoint, the bare ASGI floor and the Redis GET floor, in one go."""
-    from context_core.service.auth import generate_keys
+    from context_core.auth import generate_keys
     from loadtests.campaign import FLEET_PURPOSES, _seed_knowledge
 
     work = settings.data_dir / "loadtest"

@@ -42,7 +42,7 @@ def hot_knowledge_merge() -> None:
     @task(outlets=[KNOWLEDGE_MAIN])
     def merge() -> dict[str, Any]:
         """Sweep expired hot points and merge confirmed ones into the main collection."""
-        from context_core.airflow_local import qdrant_url_from_connection
+        from context_app.airflow_local import qdrant_url_from_connection
         from context_core.ingest.hot import run_merge
         from context_core.ingest.pipeline import job_settings
 

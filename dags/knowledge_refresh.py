@@ -98,7 +98,7 @@ def knowledge_refresh() -> None:
         """
         from airflow.sdk.exceptions import AirflowFailException
 
-        from context_core.airflow_local import qdrant_url_from_connection
+        from context_app.airflow_local import qdrant_url_from_connection
         from context_core.errors import EmptyExportError, MassDeleteError
         from context_core.ingest.pipeline import job_settings, stage_plan
 
@@ -123,7 +123,7 @@ def knowledge_refresh() -> None:
     @task(outlets=[KNOWLEDGE_MAIN])
     def embed_upsert(planned: dict[str, Any], params: dict[str, Any] | None = None) -> dict:
         """Embed and upsert the staged chunks; delete removed ones. Returns the summary."""
-        from context_core.airflow_local import qdrant_url_from_connection
+        from context_app.airflow_local import qdrant_url_from_connection
         from context_core.ingest.pipeline import apply_staged, job_settings
 
         p = dict(params or {})

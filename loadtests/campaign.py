@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from context_core.auth import generate_keys
 from context_core.config import Settings
 from context_core.errors import ConfigError
-from context_core.service.auth import generate_keys
 from loadtests.faults import (
     FAULTS,
     SLOW_L3_MS,
@@ -269,7 +269,7 @@ def run_campaign(
                 service = subprocess.Popen(
                     [
                         sys.executable, "-m", "uvicorn", "--factory",
-                        "context_core.service.app:create_app", "--host", "127.0.0.1",
+                        "context_app.service.app:create_app", "--host", "127.0.0.1",
                         "--port", str(port), "--log-level", "warning", "--no-access-log",
                         *workers_args,
                     ],

@@ -21,7 +21,7 @@ from typing import TypeVar
 import pytest
 import redis
 
-from context_core.airflow_local import LocalAirflow as AirflowHome
+from context_app.airflow_local import LocalAirflow as AirflowHome
 from context_core.config import Settings, get_settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

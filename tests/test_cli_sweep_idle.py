@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from context_core.cli import app
+from context_app.cli import app
 from context_core.config import get_settings
 from context_core.gateway import Gateway
 from context_core.lifecycle import LifecycleManager

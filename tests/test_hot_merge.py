@@ -172,7 +172,7 @@ def test_refresh_keeps_merged_answers_and_run_merge(cfg: Settings, minilm: Encod
 def test_cli_hot_merge_on_an_empty_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from context_core.cli import app
+    from context_app.cli import app
 
     monkeypatch.setenv("CTX_DATA_DIR", str(tmp_path / "ctx"))
     res = CliRunner().invoke(app, ["hot-merge"])

@@ -381,7 +381,7 @@ def test_on_fallback_is_scoped_per_agent(env: Env) -> None:
 def test_http_goal_achieved_from_an_agent_without_grants_is_not_served_to_another(
     tmp_path: Path, redis_url: str, encoder: Encoder
 ) -> None:
-    from context_core.service.auth import hash_key, new_key
+    from context_core.auth import hash_key, new_key
 
     ns = f"fleet-{uuid.uuid4().hex[:8]}"
     raw = {"agent-a": new_key(), "agent-b": new_key()}

@@ -251,7 +251,7 @@ def test_a_page_moved_to_another_space_is_not_deleted_by_the_old_one(
 def test_remove_space_is_explicit_and_removes_only_that_space(
     tmp_path: Path, cfg: Settings, minilm: Encoder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from context_core.cli import app
+    from context_app.cli import app
 
     a = write_export(tmp_path / "A", space_a(), space="ENG")
     b = write_export(tmp_path / "B", space_b(), space="OPS", home="200")
@@ -300,7 +300,7 @@ def test_quarantine_history_is_kept_across_runs(
 def test_cli_guards_exit_non_zero(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, minilm: Encoder
 ) -> None:
-    from context_core.cli import app
+    from context_app.cli import app
 
     monkeypatch.setenv("CTX_DATA_DIR", str(tmp_path / "ctx"))
     monkeypatch.setenv("CTX_REPORTS_DIR", str(tmp_path / "reports"))

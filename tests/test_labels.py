@@ -137,7 +137,7 @@ def test_cli_calibrate_rejects_a_bad_file_and_writes_thresholds_for_a_good_one(
 ) -> None:
     from typer.testing import CliRunner
 
-    from context_core.cli import app
+    from context_app.cli import app
 
     rows = _rows(40)
     for r in rows:
@@ -162,7 +162,7 @@ def test_cli_calibrate_rejects_a_bad_file_and_writes_thresholds_for_a_good_one(
 def test_cli_export_candidates_on_a_real_collection(cli_env: Path) -> None:
     from typer.testing import CliRunner
 
-    from context_core.cli import app
+    from context_app.cli import app
     from context_core.config import get_settings
     from context_core.embedding import load_encoder
     from context_core.knowledge.edge import EdgeStore

@@ -336,7 +336,7 @@ def test_goal_achieved_promotes_confirmed_answers_to_hot(env: Env, knowledge_env
 
 def test_scripted_demo_session_runs_every_layer(settings: Settings, redis_url: str) -> None:
     """The README's session-demo, on an empty knowledge base: L1+L2+NS still flow, traces exist."""
-    from context_core.demo import AGENT, run_demo
+    from context_app.demo import AGENT, run_demo
     from context_core.traces import read_traces
 
     starts: list[int | None] = []

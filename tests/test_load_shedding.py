@@ -20,9 +20,9 @@ import pytest
 from test_ops_hardening import run_app
 from test_service import cleanup_service_keys, service_settings
 
+from context_app.service.middleware import LoadGauge
 from context_core.config import get_settings
 from context_core.errors import ConfigError
-from context_core.service.middleware import LoadGauge
 from loadtests.slo import parse_service_metrics
 
 

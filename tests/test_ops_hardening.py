@@ -32,10 +32,10 @@ import redis
 import uvicorn
 from test_service import _acl_keys
 
+from context_app.service import create_app
 from context_core.config import Settings, get_settings
 from context_core.gateway import Gateway
 from context_core.namespaces import AclSync, GrantSpec, NamespaceRegistry
-from context_core.service import create_app
 from context_core.traces import TraceWriter, new_trace_id, read_traces
 
 FAKE_SECRET = "sk_live_" + "q" * 24
@@ -593,7 +593,7 @@ def test_service_traces_hold_no_raw_params_or_trace_ids(stack: Stack) -> None:
 def test_secret_query_filter_keeps_uvicorn_access_format() -> None:
     from uvicorn.logging import AccessFormatter
 
-    from context_core.cli.service import SecretQueryFilter, scrub_query
+    from context_app.cli.service import SecretQueryFilter, scrub_query
 
     rec = logging.LogRecord(
         "uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
@@ -623,7 +623,7 @@ def test_ctx_serve_access_log_hides_query_and_path_secrets(stack: Stack, tmp_pat
     log_path = tmp_path / "serve.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-c", "from context_core.cli import app; app()", "serve",
+            [sys.executable, "-c", "from context_app.cli import app; app()", "serve",
              "--port", str(port)],
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip

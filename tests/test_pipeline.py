@@ -197,7 +197,7 @@ def test_missing_export_is_a_clear_error(cfg: Settings, minilm: Encoder) -> None
 
 
 def test_cli_ingest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from context_core.cli import app
+    from context_app.cli import app
 
     export = write_export(tmp_path / "export", base_pages())
     monkeypatch.setenv("CTX_DATA_DIR", str(tmp_path / "ctx"))

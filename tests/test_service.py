@@ -18,9 +18,9 @@ import pytest
 import uvicorn
 from conftest import cleanup_keys
 
+from context_app.service import create_app
+from context_core.auth import generate_keys, hash_key, new_key
 from context_core.config import Settings, get_settings
-from context_core.service import create_app
-from context_core.service.auth import generate_keys, hash_key, new_key
 
 AGENTS = ("agent-a", "agent-b")
 
@@ -501,7 +501,7 @@ def test_ctx_serve_runs_on_embedded_defaults_with_a_printed_dev_key(tmp_path: Pa
     env = {k: v for k, v in os.environ.items() if k not in {"CTX_REDIS_URL", "CTX_API_KEYS_FILE"}}
     env.update(CTX_DATA_DIR=str(tmp_path / "ctx"), HF_HUB_OFFLINE="1")
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from context_core.cli import app; app()", "serve",
+        [sys.executable, "-c", "from context_app.cli import app; app()", "serve",
          "--port", str(port)],
         env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
     )  # fmt: skip
@@ -547,8 +547,8 @@ def test_ctx_serve_runs_on_embedded_defaults_with_a_printed_dev_key(tmp_path: Pa
 
 def test_wire_state_signature_survives_a_json_round_trip() -> None:
     """The signed dict is what a client echoes: an int start_time is coerced before signing."""
+    from context_app.service.models import WireState, state_to_wire_dict, verify_wire
     from context_core.gateway import Gateway
-    from context_core.service.models import WireState, state_to_wire_dict, verify_wire
     from context_core.session import AuthContext, SessionState
 
     key = b"k" * 32
@@ -570,7 +570,7 @@ def test_wire_state_signature_survives_a_json_round_trip() -> None:
 
 
 def test_json_response_writes_non_finite_floats_as_null_and_keeps_unicode() -> None:
-    from context_core.service.app import json_response
+    from context_app.service.app import json_response
 
     r = json_response({"x": float("nan"), "y": [1.5, float("inf")], "t": ("a", "Ü")}, 201)
     assert r.status_code == 201 and r.media_type == "application/json"

@@ -24,9 +24,9 @@ from conftest import cleanup_keys
 from test_service import _start, _tool, running_service
 
 import context_core.errors as errors_mod
+from context_core.auth import generate_keys
 from context_core.config import get_settings
 from context_core.errors import ContextError, PayloadTooLargeError
-from context_core.service.auth import generate_keys
 
 
 def _service(tmp: Path, redis_url: str, agents: tuple[str, ...], **limits: Any) -> Any:
@@ -318,7 +318,7 @@ def _error_classes() -> list[type[ContextError]]:
 def test_every_error_class_maps_to_a_deliberate_status() -> None:
     """Each class in context_core.errors states its own status and code; a new class that
     only inherits them fails here and must choose."""
-    from context_core.service.errors_map import error_response
+    from context_app.service.errors_map import error_response
 
     classes = _error_classes()
     public = {getattr(errors_mod, n) for n in errors_mod.__all__}
@@ -648,11 +648,11 @@ def test_write_bytes_per_agent_per_minute_are_capped(
 def test_an_ownerless_library_session_is_not_claimable(
     ca: httpx.Client, session_id: str, hard: dict[str, Any], redis_url: str
 ) -> None:
+    from context_app.service.deps import load_state_key
+    from context_app.service.models import state_to_wire_dict
+    from context_app.service.owners import OwnerBinding
     from context_core.gateway import Gateway
     from context_core.lifecycle import LifecycleManager
-    from context_core.service.deps import load_state_key
-    from context_core.service.models import state_to_wire_dict
-    from context_core.service.owners import OwnerBinding
     from context_core.working_memory import WorkingMemory
 
     client = redis_lib.Redis.from_url(redis_url, decode_responses=True)
@@ -690,7 +690,7 @@ def test_an_ownerless_library_session_is_not_claimable(
 def test_the_body_guard_is_linear_on_adversarial_bodies() -> None:
     """No recursion, no backtracking: 200 KB of escaped or unterminated strings, brackets
     inside strings, or plain deep nesting are all judged in well under a second."""
-    from context_core.service.limits import MAX_BODY_DEPTH, raw_body_problem, text_json_depth
+    from context_app.service.limits import MAX_BODY_DEPTH, raw_body_problem, text_json_depth
 
     n = 100_000
     opened = b'{"a": ' + b"[" * (MAX_BODY_DEPTH + 5)

@@ -366,7 +366,7 @@ def test_parse_service_metrics_from_a_real_exposition() -> None:
 
 
 def test_the_service_exports_its_memory_at_scrape_time() -> None:
-    from context_core.service.metrics import ServiceMetrics
+    from context_app.service.metrics import ServiceMetrics
 
     m = ServiceMetrics()
     m.sample_process()  # what /metrics does at every scrape (and each worker every 2 s)

@@ -30,14 +30,14 @@ def sweep_idle(
     import json as _json
     from types import SimpleNamespace
 
+    from context_app.service.deps import STATE_KEY, _session_ttl_s
+    from context_app.service.idle import sweep_idle_once
+    from context_app.service.metrics import ServiceMetrics
+    from context_app.service.owners import OwnerBinding
     from context_core.config import get_settings
     from context_core.gateway import Gateway
     from context_core.lifecycle import LifecycleManager
     from context_core.redis_conn import RedisProvider
-    from context_core.service.deps import STATE_KEY, _session_ttl_s
-    from context_core.service.idle import sweep_idle_once
-    from context_core.service.metrics import ServiceMetrics
-    from context_core.service.owners import OwnerBinding
     from context_core.working_memory import WorkingMemory
 
     settings = get_settings(**({"session_idle_s": idle_s} if idle_s else {}))
@@ -83,8 +83,8 @@ def session_demo(
     from rich.table import Table
     from rich.text import Text
 
+    from context_app.demo import DemoStep, bundle_rows, run_demo
     from context_core.config import get_settings
-    from context_core.demo import DemoStep, bundle_rows, run_demo
 
     console = Console()
     settings = get_settings()

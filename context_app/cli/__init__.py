@@ -6,11 +6,11 @@ import logging
 
 import typer
 
-from context_core.cli import eval as eval_cmds
-from context_core.cli import ingest as ingest_cmds
-from context_core.cli import run as run_cmds
-from context_core.cli import service as service_cmds
-from context_core.cli import session as session_cmds
+from context_app.cli import eval as eval_cmds
+from context_app.cli import ingest as ingest_cmds
+from context_app.cli import run as run_cmds
+from context_app.cli import service as service_cmds
+from context_app.cli import session as session_cmds
 
 __all__ = ["app"]
 

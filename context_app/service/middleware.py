@@ -8,8 +8,8 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from context_core.service.errors_map import validation_body
-from context_core.service.limits import MAX_BODY_DEPTH, raw_body_problem
+from context_app.service.errors_map import validation_body
+from context_app.service.limits import MAX_BODY_DEPTH, raw_body_problem
 
 __all__ = ["OPS_PATHS", "ASGIApp", "BodyLimit", "LoadGauge", "LoadShed", "RequestMetrics"]
 

@@ -107,7 +107,7 @@ def _refresh(
 ) -> None:
     from rich.table import Table
 
-    from context_core.airflow_local import AirflowRunError, LocalAirflow, default_dags_folder
+    from context_app.airflow_local import AirflowRunError, LocalAirflow, default_dags_folder
 
     airflow = LocalAirflow(
         home=settings.data_dir / "airflow",
@@ -157,8 +157,8 @@ def _calibrate(console: Any, settings: Any) -> None:
 
 
 def _session(console: Any, settings: Any, provider: Any, knowledge: Any) -> None:
+    from context_app.demo import run_demo
     from context_core.confidence import PolicySource
-    from context_core.demo import run_demo
 
     policy = PolicySource(settings, model=knowledge.encoder.name).current()
     console.print(f"thresholds in force: accept {policy.accept:.3f}, skip {policy.skip:.3f} "

@@ -6,7 +6,7 @@ Keys file (``CTX_API_KEYS_FILE``), JSON::
 
 With no file configured the service makes one dev key at startup and prints it once, so
 ``ctx serve`` works out of the box without ever writing a credential into the repository.
-``python -m context_core.service.auth --out DIR --agents a,b`` writes a keys file plus the raw
+``python -m context_core.auth --out DIR --agents a,b`` writes a keys file plus the raw
 keys (mode 600) for load generators; it never overwrites an existing pair.
 """
 

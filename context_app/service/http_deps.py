@@ -11,8 +11,8 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import APIKeyHeader
 
-from context_core.service.auth import AgentKey
-from context_core.service.deps import Services
+from context_app.service.deps import Services
+from context_core.auth import AgentKey
 
 __all__ = ["API_KEY", "BodyBytes", "Svc", "Who", "agent", "body_bytes", "services"]
 

@@ -6,7 +6,7 @@ can carry its state but not forge or edit it; rebuilding a :class:`SessionState`
 runs every field through the gateway again. The signature also covers ``version`` (+1 per
 applied event) and ``nonce`` (drawn when the session id is created), which the service checks
 against Redis, so a replayed or superseded state, or one from an earlier incarnation of the
-session, is refused (see :mod:`context_core.service.owners`).
+session, is refused (see :mod:`context_app.service.owners`).
 
 Every request field has limits: ids match ``[A-Za-z0-9._-]`` (what L2 keys accept), texts
 have lengths and no lone surrogates, free-form JSON (tool args/results, contract fields,
@@ -24,8 +24,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, FiniteFloat, model_validator
 from pydantic_core import PydanticCustomError
 
+from context_app.service.limits import check_json, check_text, check_unicode
 from context_core.gateway import Gateway
-from context_core.service.limits import check_json, check_text, check_unicode
 from context_core.session import (
     ApiResultPointer,
     AuthContext,
@@ -80,7 +80,7 @@ WireId = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(chec
 WireName = Annotated[str, Field(max_length=1000), AfterValidator(check_unicode)]
 WireText = Annotated[str, Field(max_length=256 * 1024), AfterValidator(check_unicode)]
 JsonValue = Annotated[Any, AfterValidator(check_json)]
-"""Free-form JSON, bounded by :func:`~context_core.service.limits.check_json`."""
+"""Free-form JSON, bounded by :func:`~context_app.service.limits.check_json`."""
 JsonObject = Annotated[dict[str, Any], AfterValidator(check_json)]
 """A free-form JSON object (a list or a string is a 422 naming the field)."""
 

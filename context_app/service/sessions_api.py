@@ -30,18 +30,9 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
-from context_core.errors import (
-    AccessDeniedError,
-    BackendUnavailableError,
-    ContextMissError,
-    PayloadTooLargeError,
-    StaleStateError,
-    StateTooLargeError,
-    UnknownSessionError,
-)
-from context_core.service.errors_map import json_response
-from context_core.service.http_deps import BodyBytes, Svc, Who
-from context_core.service.models import (
+from context_app.service.errors_map import json_response
+from context_app.service.http_deps import BodyBytes, Svc, Who
+from context_app.service.models import (
     ID_PATTERN,
     CloseResponse,
     ContextRequest,
@@ -57,6 +48,15 @@ from context_core.service.models import (
     state_from_wire,
     state_to_wire_dict,
     verify_wire,
+)
+from context_core.errors import (
+    AccessDeniedError,
+    BackendUnavailableError,
+    ContextMissError,
+    PayloadTooLargeError,
+    StaleStateError,
+    StateTooLargeError,
+    UnknownSessionError,
 )
 from context_core.session import AuthContext, OffloadedPayload, SessionState, TraceOffload
 

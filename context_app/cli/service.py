@@ -109,9 +109,9 @@ def install_serve_log_redaction(gateway: Gateway) -> None:
 
 def serve_app() -> FastAPI:
     """The uvicorn factory `ctx serve` runs in each worker, after uvicorn set up logging."""
+    from context_app.service import create_app
     from context_core.config import get_settings
     from context_core.gateway import Gateway
-    from context_core.service import create_app
 
     settings = get_settings()
     install_serve_log_redaction(Gateway.from_settings(settings))
@@ -166,7 +166,7 @@ def serve(
     if not settings.api_keys_file:
         raise typer.BadParameter(
             "--workers > 1 needs CTX_API_KEYS_FILE (a dev key generated per worker would differ); "
-            "make one with: python -m context_core.service.auth --out DIR --agents my-agent",
+            "make one with: python -m context_core.auth --out DIR --agents my-agent",
             param_hint="--workers",
         )
     os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="ctx-metrics-"))

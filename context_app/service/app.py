@@ -27,15 +27,15 @@ import redis
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from context_app.service.agent_api import install_agent_routes
+from context_app.service.deps import Services, build_services
+from context_app.service.errors_map import install_handlers, json_response, validation_body
+from context_app.service.http_deps import Svc
+from context_app.service.idle import sweep_idle_once
+from context_app.service.metrics import CONTENT_TYPE_LATEST
+from context_app.service.middleware import BodyLimit, LoadGauge, LoadShed, RequestMetrics
+from context_app.service.sessions_api import install_session_routes
 from context_core.config import Settings, get_settings
-from context_core.service.agent_api import install_agent_routes
-from context_core.service.deps import Services, build_services
-from context_core.service.errors_map import install_handlers, json_response, validation_body
-from context_core.service.http_deps import Svc
-from context_core.service.idle import sweep_idle_once
-from context_core.service.metrics import CONTENT_TYPE_LATEST
-from context_core.service.middleware import BodyLimit, LoadGauge, LoadShed, RequestMetrics
-from context_core.service.sessions_api import install_session_routes
 
 __all__ = ["create_app", "json_response", "validation_body"]
 
@@ -67,7 +67,7 @@ async def _idle_sweeps(svc: Services, interval_s: float) -> None:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The ASGI app. ``settings`` default to the environment (``CTX_*``), which is what
-    ``uvicorn --factory context_core.service.app:create_app`` uses for each worker."""
+    ``uvicorn --factory context_app.service.app:create_app`` uses for each worker."""
     settings = settings or get_settings()
     holder: dict[str, Services] = {}
 

@@ -26,10 +26,9 @@ from fastapi import FastAPI, Path
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import Response
 
-from context_core.errors import ContextMissError
-from context_core.service.errors_map import json_response
-from context_core.service.http_deps import BodyBytes, Svc, Who
-from context_core.service.models import (
+from context_app.service.errors_map import json_response
+from context_app.service.http_deps import BodyBytes, Svc, Who
+from context_app.service.models import (
     ConfirmationRequest,
     ConfirmationResponse,
     PlanRequest,
@@ -39,7 +38,8 @@ from context_core.service.models import (
     PrefType,
     state_from_wire,
 )
-from context_core.service.sessions_api import PathSessionId, _auth, _signed_for
+from context_app.service.sessions_api import PathSessionId, _auth, _signed_for
+from context_core.errors import ContextMissError
 from context_core.working_memory.plan import AnchoredPlan, PlannedStep, StepPlan
 
 __all__ = ["install_agent_routes"]

@@ -20,11 +20,11 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from context_app.service.metrics import ServiceMetrics
+from context_app.service.owners import AgentQuotas, OwnerBinding
+from context_core.auth import KeyStore
 from context_core.config import Settings
 from context_core.errors import BackendUnavailableError, SessionExistsError, UnknownSessionError
-from context_core.service.auth import KeyStore
-from context_core.service.metrics import ServiceMetrics
-from context_core.service.owners import AgentQuotas, OwnerBinding
 
 if TYPE_CHECKING:
     from context_core.namespaces import AclSync

@@ -27,7 +27,7 @@ from typing import Any
 
 import redis
 
-from context_core.service.models import (
+from context_app.service.models import (
     WireState,
     state_from_wire,
     state_to_wire_dict,

@@ -33,6 +33,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check dags --select AIR
+	$(BIN)/lint-imports
 
 format: $(STAMP)
 	$(BIN)/ruff format .

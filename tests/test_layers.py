@@ -1,0 +1,93 @@
+"""The layer contract (pyproject's ``[tool.importlinter]``, ARCHITECTURE.md) holds, and can fail.
+
+``make lint`` runs ``lint-imports`` in CI; these tests run it too, once on the project and once
+on a throw-away tree that breaks each contract, so a contract that no longer catches anything
+(a renamed package, a typo in a layer) fails here instead of passing forever.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def _config_text() -> str:
+    """The importlinter part of the project's pyproject.toml, verbatim."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    start = text.index("[tool.importlinter]")
+    end = text.index("\n[tool.", start + 1)
+    return text[start:end]
+
+
+def _run(cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(cwd), "NO_COLOR": "1"}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_config_names_every_top_level_package() -> None:
+    conf = tomllib.loads(_config_text())["tool"]["importlinter"]
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests", "benchmarks"}
+    assert set(conf["root_packages"]) == packages, (
+        "every top-level package must sit in a layer; add the new one to "
+        "[tool.importlinter] root_packages and to the layers contract"
+    )
+
+
+def test_the_project_keeps_its_layers() -> None:
+    done = _run(ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout
+
+
+def _tree(tmp: Path, imports: dict[str, str]) -> Path:
+    """Four stub packages named like the project's, each importing what ``imports`` says."""
+    for pkg in ("context_app", "evaluation", "loadtests", "context_core"):
+        (tmp / pkg).mkdir()
+        (tmp / pkg / "__init__.py").write_text("", encoding="utf-8")
+        (tmp / pkg / "mod.py").write_text(imports.get(pkg, ""), encoding="utf-8")
+    (tmp / "pyproject.toml").write_text(_config_text(), encoding="utf-8")
+    return tmp
+
+
+def test_a_clean_tree_passes(tmp_path: Path) -> None:
+    tree = _tree(
+        tmp_path,
+        {
+            "context_app": "import evaluation.mod\nimport loadtests.mod\nimport fastapi\n",
+            "evaluation": "import context_core.mod\n",
+            "loadtests": "import context_core.mod\n",
+        },
+    )
+    done = _run(tree)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_library_importing_the_app_is_refused(tmp_path: Path) -> None:
+    done = _run(_tree(tmp_path, {"context_core": "import context_app.mod\n"}))
+    assert done.returncode == 1, done.stdout
+    assert "context_core.mod -> context_app.mod" in done.stdout
+
+
+def test_evaluation_importing_load_tests_is_refused(tmp_path: Path) -> None:
+    done = _run(_tree(tmp_path, {"evaluation": "import loadtests.mod\n"}))
+    assert done.returncode == 1, done.stdout
+    assert "evaluation.mod -> loadtests.mod" in done.stdout
+
+
+def test_library_importing_a_web_framework_is_refused(tmp_path: Path) -> None:
+    done = _run(_tree(tmp_path, {"context_core": "import fastapi\n"}))
+    assert done.returncode == 1, done.stdout
+    assert "the library holds no application framework BROKEN" in done.stdout

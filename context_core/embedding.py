@@ -130,7 +130,7 @@ def _load_model(spec: ModelSpec, device: str) -> SentenceTransformer:
             from transformers.utils import logging as hf_logging
 
             # The weight-loading progress bar is noise in job logs; load errors still raise.
-            hf_logging.disable_progress_bar()
+            hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
             model = SentenceTransformer(source, device=device, local_files_only=True)
         except Exception as e:  # the loader raises OSError, ValueError, HF errors...
             raise ModelLoadError(
@@ -254,7 +254,8 @@ class Encoder:
         because losing L3 over a cache outage would be the wrong trade.
         """
         if self._redis is None:
-            return self.encode([text])[0]
+            first: np.ndarray = self.encode([text])[0]
+            return first
         key = self.cache_key(text)
         with self._recent_lock:
             local = self._recent.get(key)
@@ -266,11 +267,12 @@ class Encoder:
             raw = self._redis.get(key)
         except redis.RedisError as e:
             log.warning("embedding cache read failed (%s); embedding without cache", e)
-            return self.encode([text])[0]
+            uncached: np.ndarray = self.encode([text])[0]
+            return uncached
         if isinstance(raw, bytes) and len(raw) == self.dim * 4:
             self._remember(key, raw)
             return np.frombuffer(raw, dtype=np.float32).copy()
-        vec = self.encode([text])[0]
+        vec: np.ndarray = self.encode([text])[0]
         try:
             self._redis.set(key, vec.tobytes(), ex=self._ttl)
         except redis.RedisError as e:

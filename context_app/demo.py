@@ -20,16 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from context_core.confidence import PolicySource
-from context_core.lifecycle import LifecycleManager
-from context_core.namespaces import Grant, NamespaceRegistry
-from context_core.router import ContextBundle, ContextRouter
-from context_core.traces import TraceWriter
+from context_core.namespaces import Grant
+from context_core.platform import Platform, build_platform
+from context_core.router import ContextBundle
 
 if TYPE_CHECKING:
     from context_core.config import Settings
-    from context_core.knowledge.memory import KnowledgeMemory
-    from context_core.redis_conn import RedisProvider
 
 __all__ = ["DEVICE", "DemoResult", "DemoStep", "run_demo"]
 
@@ -79,47 +75,48 @@ def _l3_pages(bundle: ContextBundle) -> str:
 def run_demo(
     settings: Settings,
     *,
-    provider: RedisProvider | None = None,
-    knowledge: KnowledgeMemory | None = None,
+    platform: Platform | None = None,
     session_id: str | None = None,
     on_event: Callable[[str, dict[str, Any]], None] | None = None,
     on_bundle: Callable[[DemoStep], None] | None = None,
     on_start: Callable[[int | None], None] | None = None,
-    l3_timeout_ms: float | None = None,
 ) -> DemoResult:
-    """Run the scripted session; returns every bundle. Builds embedded defaults when not given.
+    """Run the scripted session; returns every bundle.
 
-    ``knowledge`` None means: open the configured store and encoder (Qdrant Edge + MiniLM by
-    default); pass one to reuse the caller's (e.g. the main job's after ingestion).
+    ``platform`` None means: build one from ``settings`` (the configured stores: Qdrant Edge
+    + MiniLM by default) and close it at the end; pass one to reuse the caller's (e.g. the
+    main job's after ingestion), which stays open. The route's L3 budget is
+    ``settings.l3_timeout_ms`` (of the platform's settings when one is given).
     """
-    from context_core.gateway import Gateway
-    from context_core.redis_conn import RedisProvider
-    from context_core.working_memory import WorkingMemory
+    own = platform is None
+    p = platform if platform is not None else build_platform(settings)
+    try:
+        return _run(p, on_event=on_event, on_bundle=on_bundle, on_start=on_start, sid=session_id)
+    finally:
+        if own:
+            p.close()
 
-    own_provider = provider is None
-    provider = provider or RedisProvider(settings)
-    gateway = Gateway.from_settings(settings)
-    store = None
-    if knowledge is None:
-        from context_core.embedding import load_encoder
-        from context_core.knowledge.memory import KnowledgeMemory
-        from context_core.knowledge.store import open_store
 
-        store = open_store(settings)
-        encoder = load_encoder(settings, redis_client=provider.client(decode_responses=False))
-        knowledge = KnowledgeMemory(store, encoder, settings, gateway)
-        knowledge.ensure_collections()
+def _run(
+    p: Platform,
+    *,
+    sid: str | None,
+    on_event: Callable[[str, dict[str, Any]], None] | None,
+    on_bundle: Callable[[DemoStep], None] | None,
+    on_start: Callable[[int | None], None] | None,
+) -> DemoResult:
+    settings = p.settings
+    knowledge = p.knowledge
     # The first forward pass of a freshly loaded model is several times slower than the
     # rest; pay it here rather than inside the first route's 100 ms L3 budget.
-    knowledge.encoder.encode(["warm-up"])
-    sid = session_id or f"demo-{uuid.uuid4().hex[:8]}"
+    p.warm_up()
+    sid = sid or f"demo-{uuid.uuid4().hex[:8]}"
     result = DemoResult(session_id=sid, traces_dir=settings.traces_dir)
     result.knowledge_points = knowledge.stats().get(knowledge.main)
     if on_start:
         on_start(result.knowledge_points)
 
-    wm = WorkingMemory.from_settings(settings, provider, gateway)
-    ns = NamespaceRegistry.from_settings(settings, provider, gateway)
+    ns = p.namespaces
     ns.create(
         FLEET_NS,
         ttl_s=3600,
@@ -133,24 +130,9 @@ def run_demo(
         agent_id="fleet-etl",
         purpose="baseline-refresh",
     )
-    tracer = TraceWriter.from_settings(settings, gateway)
-    router = ContextRouter(
-        wm=wm,
-        knowledge=knowledge,
-        # refused when thresholds.json was calibrated for another model than this encoder
-        policy=PolicySource(settings, model=knowledge.encoder.name),
-        tracer=tracer,
-        namespaces=ns,
-        l3_timeout_ms=l3_timeout_ms or settings.l3_timeout_ms,
-        max_fragments=settings.bundle_max_fragments,
-    )
-    life = LifecycleManager.from_settings(
-        settings,
-        wm=wm,
-        gateway=gateway,
-        knowledge=knowledge,
-        count_tokens=knowledge.encoder.count_tokens,
-    )
+    tracer = p.tracer
+    router = p.router
+    life = p.lifecycle
 
     def event(ev: str, state: Any, /, **payload: Any) -> Any:
         res = life.apply(ev, state, **payload)
@@ -171,107 +153,100 @@ def run_demo(
             on_bundle(s)
         return bundle
 
-    try:
-        state = event(
-            "session_start",
-            None,
-            session_id=sid,
-            user_id="demo-user",
-            user_query=USER_QUERY,
-            contract={"device": DEVICE, "report_length": "short"},
-            device_id=DEVICE,
-        )
-        # Step 0: what do we already know about the sensors? (nothing yet: the series is an
-        # optional miss, the contract is there.) The agent names the device and the contract.
-        step(
-            state,
-            "fetch_sensor_data",
-            lambda b: (
-                f"No vibration series cached for {DEVICE} yet; fetching the last 1h under "
-                f"the task contract. {_cite(b)}"
-            ),
-        )
-        now = time.time()
-        series = [(now - 60 * (11 - i), round(2.3 + 0.27 * i, 2)) for i in range(12)]
-        state = event(
-            "tool_call",
-            state,
-            name="sensors/vibration",
-            args={"device": DEVICE, "window": "last 1h"},
-            result={"rms_mm_s": series[-1][1], "peak_hz": 49.6, "points": len(series)},
-            series={f"{DEVICE}.vibration": series},
-        )
-        # Step 1: compare live vibration with the manual's limits and the fleet baseline.
-        step(
-            state,
-            "compare_vibration",
-            lambda b: (
-                f"{DEVICE} RMS {series[-1][1]} mm/s over the last 1h is above the alarm "
-                f"limit (manual: {_l3_pages(b)}) and the fleet p95 of 3.4 mm/s. {_cite(b)}"
-            ),
-        )
-        state = event(
-            "tool_call",
-            state,
-            name="analysis/compare",
-            args={"device": DEVICE, "limit": "manual"},
-            result={"verdict": "above alarm", "rms_mm_s": series[-1][1], "fleet_p95": 3.4},
-        )
-        # Step 2: maintenance history through a tool API (a cached response would be reused).
-        history_args = {"device": DEVICE}
-        step(
-            state,
-            "call_api",
-            lambda b: (
-                f"No cached maintenance/history response for {DEVICE}; calling the API. {_cite(b)}"
-            ),
-            endpoint="maintenance/history",
-            api_params=history_args,
-        )
-        state = event(
-            "tool_call",
-            state,
-            name="maintenance/history",
-            args=history_args,
-            result={"last_service": "2026-08-14", "bearing_hours": 17400, "seal": "ok"},
-        )
-        # The user corrects the brief: one page, with bearing history.
-        state = event(
-            "user_correction",
-            state,
-            fields={"report_length": "one page", "include_bearing_history": True},
-        )
-        # Step 3: the report.
-        step(
-            state,
-            "generate_report",
-            lambda b: (
-                f"Report for {DEVICE}: RMS {series[-1][1]} mm/s above alarm; bearing at 17400 h "
-                f"since the 2026-08-14 service: replace the drive-end bearing. Template: "
-                f"{_l3_pages(b)}. {_cite(b)}"
-            ),
-        )
-        state = event(
-            "goal_achieved",
-            state,
-            answers=[
-                {
-                    "text": (
-                        f"{DEVICE}: RMS vibration rising to {series[-1][1]} mm/s above the "
-                        "4.5 mm/s alarm with bearing hours over 17,000 pointed to drive-end "
-                        "bearing wear; replacing the bearing was confirmed as the fix."
-                    ),
-                    "source": "confirmed-answer:pump-vibration-bearing",
-                    "title": "Resolved: pump vibration from bearing wear",
-                }
-            ],
-        )
-    finally:
-        router.close()
-        if store is not None:
-            store.close()
-        if own_provider:
-            provider.close()
+    state = event(
+        "session_start",
+        None,
+        session_id=sid,
+        user_id="demo-user",
+        user_query=USER_QUERY,
+        contract={"device": DEVICE, "report_length": "short"},
+        device_id=DEVICE,
+    )
+    # Step 0: what do we already know about the sensors? (nothing yet: the series is an
+    # optional miss, the contract is there.) The agent names the device and the contract.
+    step(
+        state,
+        "fetch_sensor_data",
+        lambda b: (
+            f"No vibration series cached for {DEVICE} yet; fetching the last 1h under "
+            f"the task contract. {_cite(b)}"
+        ),
+    )
+    now = time.time()
+    series = [(now - 60 * (11 - i), round(2.3 + 0.27 * i, 2)) for i in range(12)]
+    state = event(
+        "tool_call",
+        state,
+        name="sensors/vibration",
+        args={"device": DEVICE, "window": "last 1h"},
+        result={"rms_mm_s": series[-1][1], "peak_hz": 49.6, "points": len(series)},
+        series={f"{DEVICE}.vibration": series},
+    )
+    # Step 1: compare live vibration with the manual's limits and the fleet baseline.
+    step(
+        state,
+        "compare_vibration",
+        lambda b: (
+            f"{DEVICE} RMS {series[-1][1]} mm/s over the last 1h is above the alarm "
+            f"limit (manual: {_l3_pages(b)}) and the fleet p95 of 3.4 mm/s. {_cite(b)}"
+        ),
+    )
+    state = event(
+        "tool_call",
+        state,
+        name="analysis/compare",
+        args={"device": DEVICE, "limit": "manual"},
+        result={"verdict": "above alarm", "rms_mm_s": series[-1][1], "fleet_p95": 3.4},
+    )
+    # Step 2: maintenance history through a tool API (a cached response would be reused).
+    history_args = {"device": DEVICE}
+    step(
+        state,
+        "call_api",
+        lambda b: (
+            f"No cached maintenance/history response for {DEVICE}; calling the API. {_cite(b)}"
+        ),
+        endpoint="maintenance/history",
+        api_params=history_args,
+    )
+    state = event(
+        "tool_call",
+        state,
+        name="maintenance/history",
+        args=history_args,
+        result={"last_service": "2026-08-14", "bearing_hours": 17400, "seal": "ok"},
+    )
+    # The user corrects the brief: one page, with bearing history.
+    state = event(
+        "user_correction",
+        state,
+        fields={"report_length": "one page", "include_bearing_history": True},
+    )
+    # Step 3: the report.
+    step(
+        state,
+        "generate_report",
+        lambda b: (
+            f"Report for {DEVICE}: RMS {series[-1][1]} mm/s above alarm; bearing at 17400 h "
+            f"since the 2026-08-14 service: replace the drive-end bearing. Template: "
+            f"{_l3_pages(b)}. {_cite(b)}"
+        ),
+    )
+    state = event(
+        "goal_achieved",
+        state,
+        answers=[
+            {
+                "text": (
+                    f"{DEVICE}: RMS vibration rising to {series[-1][1]} mm/s above the "
+                    "4.5 mm/s alarm with bearing hours over 17,000 pointed to drive-end "
+                    "bearing wear; replacing the bearing was confirmed as the fix."
+                ),
+                "source": "confirmed-answer:pump-vibration-bearing",
+                "title": "Resolved: pump vibration from bearing wear",
+            }
+        ],
+    )
     return result
 
 

@@ -61,6 +61,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from context_core.traces import ReferenceTrace
+from context_core.wire import BundleWire, FragmentWire, encode_json
+
 __all__ = [
     "LOW_CONFIDENCE_NOTE",
     "PRIORITY",
@@ -95,16 +98,8 @@ class Fragment:
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "layer": self.layer,
-            "source": self.source,
-            "content": self.content,
-            "relevance": self.relevance,
-            "freshness_hours": self.freshness_hours,
-            "confidence": self.confidence,
-            "label": self.label,
-            "note": self.note,
-        }
+        """The wire form: the fields of :class:`~context_core.wire.FragmentWire`."""
+        return {name: getattr(self, name) for name in _FRAGMENT_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -121,7 +116,7 @@ class ContextBundle:
     trace_id: str
     resolved_intent: str = ""
     # Optional L2 keys the route looked for and did not find (a required miss raises).
-    # Not part of to_dict: for service metrics (how many keys the step went without).
+    # Not on the wire: for service metrics (how many keys the step went without).
     l2_missing: tuple[str, ...] = ()
 
     def by_layer(self, layer: Layer) -> tuple[Fragment, ...]:
@@ -132,17 +127,19 @@ class ContextBundle:
         return tuple(f.source for f in self.fragments)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "session_id": self.session_id,
-            "step": self.step,
-            "intent": self.intent,
-            "resolved_intent": self.resolved_intent,
-            "fragments": [f.to_dict() for f in self.fragments],
-            "degraded": self.degraded,
-            "timings_ms": dict(self.timings_ms),
-            "context_used": self.context_used,
-            "trace_id": self.trace_id,
-        }
+        """The wire form: the fields of :class:`~context_core.wire.BundleWire`, which the
+        service publishes as ``POST /v1/context``'s response."""
+        out = {name: getattr(self, name) for name in _BUNDLE_FIELDS}
+        out["fragments"] = [f.to_dict() for f in self.fragments]
+        return out
+
+    def to_json(self) -> bytes:
+        """:meth:`to_dict` as compact UTF-8 JSON (:func:`~context_core.wire.encode_json`)."""
+        return encode_json(self.to_dict())
+
+
+_FRAGMENT_FIELDS = tuple(FragmentWire.model_fields)
+_BUNDLE_FIELDS = tuple(BundleWire.model_fields)
 
 
 def hours_since(ts: float | None, now: float) -> float:
@@ -190,16 +187,14 @@ PRIORITY: tuple[Tier, ...] = (
     "l1",
 )
 _RANK = {t: i for i, t in enumerate(PRIORITY)}
+_REFERENCE_FIELDS = tuple(ReferenceTrace.model_fields)
 
 
 def reference_entry(frag: Fragment) -> dict[str, Any]:
-    """How a fragment left out by the budget is listed: where it is, never what it holds."""
-    return {
-        "layer": frag.layer,
-        "source": frag.source,
-        "relevance": frag.relevance,
-        "label": frag.label,
-    }
+    """How a fragment left out by the budget is listed: where it is, never what it holds
+    (the fields of :class:`~context_core.traces.ReferenceTrace`, in the bundle's
+    ``context_used`` and in the route's trace record alike)."""
+    return {name: getattr(frag, name) for name in _REFERENCE_FIELDS}
 
 
 def apply_budget(

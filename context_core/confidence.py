@@ -53,6 +53,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from context_core import defaults
 from context_core.config import Settings
 
 __all__ = [
@@ -63,14 +64,15 @@ __all__ = [
     "ConfidencePolicy",
     "ConfidenceRule",
     "PolicySource",
+    "label_score",
     "model_name",
     "thresholds_model",
 ]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ACCEPT = 0.72
-DEFAULT_SKIP = 0.65
+DEFAULT_ACCEPT = defaults.ACCEPT_THRESHOLD
+DEFAULT_SKIP = defaults.SKIP_THRESHOLD
 
 ConfidenceLabel = Literal["confident", "low_confidence", "below_skip"]
 ConfidenceRule = Literal["design", "per_hit"]
@@ -79,6 +81,17 @@ RULES: tuple[ConfidenceRule, ...] = ("design", "per_hit")
 # Float noise of a normalised dot product can land a hair outside [-1, 1]; a distance
 # metric (euclidean, 1 - cos) easily goes far beyond. This tolerance separates the two.
 _COSINE_SLACK = 1e-3
+
+
+def label_score(score: float, accept: float, skip: float) -> ConfidenceLabel:
+    """The three-way label of one similarity: ``>= accept`` confident, ``>= skip``
+    low-confidence, else (and for NaN) below skip. The one statement of the rule: the router
+    applies it through :class:`ConfidencePolicy`, calibration reports through this function."""
+    if score >= accept:
+        return "confident"
+    if score >= skip:
+        return "low_confidence"
+    return "below_skip"  # NaN compares false: never trusted
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,11 +185,7 @@ class ConfidencePolicy:
                 "similarity (higher = closer), not a distance; convert with 1 - distance "
                 "or fix the vector store's metric"
             )
-        if score >= self.accept:
-            return "confident"
-        if score >= self.skip:
-            return "low_confidence"
-        return "below_skip"
+        return label_score(score, self.accept, self.skip)
 
     def label_hits(self, scores: Sequence[float]) -> list[ConfidenceLabel]:
         """Label a route's whole hit list under :attr:`rule` (see the module docstring).

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from context_core import defaults as D
 from context_core.errors import ConfigError
 
 __all__ = ["Settings", "get_settings"]
@@ -29,30 +30,32 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         None, description="redis://host:port/db of a Redis 7+/Valkey server; unset = embedded."
     )
-    wm_default_ttl_s: int = Field(900, gt=0, description="Default L2 TTL (15 min).")
-    wm_series_window: int = Field(1000, gt=0, description="Points kept per sensor series.")
+    wm_default_ttl_s: int = Field(D.WM_DEFAULT_TTL_S, gt=0, description="Default L2 TTL (15 min).")
+    wm_series_window: int = Field(
+        D.WM_SERIES_WINDOW, gt=0, description="Points kept per sensor series."
+    )
     wm_min_ttl_s: int = Field(
-        60,
+        D.WM_MIN_TTL_S,
         gt=0,
         description="Floor of a plan-derived step TTL: an output whose dependent is already "
         "due or overdue still lives this long, so a late agent finds its input.",
     )
     wm_contract_ttl_s: int = Field(
-        7200,
+        D.WM_CONTRACT_TTL_S,
         gt=0,
         description="Lifetime of a session's task contract, refreshed by every session "
         "activity (event or route): the contract lives for the task, not for the 15-minute "
         "L2 default. The reference design's working range is 300-7200 s (5 min - 2 h).",
     )
     wm_contract_history_ttl_s: int = Field(
-        30 * 86_400,
+        D.WM_CONTRACT_HISTORY_TTL_S,
         gt=0,
         description="Retention of the contract's version history (audit): every accepted "
         "version, and the archived one of a completed task, kept this long after its last "
         "write. At least CTX_WM_CONTRACT_TTL_S.",
     )
     session_idle_s: int = Field(
-        90,
+        D.SESSION_IDLE_S,
         gt=0,
         description="A session with no activity (event or route) for this long is timed out "
         "by the idle sweep: session_timeout semantics (trace cleared, contract marked "
@@ -65,14 +68,14 @@ class Settings(BaseSettings):
         "sweep-idle` runs it once).",
     )
     l1_max_trace_tokens: int = Field(
-        2000,
+        D.L1_MAX_TRACE_TOKENS,
         gt=0,
         description="context_overflow trigger: when the L1 trace holds more tokens than this "
         "(counted with the embedding model's tokenizer), the oldest pairs are evicted and "
         "low-priority L2 TTLs shortened.",
     )
     correction_min_confidence: float = Field(
-        0.6,
+        D.CORRECTION_MIN_CONFIDENCE,
         ge=0.0,
         le=1.0,
         description="user_message: a message is treated as a correction of the task contract "
@@ -100,7 +103,7 @@ class Settings(BaseSettings):
     collection_hot: str = "hot_knowledge"
     hot_ttl_hours: float = Field(72.0, gt=0)
     l3_top_k: int = Field(3, gt=0, le=100)
-    l3_timeout_ms: float = Field(100.0, gt=0)
+    l3_timeout_ms: float = Field(D.L3_TIMEOUT_MS, gt=0)
 
     # --- embeddings ---------------------------------------------------------------------
     embed_model: str = Field("minilm", description="Registry name (minilm, bge-m3) or a path.")
@@ -137,8 +140,8 @@ class Settings(BaseSettings):
     )
 
     # --- confidence thresholds ---------------------------------------------------------
-    accept_threshold: float = Field(0.72, ge=-1.0, le=1.0)
-    skip_threshold: float = Field(0.65, ge=-1.0, le=1.0)
+    accept_threshold: float = Field(D.ACCEPT_THRESHOLD, ge=-1.0, le=1.0)
+    skip_threshold: float = Field(D.SKIP_THRESHOLD, ge=-1.0, le=1.0)
     thresholds_path: Path | None = Field(
         None, description="thresholds.json from calibration; default <reports_dir>/thresholds.json"
     )
@@ -154,7 +157,7 @@ class Settings(BaseSettings):
         "(log a warning, use them anyway).",
     )
     bundle_max_fragments: int = Field(
-        3,
+        D.BUNDLE_MAX_FRAGMENTS,
         gt=0,
         le=100,
         description="A bundle holds at most this many fragments (the most relevant across "
@@ -163,7 +166,7 @@ class Settings(BaseSettings):
     )
 
     # --- gateway ------------------------------------------------------------------------
-    max_response_bytes: int = Field(10 * 1024, gt=0)
+    max_response_bytes: int = Field(D.MAX_RESPONSE_BYTES, gt=0)
     audit_hmac_key: SecretStr | None = Field(
         None, description="Key for HMAC-SHA256 audit hashes; unset = plain SHA-256."
     )
@@ -237,7 +240,7 @@ class Settings(BaseSettings):
         "a bigger one is refused with 413 and the state sent stays valid.",
     )
     max_step_result_bytes: int = Field(
-        16 * 1024,
+        D.MAX_STEP_RESULT_BYTES,
         gt=0,
         description="Largest L2 step result (cleaned JSON of its fields); bigger ones are "
         "refused (413), or stored as a pointer to the tool call's L2 copy.",

@@ -64,11 +64,12 @@ from itertools import islice
 from typing import Any
 
 from context_core import correction_cues as cues
+from context_core import defaults
 
 __all__ = ["DEFAULT_MIN_CONFIDENCE", "Correction", "detect_correction"]
 
 #: ``Settings.correction_min_confidence``: a claim must score *above* this.
-DEFAULT_MIN_CONFIDENCE = 0.6
+DEFAULT_MIN_CONFIDENCE = defaults.CORRECTION_MIN_CONFIDENCE
 
 # --- weights and limits ---------------------------------------------------------------
 _REPLACE = 0.45  # states the old value and the new one

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from context_core import defaults
 from context_core.errors import InputTooDeepError
 from context_core.redaction import (
     KNOWN_CLEAN,
@@ -177,7 +178,7 @@ class Gateway:
     def __init__(
         self,
         *,
-        max_response_bytes: int = 10240,
+        max_response_bytes: int = defaults.MAX_RESPONSE_BYTES,
         audit_path: Path | None = None,
         on_alert: Callable[[str, dict[str, Any]], None] | None = None,
         audit_tail: int = 1000,
@@ -260,7 +261,9 @@ class Gateway:
     # -- walking ------------------------------------------------------------------------------
 
     @staticmethod
-    def _guarded(walk: Callable[..., Any], value: Any, findings: list[Finding]) -> Any:
+    def _guarded(
+        walk: Callable[[T, _Path, list[Finding], int], T], value: T, findings: list[Finding]
+    ) -> T:
         """Run a walk from the root; a RecursionError (the caller's stack was already deep when
         the depth limit was still far) is reported as the input error it is, not as a crash."""
         try:

@@ -60,6 +60,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from context_core import defaults
 from context_core.corrections import DEFAULT_MIN_CONFIDENCE, detect_correction
 from context_core.errors import ConfigError, ContextError, UnknownEventError
 from context_core.tokens import TokenCounter, pair_tokens
@@ -79,6 +80,7 @@ __all__ = [
     "EventResult",
     "LifecycleEvent",
     "LifecycleManager",
+    "payload_parameters",
 ]
 
 #: The user preference ``goal_achieved`` writes (``pref:{<uid>}:last_completed_task``).
@@ -218,7 +220,7 @@ class LifecycleManager:
         goal_grace_s: int = 60,
         correction_drop_pairs: int = 3,
         count_tokens: Callable[[str], int] | None = None,
-        max_trace_tokens: int = 2000,
+        max_trace_tokens: int = defaults.L1_MAX_TRACE_TOKENS,
         correction_min_confidence: float = DEFAULT_MIN_CONFIDENCE,
     ) -> None:
         for name, v in (
@@ -609,3 +611,19 @@ class LifecycleManager:
             state,
             {"locked": False, "contract_version": sm.contract().version},
         )
+
+
+def payload_parameters(event: str | LifecycleEvent) -> dict[str, bool]:
+    """The payload ``event`` accepts: each keyword parameter of its handler
+    (``LifecycleManager._<event>``), True when required.
+
+    The handler's signature is the one declaration of an event's payload: :meth:`apply`
+    checks payloads against it, and the service's request models (one per event) are checked
+    against it, and :data:`EFFECTS` against the events, by tests/test_wire.py."""
+    ev = LifecycleManager.parse(event)
+    sig = _signature(getattr(LifecycleManager, f"_{ev.value}"))
+    return {
+        name: p.default is inspect.Parameter.empty
+        for name, p in sig.parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }

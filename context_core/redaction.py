@@ -2,8 +2,11 @@
 
 Pure functions and precompiled patterns (in :mod:`context_core.redaction_patterns`), no I/O:
 :mod:`context_core.gateway` walks the data, audits and caps; this module only decides about
-one key or one string. The one piece of state is :data:`KNOWN_CLEAN`, a bounded memo of short
-strings that had *no* finding (keys, status words), which lets the walk skip them.
+one key or one string. Its pipeline is built from the rule table
+(:data:`context_core.redaction_rules.RULES`: pattern, pre-check, handler, finding kind per
+rule), plus the key=value and base64 procedures below. The one piece of state is
+:data:`KNOWN_CLEAN`, a bounded memo of short strings that had *no* finding (keys, status
+words), which lets the walk skip them.
 
 Choices (documented because they trade false positives against false negatives; a leaked
 secret costs more than an over-redacted field):
@@ -43,45 +46,28 @@ strings over :data:`SCAN_WINDOW` are scanned in overlapping windows.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from context_core.redaction_patterns import (
     ASSIGN_RXS,
     B64_CLASS,
     B64_MAX,
     B64_MIN,
-    BASIC_RX,
-    BEARER_RX,
-    CARD_RX,
-    DIGIT_CLASS,
-    EMAIL_DENSE_RX,
-    EMAIL_LOCAL,
-    EMAIL_RX,
-    ID_RX,
     KEYED_STEMS,
     LONG_DIGITS_RX,
     PAIR_RX,
-    PEM_RX,
-    PHONE_RX,
-    PROVIDER_RULES,
     REDACTED,
     SCAN_OVERLAP,
     SCAN_WINDOW,
-    SLACK_HOOK_RX,
     TOKEN_MAX,
-    URL_CRED_RX,
     VALUE_RX,
     b64_text,
-    basic_ok,
-    birth_date_ok,
     fix_surrogates,
     fold_text,
-    id_checksum_ok,
     is_secret_key,
     json_too_deep,
-    looks_random,
-    luhn_ok,
 )
+from context_core.redaction_rules import RULES, UNBOUNDED, Edit, Handler, Rule, digit_class
 
 __all__ = [
     "KNOWN_CLEAN",
@@ -98,32 +84,15 @@ __all__ = [
 
 Hits = list[tuple[str, str]]  # (finding kind, original value) per removal
 # Longest match (with lookahead context) of each windowed pattern: the overlap its windows
-# need. Quoted values count twice TOKEN_MAX (an escape pair is two characters); a JWT is three
-# TOKEN_MAX segments, which is what SCAN_OVERLAP, the default, is sized for.
+# need; a rule declares its own (see redaction_rules), the procedures' patterns are here.
+# Quoted values count twice TOKEN_MAX (an escape pair is two characters).
 _OVERLAP_BY_PATTERN: dict[re.Pattern[str], int] = {
     **{rx: 256 for _stems, rx in ASSIGN_RXS},  # key and separator; values match on the text
-    ID_RX: 128,
-    CARD_RX: 128,
-    PHONE_RX: 128,
-    EMAIL_RX: 1024,
-    EMAIL_DENSE_RX: 1024,
-    URL_CRED_RX: 1024,
-    SLACK_HOOK_RX: 2048,
-    BEARER_RX: TOKEN_MAX + 64,
-    BASIC_RX: TOKEN_MAX + 64,
     PAIR_RX: 2 * TOKEN_MAX + 256,
-    **{rx: TOKEN_MAX + 64 for gate, rx, _r in PROVIDER_RULES if gate != "eyJ"},
+    **{rx: r.overlap for r in RULES for rx in (r.rx, r.dense_rx) if rx is not None},
 }
-# A private-key block is as long as it is (or runs to the end of the text when its END is
-# missing): its pattern is linear by construction and scans the whole text, never a window.
-_UNBOUNDED = -1
-_OVERLAP_BY_PATTERN[PEM_RX] = _UNBOUNDED
 # keyed by id(): hashing a compiled pattern hashes its whole program, on every lookup
 _OVERLAPS = {id(rx): n for rx, n in _OVERLAP_BY_PATTERN.items()}
-# A replacement is a sequence of literal strings and (start, end) spans of the scanned text;
-# spans are rendered from the original characters, literals are what replaces the secret.
-_Piece = str | tuple[int, int]
-_Edit = tuple[int, int, tuple[_Piece, ...], str, str]  # start, end, pieces, kind, raw
 
 
 class _Text:
@@ -139,7 +108,7 @@ class _Text:
         self.src = src
         self.fold = fold_text(src)
 
-    def commit(self, edits: list[_Edit], hits: Hits) -> None:
+    def commit(self, edits: list[Edit], hits: Hits) -> None:
         if not edits:
             return
         for _s, _e, _p, kind, raw in edits:
@@ -149,7 +118,7 @@ class _Text:
         self.src = self.fold if same else _render(self.src, edits)
 
 
-def _render(text: str, edits: list[_Edit]) -> str:
+def _render(text: str, edits: list[Edit]) -> str:
     out: list[str] = []
     last = 0
     for start, end, pieces, _k, _r in edits:
@@ -180,7 +149,7 @@ def _matches(
     overlap = _OVERLAPS.get(id(rx), SCAN_OVERLAP)
     while True:
         end = pos + SCAN_WINDOW
-        if end >= n or overlap == _UNBOUNDED:
+        if end >= n or overlap == UNBOUNDED:
             yield from rx.finditer(text, pos, n)
             return
         owned = end - overlap
@@ -206,74 +175,43 @@ def _search(rx: re.Pattern[str], text: str, pos: int) -> re.Match[str] | None:
         pos = end - overlap
 
 
-_Handler = Callable[[re.Match[str], str], "_Edit | None"]
-
-
 def _collect(
-    f: str, rx: re.Pattern[str], handle: _Handler, pos: int = 0, endpos: int | None = None
-) -> list[_Edit]:
+    f: str,
+    rx: re.Pattern[str],
+    handle: Handler,
+    kind: str,
+    pos: int = 0,
+    endpos: int | None = None,
+) -> list[Edit]:
     """Edits for every accepted match of ``rx`` in ``f[pos:endpos]``; overlaps are dropped."""
-    out: list[_Edit] = []
+    out: list[Edit] = []
     last = 0
     for m in _matches(rx, f, pos, endpos):
-        edit = handle(m, f)
+        edit = handle(m, f, kind)
         if edit is not None and edit[0] >= last:
             out.append(edit)
             last = edit[1]
     return out
 
 
-def _apply(
-    st: _Text,
-    rx: re.Pattern[str],
-    handle: _Handler,
-    hits: Hits,
-    pos: int = 0,
-    endpos: int | None = None,
-) -> None:
-    st.commit(_collect(st.fold, rx, handle, pos, endpos), hits)
+def _apply(st: _Text, rule: Rule, hits: Hits, pos: int = 0, endpos: int | None = None) -> None:
+    """Run one rule on ``st`` (its pre-check already passed) and commit its edits."""
+    rx = rule.rx
+    if rule.dense_rx is not None and st.fold.count(rule.needle) * 4 > len(st.fold):
+        rx = rule.dense_rx  # mostly needle ("@" * N): the charset-first twin skips runs in C
+    st.commit(_collect(st.fold, rx, rule.handle, rule.kind, pos, endpos), hits)
 
 
 # --------------------------------------------------------------------------------------------
-# Handlers: a match -> an edit, or None to leave a lookalike alone
+# key=value assignments and ("key", "value") pairs
 # --------------------------------------------------------------------------------------------
-
-
-def _whole(m: re.Match[str], _f: str) -> _Edit:
-    return m.start(), m.end(), (REDACTED,), "secret_value", m.group(0)
-
-
-def _group(name: str, check: Callable[[str], bool] | None = None) -> _Handler:
-    """Redact one named group (keeping what surrounds it), if ``check`` accepts it."""
-
-    def handle(m: re.Match[str], _f: str) -> _Edit | None:
-        value = m.group(name)
-        if value.startswith(REDACTED) or (check is not None and not check(value)):
-            return None
-        return m.start(name), m.end(name), (REDACTED,), "secret_value", value
-
-    return handle
-
-
-_PORT_PATH_RX = re.compile(r"[0-9]{1,5}/")
-
-
-# "http://host:8080/a@b": that "password" is a port and a path, not a credential
-_url_cred = _group("pw", lambda pw: _PORT_PATH_RX.match(pw) is None)
-_slack_hook = _group("secret")
-_bearer = _group("tok", looks_random)
-_basic = _group("tok", basic_ok)
-
-
-def _random_token(m: re.Match[str], f: str) -> _Edit | None:
-    return _whole(m, f) if looks_random(m.group(0)[3:]) else None
 
 
 _SCHEME_RX = re.compile(r"(?i:bearer|basic|token|digest)[ \t]{1,16}+")
 _CLOSERS = {"{": "}", "[": "]", '"': '"', "'": "'"}
 
 
-def _assign_edit(f: str, key_start: int, vm: re.Match[str]) -> _Edit | None:
+def _assign_edit(f: str, key_start: int, vm: re.Match[str]) -> Edit | None:
     """Redact the value ``vm`` of a secret key; quotes, brackets and an auth scheme stay."""
     v_start, v_end = vm.span()
     if f.startswith(REDACTED, v_start):
@@ -321,7 +259,7 @@ def _assign_family(st: _Text, rx: re.Pattern[str], hits: Hits) -> None:
     A secret key's value is consumed (searching resumes after it); after a key that is not a
     secret, searching resumes at its value, so "tokens: api_key=..." is still caught."""
     f = st.fold
-    edits: list[_Edit] = []
+    edits: list[Edit] = []
     pos = 0
     while (m := _search(rx, f, pos)) is not None:
         pos = m.end()
@@ -340,70 +278,11 @@ def _assign_family(st: _Text, rx: re.Pattern[str], hits: Hits) -> None:
     st.commit(edits, hits)
 
 
-def _pair(m: re.Match[str], _f: str) -> _Edit | None:
+def _pair(m: re.Match[str], _f: str, kind: str) -> Edit | None:
     v = m.group("v")
     if not is_secret_key(m.group("k")) or not v[1:-1].strip() or v[1:].startswith(REDACTED):
         return None
-    return m.start("v"), m.end("v"), (v[0], REDACTED, v[0]), "secret_value", v[1:-1]
-
-
-def _in_run(m: re.Match[str], f: str) -> bool:
-    """The "skip" branch of a number pattern matched: the rest of a long digit run."""
-    return m.start() > 0 and f[m.start() - 1].isdigit()
-
-
-def _prc_id(m: re.Match[str], f: str) -> _Edit | None:
-    if _in_run(m, f):
-        return None
-    s1, b, s2, c = m.group("s1", "b", "s2", "c")
-    start = m.start()
-    a = f[start : start + 6]
-    ok = id_checksum_ok(a + b + c[:3], c[3])
-    if not ok and (s1 or s2):
-        ok = birth_date_ok(b)
-    if not ok:
-        return None
-    pieces = ((start, start + 6), m.span("s1"), "********", m.span("s2"), m.span("c"))
-    return start, m.end("c"), pieces, "pii_id", a + b + c
-
-
-def _card(m: re.Match[str], f: str) -> _Edit | None:
-    if _in_run(m, f):
-        return None
-    s = m.group(0)
-    digits = s.replace(" ", "").replace("-", "")
-    if not 13 <= len(digits) <= 19 or not luhn_ok(digits):
-        return None
-    keep_from, seen = len(s), 0
-    while seen < 4:
-        keep_from -= 1
-        seen += s[keep_from].isdigit()
-    masked = "".join("*" if c.isdigit() else c for c in s[:keep_from])
-    start, end = m.span()
-    return start, end, (masked, (start + keep_from, end)), "pii_card", digits
-
-
-def _phone(m: re.Match[str], _f: str) -> _Edit | None:
-    if m.group("a") is None:  # the rest of a long digit run
-        return None
-    start, a_start = m.start(), m.start("a") - 1  # "a" is the 2 digits after the leading 1
-    raw = "1" + m.group("a") + m.group("mid").strip(" -.") + m.group("c")
-    pieces = ((start, a_start), (a_start, m.end("a")), "****", m.span("c"))
-    return start, m.end("c"), pieces, "pii_phone", raw
-
-
-def _email(m: re.Match[str], f: str) -> _Edit | None:
-    at = m.start("at")
-    lo = max(0, at - 64)
-    j = at
-    while j > lo and f[j - 1] in EMAIL_LOCAL:
-        j -= 1
-    while j < at and not f[j].isalnum():  # a local part starts with a letter or digit
-        j += 1
-    if j == at:
-        return None
-    pieces = ((j, j + 1), "***@", m.span("d"))  # a trailing "." stays, as written
-    return j, m.end(), pieces, "pii_email", f[j : m.end()].rstrip(".")
+    return m.start("v"), m.end("v"), (v[0], REDACTED, v[0]), kind, v[1:-1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -411,21 +290,16 @@ def _email(m: re.Match[str], f: str) -> _Edit | None:
 # --------------------------------------------------------------------------------------------
 
 
-def _numbers(st: _Text, hits: Hits) -> None:
-    """ID, card and phone rules, each behind a digit-run gate, scanning only the stretch from
-    the first digit to the last (plus context): a body with one block of digits pays for that
-    block, not for the whole text. The end keeps one character after the last digit, so the
-    "not glued on the right" lookahead sees the real neighbour, never an artificial end."""
+def _digit_rule(st: _Text, rule: Rule, hits: Hits) -> None:
+    """A number rule behind its digit-run pre-check, scanning only the stretch from the first
+    digit to the last (plus context): a body with one block of digits pays for that block,
+    not for the whole text. The end keeps one character after the last digit, so the "not
+    glued on the right" lookahead sees the real neighbour, never an artificial end."""
     f = st.fold
-    if not any(d in f for d in "0123456789") or LONG_DIGITS_RX.search(f) is None:
-        return
-    for rx, handle, run in ((ID_RX, _prc_id, 6), (CARD_RX, _card, 2), (PHONE_RX, _phone, 3)):
-        f = st.fold
-        raw = f.encode("ascii", "replace") if not f.isascii() else f.encode("ascii")
-        cls = raw.translate(DIGIT_CLASS)  # cheap gate: each rule needs a run of that many
-        if b"d" * run in cls:
-            first, last = cls.find(b"d"), cls.rfind(b"d")
-            _apply(st, rx, handle, hits, max(0, first - 8), min(len(f), last + 2))
+    cls = digit_class(f)
+    if b"d" * rule.digits in cls:
+        first, last = cls.find(b"d"), cls.rfind(b"d")
+        _apply(st, rule, hits, max(0, first - 8), min(len(f), last + 2))
 
 
 # Decoded base64 text goes through the rules only if it has something a rule could match: a
@@ -444,7 +318,7 @@ def _base64(st: _Text, hits: Hits, nest: int) -> None:
     cls = raw.translate(B64_CLASS)
     needle = b"a" * (B64_MIN - 4)
     n = len(f)
-    edits: list[_Edit] = []
+    edits: list[Edit] = []
     verdicts: dict[str, str | None] = {}  # token -> finding kind, or None
     find = cls.find
     i = find(needle)
@@ -478,13 +352,18 @@ def _b64_verdict(token: str, nest: int) -> str | None:
     return inner[0][0] if inner else None
 
 
-# Gates: a one-character test (memchr speed) before each multi-character one (a scan).
-_PROVIDER_GATES = tuple(
-    (g, rx, random, "_" if "_" in g else "-" if "-" in g else g[-1])
-    for g, rx, random in PROVIDER_RULES
+# The table's pre-checks as plain tuples, for the hot loop (same tests as Rule.precheck): a
+# one-character test (memchr speed) before the multi-character one (a scan).
+_CREDENTIAL_GATES = tuple(
+    (r.quick, r.quick.upper() if r.ignore_case else r.quick, r.needle, r.ignore_case, r)
+    for r in RULES
+    if r.stage == "credential"
 )
+_PII_RULES = tuple(r for r in RULES if r.stage == "pii")
+_MOBILE = next(r for r in RULES if r.name == "mobile_number")
 _ASCII_GROUPS = tuple((g, rx) for g, rx in ASSIGN_RXS if g[0].isascii())
 _PAIR_GATES = ('["', "['", '("', "('")
+_SECRET = "secret_value"
 
 
 def _families(lower: str) -> list[re.Pattern[str]]:
@@ -502,24 +381,20 @@ def _families(lower: str) -> list[re.Pattern[str]]:
 def _pipeline(st: _Text, hits: Hits, nest: int = 0) -> None:
     """One pass of every rule, in order: whole credentials first (a PEM block or JWT may hold
     ``key=`` text), then key=value assignments, base64-wrapped secrets, then PII (an ID number
-    is checked before it can look like a card). Each rule runs behind a cheap gate."""
-    f = st.fold
-    if "-" in f and "-----BEGIN" in f:
-        _apply(st, PEM_RX, _whole, hits)
-    if ":" in st.fold and "://" in st.fold:
-        _apply(st, URL_CRED_RX, _url_cred, hits)
-    if "/" in st.fold and "hooks.slack.com" in st.fold:
-        _apply(st, SLACK_HOOK_RX, _slack_hook, hits)
+    is checked before it can look like a card). Each rule runs behind its pre-check."""
     lower = ""
-    if "r" in st.fold or "R" in st.fold:
-        lower = st.fold.lower()
-        if "bearer" in lower:
-            _apply(st, BEARER_RX, _bearer, hits)
-    if "B" in st.fold and "Basic" in st.fold:
-        _apply(st, BASIC_RX, _basic, hits)
-    for gate, rx, random, char in _PROVIDER_GATES:
-        if char in st.fold and gate in st.fold:
-            _apply(st, rx, _random_token if random else _whole, hits)
+    lower_of: str | None = None
+    for quick, quick_alt, needle, ignore_case, rule in _CREDENTIAL_GATES:
+        f = st.fold
+        if quick not in f and (not ignore_case or quick_alt not in f):
+            continue
+        if ignore_case:
+            if lower_of is not f:
+                lower, lower_of = f.lower(), f
+            if needle in lower:
+                _apply(st, rule, hits)
+        elif needle in f:
+            _apply(st, rule, hits)
     assign = "=" in st.fold or ":" in st.fold
     pairs = "," in st.fold and any(g in st.fold for g in _PAIR_GATES)
     if assign or pairs:
@@ -529,13 +404,20 @@ def _pipeline(st: _Text, hits: Hits, nest: int = 0) -> None:
             for rx in families:
                 _assign_family(st, rx, hits)
         if pairs and families:
-            _apply(st, PAIR_RX, _pair, hits)
+            st.commit(_collect(st.fold, PAIR_RX, _pair, _SECRET), hits)
     if nest < 2 and len(st.fold) >= B64_MIN:
         _base64(st, hits, nest)
-    _numbers(st, hits)
-    if "@" in st.fold:
-        dense = st.fold.count("@") * 4 > len(st.fold)
-        _apply(st, EMAIL_DENSE_RX if dense else EMAIL_RX, _email, hits)
+    # the number rules share one more gate: 11+ digits, single separators allowed
+    numbers: bool | None = None
+    for rule in _PII_RULES:
+        f = st.fold
+        if rule.digits:
+            if numbers is None:
+                numbers = any(d in f for d in "0123456789") and LONG_DIGITS_RX.search(f) is not None
+            if numbers:
+                _digit_rule(st, rule, hits)
+        elif rule.quick in f and rule.needle in f:
+            _apply(st, rule, hits)
 
 
 # Short strings seen clean before (keys, enum values, status words) skip the rules entirely.
@@ -588,5 +470,5 @@ def mask_mobile(text: str) -> str:
     if not any(d in text for d in "0123456789"):
         return text
     st = _Text(text)
-    _apply(st, PHONE_RX, _phone, [])
+    _apply(st, _MOBILE, [])
     return st.src

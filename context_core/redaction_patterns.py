@@ -2,7 +2,8 @@
 
 Split from the rules engine so each module stays readable: this one holds data (word lists,
 compiled patterns, validators), :func:`is_secret_key` and the JSON nesting check the gateway
-uses; the engine (:mod:`context_core.redaction`) applies them.
+uses; :mod:`context_core.redaction_rules` pairs each pattern with its pre-check and handler,
+and the engine (:mod:`context_core.redaction`) applies them.
 
 Every pattern runs in linear time on hostile input, because a tool result is attacker-shaped
 text (``"eyJ" * 40000`` once took 16 s through a backtracking JWT pattern). The rules that keep
@@ -197,34 +198,47 @@ BASIC_RX = re.compile(
     rf"Basic(?<!\wBasic)(?P<sp>\s{{1,16}}+)(?P<tok>[A-Za-z0-9+/]{{4,{_T}}}+={{0,2}})"
 )
 _B64URL = r"[A-Za-z0-9_\-]"
-# (gate substring, pattern, validate-as-random) per provider; each pattern starts with its
-# literal so the engine's prefix search skips everything else.
-PROVIDER_RULES: tuple[tuple[str, re.Pattern[str], bool], ...] = tuple(
-    (gate, re.compile(rx), random)
-    for gate, rx, random in (
+# (rule name, needle every match contains, pattern, validate-as-random) per provider; each
+# pattern starts with its literal so the engine's prefix search skips everything else. The
+# needle is the rule's pre-check (context_core.redaction_rules), so it must be in every match.
+PROVIDER_RULES: tuple[tuple[str, str, re.Pattern[str], bool], ...] = tuple(
+    (name, gate, re.compile(rx), random)
+    for name, gate, rx, random in (
         (
+            "jwt",
             "eyJ",
             rf"eyJ(?<!{_B64URL}eyJ){_B64URL}{{4,{_T}}}+\.{_B64URL}{{4,{_T}}}+\.{_B64URL}{{0,{_T}}}+",
             False,
         ),
-        ("k_live_", rf"[sr]k_live_[A-Za-z0-9]{{8,{_T}}}+", False),  # Stripe
-        ("k_test_", rf"[sr]k_test_[A-Za-z0-9]{{8,{_T}}}+", False),
-        ("AKIA", rf"AKIA[0-9A-Z]{{16,{_T}}}+", False),  # AWS access key ids
-        ("ASIA", rf"ASIA[0-9A-Z]{{16,{_T}}}+", False),
-        ("gh", rf"gh[pousr]_[A-Za-z0-9]{{20,{_T}}}+", False),  # GitHub
-        ("github_pat_", rf"github_pat_[A-Za-z0-9_]{{20,{_T}}}+", False),
-        ("xox", rf"xox[abposr]-[A-Za-z0-9\-]{{10,{_T}}}+", False),  # Slack tokens
+        ("stripe_live_key", "k_live_", rf"[sr]k_live_[A-Za-z0-9]{{8,{_T}}}+", False),
+        ("stripe_test_key", "k_test_", rf"[sr]k_test_[A-Za-z0-9]{{8,{_T}}}+", False),
+        ("aws_access_key_id", "AKIA", rf"AKIA[0-9A-Z]{{16,{_T}}}+", False),
+        ("aws_temporary_key_id", "ASIA", rf"ASIA[0-9A-Z]{{16,{_T}}}+", False),
+        ("github_token", "gh", rf"gh[pousr]_[A-Za-z0-9]{{20,{_T}}}+", False),
+        ("github_pat", "github_pat_", rf"github_pat_[A-Za-z0-9_]{{20,{_T}}}+", False),
+        ("slack_token", "xox", rf"xox[abposr]-[A-Za-z0-9\-]{{10,{_T}}}+", False),
         # OpenAI / Anthropic: project, admin, service-account keys, then the legacy shape
         (
+            "llm_provider_key",
             "sk-",
             rf"sk-(?<!{_B64URL}sk-)(?:proj|ant|svcacct|admin)-{_B64URL}{{16,{_T}}}+",
             False,
         ),
-        ("sk-", rf"sk-(?<!{_B64URL}sk-)[A-Za-z0-9]{{32,{_T}}}+(?!{_B64URL})", True),
-        ("AIza", rf"AIza(?<!{_B64URL}AIza){_B64URL}{{35}}(?!{_B64URL})", False),  # Google
-        ("gl", rf"gl(?<!{_B64URL}gl)(?:pat|ptt|dt|rt|cbt|soat|oas)-{_B64URL}{{20,{_T}}}+", False),
-        ("hf_", rf"hf_(?<![A-Za-z0-9_]hf_)[A-Za-z0-9]{{30,{_T}}}+", False),  # Hugging Face
-        ("ctxk_", rf"ctxk_(?<!{_B64URL}ctxk_){_B64URL}{{16,{_T}}}+", False),  # this service's keys
+        (
+            "llm_legacy_key",
+            "sk-",
+            rf"sk-(?<!{_B64URL}sk-)[A-Za-z0-9]{{32,{_T}}}+(?!{_B64URL})",
+            True,
+        ),
+        ("google_api_key", "AIza", rf"AIza(?<!{_B64URL}AIza){_B64URL}{{35}}(?!{_B64URL})", False),
+        (
+            "gitlab_token",
+            "gl",
+            rf"gl(?<!{_B64URL}gl)(?:pat|ptt|dt|rt|cbt|soat|oas)-{_B64URL}{{20,{_T}}}+",
+            False,
+        ),
+        ("huggingface_token", "hf_", rf"hf_(?<![A-Za-z0-9_]hf_)[A-Za-z0-9]{{30,{_T}}}+", False),
+        ("ctx_api_key", "ctxk_", rf"ctxk_(?<!{_B64URL}ctxk_){_B64URL}{{16,{_T}}}+", False),
     )
 )
 # Slack incoming-webhook URLs: the path after /services/ is the secret.

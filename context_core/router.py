@@ -67,6 +67,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+from context_core import defaults
 from context_core.bundle import (
     LOW_CONFIDENCE_NOTE,
     ContextBundle,
@@ -86,7 +87,7 @@ from context_core.errors import AccessDeniedError, ConfigError, ContextMissError
 from context_core.exact_reads import L2Trace, read_l1, read_l2, read_namespaces, read_prefs
 from context_core.intents import IntentRegistry, IntentSpec, template_fields
 from context_core.knowledge.memory import UNREVIEWED, hot_scopes, hot_visible
-from context_core.traces import TraceWriter, fragment_cites, new_trace_id
+from context_core.traces import TraceWriter, fragment_entry, new_trace_id
 
 if TYPE_CHECKING:
     from context_core.knowledge.memory import KnowledgeMemory
@@ -99,7 +100,7 @@ __all__ = ["LOW_CONFIDENCE_NOTE", "ContextBundle", "ContextRouter", "Fragment"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_FRAGMENTS = 3
+DEFAULT_MAX_FRAGMENTS = defaults.BUNDLE_MAX_FRAGMENTS
 
 
 @dataclass
@@ -125,7 +126,7 @@ class ContextRouter:
         tracer: TraceWriter,
         namespaces: NamespaceRegistry | None = None,
         registry: IntentRegistry | None = None,
-        l3_timeout_ms: float = 100.0,
+        l3_timeout_ms: float = defaults.L3_TIMEOUT_MS,
         l3_collection: str | None = None,
         l3_limit: int | None = None,
         l3_workers: int = 4,
@@ -355,16 +356,7 @@ class ContextRouter:
                     else (None if not spec.l3 else "no knowledge memory configured"),
                 },
                 "ns": ns_trace,
-                "fragments": [
-                    {
-                        "layer": f.layer,
-                        "source": f.source,
-                        "confidence": f.confidence,
-                        "label": f.label,
-                        "cites": fragment_cites(f.layer, f.source, f.content),
-                    }
-                    for f in delivered
-                ],
+                "fragments": [fragment_entry(f) for f in delivered],
                 "by_reference": used["by_reference"],
                 "fallback": fallback,
                 "confidence": policy.to_dict(),

@@ -122,6 +122,7 @@ __all__ = [
     "TraceWriter",
     "citable_tokens",
     "fragment_cites",
+    "fragment_entry",
     "new_trace_id",
     "read_traces",
     "trace_file",
@@ -409,6 +410,17 @@ def fragment_cites(layer: str, source: str, content: Any, *, limit: int = MAX_CI
             body = content.get("text", "")
     head = [h for h in head if h and len(h) <= _MAX_TITLE]
     return _take(itertools.chain(head, _walk_tokens(body)), limit)
+
+
+_FRAGMENT_TRACE_FIELDS = tuple(FragmentTraceV1.model_fields)
+
+
+def fragment_entry(frag: Any) -> dict[str, Any]:
+    """A delivered fragment (:class:`~context_core.bundle.Fragment`) as a route record lists
+    it: the fields of :class:`FragmentTrace`, ``cites`` computed from its content."""
+    out = {name: getattr(frag, name) for name in _FRAGMENT_TRACE_FIELDS}
+    out["cites"] = fragment_cites(frag.layer, frag.source, frag.content)
+    return out
 
 
 def new_trace_id() -> str:

@@ -29,22 +29,14 @@ unchanged are skipped.
 
 from __future__ import annotations
 
-import importlib.util
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from airflow.sdk import Asset, Param, dag, task
 
+from context_core.sample_data import sample_export_path
+
 KNOWLEDGE_MAIN = Asset("qdrant://knowledge_main")
-
-
-def _sample_export() -> str:
-    """Where the packaged sample export lives (a path lookup, no file is read)."""
-    spec = importlib.util.find_spec("context_core")
-    if spec is None or spec.origin is None:
-        return ""
-    return str(Path(spec.origin).parent / "sample_data" / "confluence" / "EQM")
 
 
 @dag(
@@ -63,7 +55,7 @@ def _sample_export() -> str:
     },
     params={
         "export_path": Param(
-            _sample_export(),
+            str(sample_export_path()),  # a path lookup, no file is read
             type="string",
             description="Confluence HTML space export: a folder or a .zip.",
         ),

@@ -36,16 +36,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from context_core.confidence import label_score, model_name
 from context_core.errors import CalibrationError
+from context_core.fsutil import atomic_write_text
 
 if TYPE_CHECKING:
     from evaluation.labels import LabelSet
@@ -59,12 +60,8 @@ __all__ = [
     "Provenance",
     "calibrate",
     "compare_with_current",
-    "label_score",
     "write_thresholds",
 ]
-
-Label = Literal["confident", "low_confidence", "below_skip"]
-LABEL_NAMES: tuple[Label, ...] = ("confident", "low_confidence", "below_skip")
 
 
 def _as_arrays(scores: Sequence[float] | np.ndarray, labels: Sequence[int] | np.ndarray):
@@ -382,8 +379,6 @@ def thresholds_document(result: CalibrationResult, provenance: Provenance) -> di
     contract: the router uses the pair only with the embedding model named here
     (:class:`context_core.confidence.PolicySource`), so ``model`` is recorded the way a
     collection records it (:func:`context_core.confidence.model_name`)."""
-    from context_core.confidence import model_name
-
     doc = result.summary()
     filled = provenance.filled()
     doc["model"] = model_name(filled.model) if filled.model else None
@@ -393,25 +388,11 @@ def thresholds_document(result: CalibrationResult, provenance: Provenance) -> di
 
 def write_thresholds(result: CalibrationResult, path: Path | str, provenance: Provenance) -> Path:
     """Write thresholds.json atomically (tmp file + rename), so the router never reads half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     doc = thresholds_document(result, provenance)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
-    tmp.replace(path)
-    return path
+    return atomic_write_text(path, json.dumps(doc, indent=2, allow_nan=False) + "\n")
 
 
 # --- comparison with the thresholds in force -------------------------------------------
-
-
-def label_score(score: float, accept: float, skip: float) -> Label:
-    """The router's three-way label (same rule as ``ConfidencePolicy.label``)."""
-    if score >= accept:
-        return "confident"
-    if score >= skip:
-        return "low_confidence"
-    return "below_skip"
 
 
 @dataclass(frozen=True, slots=True)

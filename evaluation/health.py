@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from context_core.fsutil import atomic_write_text
+
 if TYPE_CHECKING:
     import redis
 
@@ -381,10 +383,7 @@ def store_snapshot(path: Path, snap: HealthSnapshot) -> list[dict[str, Any]]:
     history = [r for r in load_history(path) if r.get("day") != snap.day]
     history.append(snap.history_record())
     history.sort(key=lambda r: r["day"])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in history), "utf-8")
-    tmp.replace(path)
+    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in history))
     return history
 
 
@@ -473,42 +472,32 @@ def run_health_report(
 ) -> dict[str, Path]:
     """Snapshot -> history (idempotent per day) -> markdown + PNGs + JSON in ``reports_dir``.
 
-    Opens Redis (``RedisProvider``) and the vector store from ``settings`` when not given.
+    Opens Redis and the vector store from ``settings`` (a :class:`Platform` without the
+    model) when not given; one that cannot be opened is reported as an error of its layer.
     """
-    from context_core.confidence import PolicySource
     from context_core.errors import ContextError
+    from context_core.platform import build_platform
     from evaluation.report import write_health_report
 
     day = day or dt.datetime.now(dt.UTC).date()
-    own: list[Any] = []
-    try:
+    with build_platform(settings, with_knowledge=False) as platform:
         if redis_client is None:
             try:
-                from context_core.redis_conn import RedisProvider
-
-                provider = RedisProvider(settings)
-                own.append(provider)
-                redis_client = provider.client(decode_responses=True)
+                redis_client = platform.redis
             except ContextError:
                 redis_client = None
         if store is None:
             try:
-                from context_core.knowledge.store import open_store
-
-                store = open_store(settings)
-                own.append(store)
+                store = platform.store
             except ContextError:
                 store = None
         # The router's view of the thresholds: a file calibrated for another model is
         # refused here too (the settings' defaults apply), and the report says so.
-        thresholds = PolicySource(settings)
+        thresholds = platform.policy
         policy = thresholds.current()
         status = thresholds.status()
         snap = snapshot(settings, day=day, redis_client=redis_client, store=store,
                         accept=policy.accept)  # fmt: skip
-    finally:
-        for thing in own:
-            thing.close()
     history = store_snapshot(_history_path(settings), snap)
     described = f"{policy.source} (model {policy.model or 'not recorded'}, rule {policy.rule})"
     if status["mismatch"]:

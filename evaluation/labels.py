@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from context_core.errors import DataValidationError
+from context_core.fsutil import atomic_write_text
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -329,15 +331,11 @@ def export_candidates(
 
 def write_candidates_csv(candidates: Sequence[Candidate], path: Path | str) -> Path:
     """Write candidates with an empty ``label`` column; the header matches :data:`LABEL_COLUMNS`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(CANDIDATE_COLUMNS)
-        for c in candidates:
-            writer.writerow(
-                [c.query_id, c.query, c.point_id, c.source, c.section, c.similarity, c.text, ""]
-            )
-    tmp.replace(path)
-    return path
+    buf = io.StringIO(newline="")
+    writer = csv.writer(buf)
+    writer.writerow(CANDIDATE_COLUMNS)
+    for c in candidates:
+        writer.writerow(
+            [c.query_id, c.query, c.point_id, c.source, c.section, c.similarity, c.text, ""]
+        )
+    return atomic_write_text(path, buf.getvalue())

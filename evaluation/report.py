@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from evaluation.calibration import CalibrationResult, LabelChange, Provenance, label_score
+from context_core.confidence import label_score
+from context_core.fsutil import atomic_write_text
+from evaluation.calibration import CalibrationResult, LabelChange, Provenance
 
 if TYPE_CHECKING:
     from evaluation.cer import CerReport
@@ -37,11 +38,7 @@ CRITERIA_TEXT = {
 
 
 def write_text(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return atomic_write_text(path, text)
 
 
 def write_json(path: Path, doc: Any) -> Path:

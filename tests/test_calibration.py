@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
+from context_core.confidence import ConfidencePolicy, label_score
 from context_core.errors import CalibrationError
 from evaluation.calibration import (
     Provenance,
     calibrate,
     compare_with_current,
-    label_score,
     write_thresholds,
 )
 
@@ -124,6 +124,19 @@ def test_compare_with_current_counts_label_changes_per_class() -> None:
     assert ch.changed_share_relevant == pytest.approx(1 / 3)
     assert ch.changed_share_irrelevant == pytest.approx(1 / 3)
     assert label_score(0.8, 0.8, 0.6) == "confident"
+
+
+def test_calibration_labels_hits_with_the_routers_rule() -> None:
+    """compare_with_current counts label changes with the rule the router applies per hit."""
+    policy = ConfidencePolicy(accept=0.7, skip=0.5, rule="per_hit")
+    for s in (-1.0, 0.0, 0.4999, 0.5, 0.6, 0.6999, 0.7, 0.95, 1.0, float("nan")):
+        assert label_score(s, 0.7, 0.5) == policy.label(s)
+    assert [label_score(s, 0.7, 0.5) for s in (0.7, 0.5, 0.49, float("nan"))] == [
+        "confident",
+        "low_confidence",
+        "below_skip",
+        "below_skip",
+    ]
 
 
 def test_thresholds_json_round_trips_into_confidence_policy(settings) -> None:

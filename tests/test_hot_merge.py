@@ -11,10 +11,11 @@ from context_core.config import Settings, get_settings
 from context_core.embedding import Encoder, load_encoder
 from context_core.gateway import Gateway
 from context_core.ingest.hot import merge_hot, normalise_terms, on_fallback, run_merge
-from context_core.ingest.pipeline import run_refresh, sample_export_path
+from context_core.ingest.pipeline import run_refresh
 from context_core.knowledge.edge import EdgeStore
 from context_core.knowledge.memory import KnowledgeMemory
 from context_core.knowledge.store import PointRecord, point_id
+from context_core.sample_data import sample_export_path
 
 NOW = 1_780_000_000.0
 HOUR = 3600.0

@@ -191,17 +191,17 @@ def export_candidates_cmd(
 
     Fill 'label' with 1 (relevant) or 0, then run `ctx eval calibrate <file>`.
     """
-    from context_core.embedding import load_encoder
-    from context_core.knowledge.store import open_store
+    from context_core.platform import build_platform
     from evaluation.labels import export_candidates, read_queries, write_candidates_csv
 
     settings = _settings()
     name = collection or settings.collection_main
     try:
         qs = read_queries(queries)
-        encoder = load_encoder(settings)
-        store = open_store(settings)
-        try:
+        # the store and the model only: no Redis (no embedding cache), no L2
+        with build_platform(settings, with_knowledge=False, embed_cache=False) as platform:
+            encoder = platform.encoder
+            store = platform.store
             if store.info(name) is None:
                 raise _fail(f"collection {name!r} does not exist; run `ctx ingest` first")
 
@@ -209,8 +209,6 @@ def export_candidates_cmd(
                 return store.search(name, encoder.encode_query(text).tolist(), limit=limit)
 
             rows = export_candidates(qs, search, k=k)
-        finally:
-            store.close()
         path = write_candidates_csv(rows, out)
     except ContextError as e:
         raise _fail(str(e)) from e

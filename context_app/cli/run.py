@@ -13,9 +13,12 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from context_core.platform import Platform
 
 
 def register(app: typer.Typer) -> None:
@@ -71,35 +74,26 @@ def run(
 def _main_job(
     console: Any, settings: Any, source: Path, dags_folder: Path | None, skip_cal: bool
 ) -> None:
-    from context_core.redis_conn import RedisProvider
+    from context_core.platform import build_platform
 
-    with RedisProvider(settings) as provider:
+    with build_platform(settings) as platform:
         console.rule("[bold]1/4 knowledge refresh (Airflow DAG knowledge_refresh)")
-        _refresh(console, settings, source, dags_folder, provider.url)
+        _refresh(console, settings, source, dags_folder, platform.provider.url)
 
-        from context_core.embedding import load_encoder
-        from context_core.gateway import Gateway
-        from context_core.knowledge import KnowledgeMemory, open_store
+        # opened after the refresh: the DAG's process writes the embedded store meanwhile
+        _ = platform.knowledge
 
-        store = open_store(settings)
-        try:
-            encoder = load_encoder(settings, redis_client=provider.client(decode_responses=False))
-            knowledge = KnowledgeMemory(store, encoder, settings, Gateway.from_settings(settings))
-            knowledge.ensure_collections()
+        console.rule("[bold]2/4 threshold calibration (sample queries, page-level qrels)")
+        if skip_cal:
+            console.print("skipped (--skip-calibration): the thresholds in force stay")
+        else:
+            _calibrate(console, settings)
 
-            console.rule("[bold]2/4 threshold calibration (sample queries, page-level qrels)")
-            if skip_cal:
-                console.print("skipped (--skip-calibration): the thresholds in force stay")
-            else:
-                _calibrate(console, settings)
+        console.rule("[bold]3/4 scripted agent session through L1/L2/L3")
+        _session(console, settings, platform)
 
-            console.rule("[bold]3/4 scripted agent session through L1/L2/L3")
-            _session(console, settings, provider, knowledge)
-
-            console.rule("[bold]4/4 reports: CER and context health")
-            _reports(console, settings, provider, store)
-        finally:
-            store.close()
+        console.rule("[bold]4/4 reports: CER and context health")
+        _reports(console, settings, platform)
 
 
 def _refresh(
@@ -156,14 +150,13 @@ def _calibrate(console: Any, settings: Any) -> None:
         console.print(f"  {name}: {path}")
 
 
-def _session(console: Any, settings: Any, provider: Any, knowledge: Any) -> None:
+def _session(console: Any, settings: Any, platform: Platform) -> None:
     from context_app.demo import run_demo
-    from context_core.confidence import PolicySource
 
-    policy = PolicySource(settings, model=knowledge.encoder.name).current()
+    policy = platform.policy.current()
     console.print(f"thresholds in force: accept {policy.accept:.3f}, skip {policy.skip:.3f} "
                   f"({policy.source})")  # fmt: skip
-    result = run_demo(settings, provider=provider, knowledge=knowledge)
+    result = run_demo(settings, platform=platform)
     from rich.table import Table
 
     table = Table(title=f"session {result.session_id}: one row per routed step")
@@ -181,7 +174,7 @@ def _session(console: Any, settings: Any, provider: Any, knowledge: Any) -> None
     console.print(f"traces: {result.traces_dir or settings.traces_dir}")
 
 
-def _reports(console: Any, settings: Any, provider: Any, store: Any) -> None:
+def _reports(console: Any, settings: Any, platform: Platform) -> None:
     from context_core.confidence import PolicySource
     from evaluation import compute_cer, run_health_report
     from evaluation.report import write_cer_report
@@ -193,6 +186,6 @@ def _reports(console: Any, settings: Any, provider: Any, store: Any) -> None:
     console.print(f"CER {o.cer:.1%} ({o.n_effective}/{o.n_steps} steps loaded and used)")
     for v in report.failures[:5]:
         console.print(f"  [yellow]{v.intent} step {v.step}[/]: {'; '.join(v.reasons)}")
-    health_paths = run_health_report(settings, redis_client=provider.client(), store=store)
+    health_paths = run_health_report(settings, redis_client=platform.redis, store=platform.store)
     for name, path in {**cer_paths, **health_paths}.items():
         console.print(f"  {name}: {path}")

@@ -35,24 +35,20 @@ def sweep_idle(
     from context_app.service.metrics import ServiceMetrics
     from context_app.service.owners import OwnerBinding
     from context_core.config import get_settings
-    from context_core.gateway import Gateway
-    from context_core.lifecycle import LifecycleManager
-    from context_core.redis_conn import RedisProvider
-    from context_core.working_memory import WorkingMemory
+    from context_core.platform import build_platform
 
     settings = get_settings(**({"session_idle_s": idle_s} if idle_s else {}))
-    gateway = Gateway.from_settings(settings)
-    with RedisProvider(settings) as provider:
-        client = provider.client(decode_responses=True)
-        wm = WorkingMemory.from_settings(settings, provider, gateway)
+    # L1/L2 only: timing sessions out needs neither the vector store nor the model
+    with build_platform(settings, with_knowledge=False) as platform:
+        client = platform.redis
         raw_key = client.get(STATE_KEY)
         svc = SimpleNamespace(
             redis=client,
-            gateway=gateway,
+            gateway=platform.gateway,
             owners=OwnerBinding(client, ttl_s=_session_ttl_s(settings)),
             # without the service's signing key there is no service L1 state to clear
             state_key=str(raw_key or "").encode(),
-            lifecycle=LifecycleManager.from_settings(settings, wm=wm, gateway=gateway),
+            lifecycle=platform.lifecycle,
             metrics=ServiceMetrics(),
         )
         result = sweep_idle_once(svc)
@@ -85,9 +81,10 @@ def session_demo(
 
     from context_app.demo import DemoStep, bundle_rows, run_demo
     from context_core.config import get_settings
+    from context_core.platform import build_platform
 
     console = Console()
-    settings = get_settings()
+    settings = get_settings(**({"l3_timeout_ms": l3_timeout_ms} if l3_timeout_ms else {}))
 
     def on_event(name: str, effects: dict[str, Any]) -> None:
         shown = {k: v for k, v in effects.items() if k not in {"contract", "expiring"}}
@@ -113,18 +110,17 @@ def session_demo(
         console.print(table)
         console.print(Text("agent output: ", style="dim") + Text(s.output + "\n"))
 
-    with console.status("loading the embedding model and opening the stores..."):
-        from context_core.embedding import load_encoder
-
-        load_encoder(settings)
-    result = run_demo(
-        settings,
-        session_id=session_id,
-        on_event=on_event,
-        on_bundle=on_bundle,
-        l3_timeout_ms=l3_timeout_ms,
-        on_start=lambda n: _announce(console, n),
-    )
+    with build_platform(settings) as platform:
+        with console.status("loading the embedding model and opening the stores..."):
+            _ = platform.knowledge
+        result = run_demo(
+            settings,
+            platform=platform,
+            session_id=session_id,
+            on_event=on_event,
+            on_bundle=on_bundle,
+            on_start=lambda n: _announce(console, n),
+        )
     console.print(
         f"[bold green]done[/]: session {result.session_id}, {len(result.steps)} routed steps, "
         f"traces in {result.traces_dir}"

@@ -26,19 +26,25 @@ from fastapi import FastAPI, Path
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import Response
 
-from context_app.service.errors_map import json_response
 from context_app.service.http_deps import BodyBytes, Svc, Who
 from context_app.service.models import (
     ConfirmationRequest,
     ConfirmationResponse,
     PlanRequest,
     PlanResponse,
+    PreferenceDeleted,
     PreferenceIn,
+    PreferenceSet,
     PreferencesResponse,
     PrefType,
-    state_from_wire,
 )
-from context_app.service.sessions_api import PathSessionId, _auth, _signed_for
+from context_app.service.sessions_api import (
+    ERRORS,
+    PathSessionId,
+    _auth,
+    _signed_for,
+    wire_response,
+)
 from context_core.errors import ContextMissError
 from context_core.working_memory.plan import AnchoredPlan, PlannedStep, StepPlan
 
@@ -74,7 +80,12 @@ def _user_of(svc: Any, session_id: str, agent_id: str) -> str:
 
 
 def install_agent_routes(app: FastAPI) -> None:
-    @app.put("/v1/sessions/{session_id}/plan", tags=["sessions"], response_model=PlanResponse)
+    @app.put(
+        "/v1/sessions/{session_id}/plan",
+        tags=["sessions"],
+        response_model=PlanResponse,
+        responses=ERRORS,
+    )
     def put_plan(
         session_id: PathSessionId, body: PlanRequest, svc: Svc, who: Who, nbytes: BodyBytes
     ) -> Response:
@@ -90,11 +101,16 @@ def install_agent_routes(app: FastAPI) -> None:
         ttls = sm.apply_plan(plan, factor=float(body.factor))
         sm.touch()
         now = time.time()
-        return json_response(
+        return wire_response(
             {"session_id": session_id, "ttls": ttls, "plan": _plan_out(sm.current_plan(), now)}
         )
 
-    @app.get("/v1/sessions/{session_id}/plan", tags=["sessions"], response_model=PlanResponse)
+    @app.get(
+        "/v1/sessions/{session_id}/plan",
+        tags=["sessions"],
+        response_model=PlanResponse,
+        responses=ERRORS,
+    )
     def get_plan(session_id: PathSessionId, svc: Svc, who: Who) -> Response:
         """The stored plan (409 ``context_miss`` when none was sent or it expired), with the
         TTL each existing step output has now."""
@@ -112,12 +128,14 @@ def install_agent_routes(app: FastAPI) -> None:
             if ttl is not None:
                 ttls[step] = int(ttl)
         now = time.time()
-        return json_response({"session_id": session_id, "ttls": ttls, "plan": _plan_out(plan, now)})
+        return wire_response({"session_id": session_id, "ttls": ttls, "plan": _plan_out(plan, now)})
 
     @app.post(
         "/v1/sessions/{session_id}/confirmations",
+        status_code=201,
         tags=["sessions"],
         response_model=ConfirmationResponse,
+        responses=ERRORS,
     )
     def post_confirmations(
         session_id: PathSessionId,
@@ -131,11 +149,11 @@ def install_agent_routes(app: FastAPI) -> None:
         _signed_for(svc, wire, session_id)
         svc.quotas.charge(who.agent_id, nbytes, session_id=session_id)
         svc.owners.verify(session_id, who.agent_id, wire.nonce, wire.version)
-        state = state_from_wire(wire, gateway=svc.gateway, auth=_auth(who))
+        state = wire.to_state(gateway=svc.gateway, auth=_auth(who))
         answers = [a.model_dump(exclude_none=True) for a in body.answers]
         confirmed = svc.lifecycle.confirm_answers(state, answers)
         svc.wm.session(session_id).touch()
-        return json_response(
+        return wire_response(
             {"session_id": session_id, "confirmed": jsonable_encoder(confirmed)}, 201
         )
 
@@ -143,18 +161,24 @@ def install_agent_routes(app: FastAPI) -> None:
         "/v1/sessions/{session_id}/preferences",
         tags=["preferences"],
         response_model=PreferencesResponse,
+        responses=ERRORS,
     )
     def get_preferences(session_id: PathSessionId, svc: Svc, who: Who) -> Response:
         """Every structured preference of the session's user."""
         prefs = svc.wm.preferences(_user_of(svc, session_id, who.agent_id)).all()
-        return json_response(
+        return wire_response(
             {
                 "session_id": session_id,
                 "preferences": {t: _pref_dict(p) for t, p in sorted(prefs.items())},
             }
         )
 
-    @app.put("/v1/sessions/{session_id}/preferences/{pref_type}", tags=["preferences"])
+    @app.put(
+        "/v1/sessions/{session_id}/preferences/{pref_type}",
+        tags=["preferences"],
+        response_model=PreferenceSet,
+        responses=ERRORS,
+    )
     def put_preference(
         session_id: PathSessionId,
         pref_type: PathPrefType,
@@ -168,13 +192,18 @@ def install_agent_routes(app: FastAPI) -> None:
         svc.quotas.charge(who.agent_id, nbytes, session_id=session_id)
         p = svc.wm.preferences(user).set(pref_type, body.value, confidence=body.confidence)
         svc.wm.session(session_id).touch()
-        return json_response({"type": pref_type, **_pref_dict(p)})
+        return wire_response({"type": pref_type, **_pref_dict(p)})
 
-    @app.delete("/v1/sessions/{session_id}/preferences/{pref_type}", tags=["preferences"])
+    @app.delete(
+        "/v1/sessions/{session_id}/preferences/{pref_type}",
+        tags=["preferences"],
+        response_model=PreferenceDeleted,
+        responses=ERRORS,
+    )
     def delete_preference(
         session_id: PathSessionId, pref_type: PathPrefType, svc: Svc, who: Who
     ) -> Response:
         """Forget one preference of the session's user."""
         user = _user_of(svc, session_id, who.agent_id)
         deleted = svc.wm.preferences(user).delete(pref_type)
-        return json_response({"type": pref_type, "deleted": bool(deleted)})
+        return wire_response({"type": pref_type, "deleted": bool(deleted)})

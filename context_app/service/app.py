@@ -6,10 +6,12 @@ instances scale out behind a balancer. The session and context endpoints are in
 error by its class), the body guard and request metrics in :mod:`.middleware`, and the
 dependencies (services, calling agent) in :mod:`.http_deps`.
 
-The hot endpoints return pre-encoded JSON (:func:`json_response`) built from values the
-service made itself; ``response_model`` on the route still publishes the schema in OpenAPI.
-FastAPI would otherwise re-validate and re-serialise every response in a second worker-thread
-hop, which cost more CPU than the route itself.
+The hot endpoints return JSON encoded once from the library's wire models
+(:mod:`context_core.wire`: the signed L1 state, the bundle); ``response_model`` on the route
+publishes the same models in OpenAPI. FastAPI would otherwise re-validate and re-serialise
+every response in a second worker-thread hop, which cost more CPU than the route itself;
+tests/test_openapi_contract.py checks every endpoint's real answers against the published
+schema instead.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from context_app.service.http_deps import Svc
 from context_app.service.idle import sweep_idle_once
 from context_app.service.metrics import CONTENT_TYPE_LATEST
 from context_app.service.middleware import BodyLimit, LoadGauge, LoadShed, RequestMetrics
+from context_app.service.models import HealthResponse, IntentOut, ReadyResponse
 from context_app.service.sessions_api import install_session_routes
 from context_core.config import Settings, get_settings
 
@@ -121,7 +124,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 def _install_routes(app: FastAPI) -> None:
-    @app.get("/healthz", tags=["ops"], response_class=Response)
+    @app.get("/healthz", tags=["ops"], response_model=HealthResponse)
     async def healthz() -> Response:
         """Liveness: the process answers. Never touches a backend and runs on the event loop,
         so it answers even while every worker thread is stuck on a hung Redis."""
@@ -149,7 +152,12 @@ def _install_routes(app: FastAPI) -> None:
         checks["status"] = "ready" if ok else "not_ready"
         return checks, ok
 
-    @app.get("/readyz", tags=["ops"], responses={503: {"description": "a backend is down"}})
+    @app.get(
+        "/readyz",
+        tags=["ops"],
+        response_model=ReadyResponse,
+        responses={503: {"model": ReadyResponse, "description": "a backend is down"}},
+    )
     async def readyz(request: Request, svc: Svc) -> Response:
         """Readiness: Redis answers PING (within the service's Redis timeout), the namespace
         ACLs are present (re-synced if Redis lost them) and the vector store answers a count.
@@ -160,7 +168,17 @@ def _install_routes(app: FastAPI) -> None:
         checks, ok = await anyio.to_thread.run_sync(readiness, svc, limiter=limiter)
         return JSONResponse(checks, status_code=200 if ok else 503)
 
-    @app.get("/metrics", tags=["ops"], response_class=Response)
+    @app.get(
+        "/metrics",
+        tags=["ops"],
+        response_class=Response,
+        responses={
+            200: {
+                "description": "Prometheus text exposition",
+                "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}},
+            }
+        },
+    )
     def metrics(request: Request, svc: Svc) -> Response:
         """Prometheus exposition (the threshold pair in force and the requests in flight are
         read at scrape time)."""
@@ -169,7 +187,7 @@ def _install_routes(app: FastAPI) -> None:
         svc.metrics.sample_process(gauge.inflight if gauge is not None else None)
         return Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/intents", tags=["context"])
+    @app.get("/v1/intents", tags=["context"], response_model=dict[str, IntentOut])
     def intents(svc: Svc) -> dict[str, Any]:
         """The step intents ``POST /v1/context`` accepts and the layers each loads."""
         return {

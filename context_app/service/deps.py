@@ -12,22 +12,41 @@ import logging
 import secrets
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from context_app.service.metrics import ServiceMetrics
 from context_app.service.owners import AgentQuotas, OwnerBinding
 from context_core.auth import KeyStore
-from context_core.config import Settings
 from context_core.errors import BackendUnavailableError, SessionExistsError, UnknownSessionError
+from context_core.knowledge.store import search_batch
+from context_core.platform import Platform, build_platform, fail_fast_client
 
 if TYPE_CHECKING:
-    from context_core.namespaces import AclSync
+    from context_core.auth import AgentKey
+    from context_core.config import Settings
+    from context_core.gateway import Gateway
+    from context_core.intents import IntentRegistry
+    from context_core.knowledge.memory import KnowledgeMemory
+    from context_core.knowledge.store import (
+        CollectionInfo,
+        Filter,
+        Hit,
+        IndexStatus,
+        PointRecord,
+        SearchQuery,
+        Vector,
+        VectorStore,
+    )
+    from context_core.lifecycle import LifecycleManager
+    from context_core.namespaces import AclSync, NamespaceRegistry
+    from context_core.redis_conn import RedisProvider
+    from context_core.router import ContextRouter
+    from context_core.traces import TraceWriter
+    from context_core.working_memory import WorkingMemory
 
 __all__ = [
     "AgentQuotas",
@@ -46,53 +65,74 @@ STATE_KEY = "svc:state-signing-key"
 RedisClient = redis.Redis  # alias: the Services field named ``redis`` shadows the module
 
 
-def fail_fast_client(
-    url: str,
-    *,
-    decode_responses: bool = True,
-    timeout_s: float = 0.15,
-    connect_timeout_s: float = 0.15,
-) -> redis.Redis:
-    """A client for the request path: every command gives up after ``timeout_s``.
-
-    A broken connection (reset by a restarted server) is retried once, immediately, on a new
-    connection; a timeout is not retried, since a hung server would just cost the time twice.
-    """
-    return redis.Redis.from_url(
-        url,
-        decode_responses=decode_responses,
-        socket_connect_timeout=connect_timeout_s,
-        socket_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
-        retry_on_error=[redis.ConnectionError],
-        health_check_interval=0,
-    )
-
-
 class SlowStore:
     """Fault drill (``CTX_FAULT_SLOW_L3_MS``): the real store, with a real sleep before every
     search/count, so the router's L3 timeout and degraded path run for real."""
 
-    def __init__(self, inner: Any, delay_ms: float) -> None:
+    def __init__(self, inner: VectorStore, delay_ms: float) -> None:
         self._inner = inner
         self.delay_s = delay_ms / 1000.0
 
-    def search(self, *args: Any, **kwargs: Any) -> Any:
+    def search(
+        self,
+        name: str,
+        vector: Vector,
+        *,
+        limit: int = 3,
+        filter: Filter | None = None,
+        exact: bool = False,
+    ) -> list[Hit]:
         time.sleep(self.delay_s)
-        return self._inner.search(*args, **kwargs)
+        return self._inner.search(name, vector, limit=limit, filter=filter, exact=exact)
 
-    def search_batch(self, vector: Any, queries: Any) -> list[Any]:
-        from context_core.knowledge.store import search_batch
-
+    def search_batch(
+        self, vector: Vector, queries: Sequence[SearchQuery]
+    ) -> list[list[Hit] | Exception]:
         time.sleep(self.delay_s * len(queries))  # one sleep per search, as if sent one by one
         return search_batch(self._inner, vector, queries)
 
-    def count(self, *args: Any, **kwargs: Any) -> int:
+    def count(self, name: str, *, filter: Filter | None = None) -> int:
         time.sleep(self.delay_s)
-        return int(self._inner.count(*args, **kwargs))
+        return int(self._inner.count(name, filter=filter))
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+    # --- the rest of the store protocol, undelayed ----------------------------------------
+    def create_collection(self, name: str, *, dim: int, model: str) -> None:
+        self._inner.create_collection(name, dim=dim, model=model)
+
+    def drop_collection(self, name: str) -> None:
+        self._inner.drop_collection(name)
+
+    def info(self, name: str) -> CollectionInfo | None:
+        return self._inner.info(name)
+
+    def upsert(self, name: str, points: Sequence[PointRecord]) -> None:
+        self._inner.upsert(name, points)
+
+    def delete(
+        self, name: str, *, ids: Sequence[str] | None = None, filter: Filter | None = None
+    ) -> None:
+        self._inner.delete(name, ids=ids, filter=filter)
+
+    def scroll(
+        self,
+        name: str,
+        *,
+        filter: Filter | None = None,
+        with_vectors: bool = False,
+        batch: int = 256,
+    ) -> Iterator[PointRecord]:
+        return self._inner.scroll(name, filter=filter, with_vectors=with_vectors, batch=batch)
+
+    def retrieve(
+        self, name: str, ids: Sequence[str], *, with_vectors: bool = False
+    ) -> list[PointRecord]:
+        return self._inner.retrieve(name, ids, with_vectors=with_vectors)
+
+    def optimize(self, name: str) -> IndexStatus:
+        return self._inner.optimize(name)
+
+    def close(self) -> None:
+        self._inner.close()
 
 
 def load_state_key(client: redis.Redis) -> bytes:
@@ -109,123 +149,80 @@ def load_state_key(client: redis.Redis) -> bytes:
     return raw.encode() if isinstance(raw, str) else bytes(raw)
 
 
-@dataclass
+@dataclass(eq=False)
 class Services:
-    """Everything the endpoints use; ``close`` releases it in reverse order."""
+    """Everything the endpoints use: the library's :class:`Platform` and the service's own
+    parts. ``close`` releases the platform (last opened first).
 
-    settings: Settings
-    provider: Any
-    redis: RedisClient
-    redis_bin: RedisClient  # raw bytes: the query-embedding cache
-    gateway: Any
-    wm: Any
-    store: Any
-    knowledge: Any
-    router: Any
-    tracer: Any
-    namespaces: Any
-    registry: Any
-    lifecycle: Any
+    The platform's parts are also plain attributes here (``svc.router``, ``svc.wm``, ...),
+    copied once at start, so the request path reads them with one attribute lookup.
+    """
+
+    platform: Platform
     keys: KeyStore
     owners: OwnerBinding
     metrics: ServiceMetrics
     state_key: bytes
     quotas: AgentQuotas
+    settings: Settings = field(init=False)
+    provider: RedisProvider = field(init=False)
+    redis: RedisClient = field(init=False)
+    redis_bin: RedisClient = field(init=False)  # raw bytes: the query-embedding cache
+    gateway: Gateway = field(init=False)
+    wm: WorkingMemory = field(init=False)
+    store: VectorStore = field(init=False)
+    knowledge: KnowledgeMemory = field(init=False)
+    router: ContextRouter = field(init=False)
+    tracer: TraceWriter = field(init=False)
+    namespaces: NamespaceRegistry = field(init=False)
+    registry: IntentRegistry = field(init=False)
+    lifecycle: LifecycleManager = field(init=False)
+
+    def __post_init__(self) -> None:
+        p = self.platform
+        self.settings = p.settings
+        self.provider = p.provider
+        self.redis = p.redis
+        self.redis_bin = p.redis_bin
+        self.gateway = p.gateway
+        self.wm = p.wm
+        self.store = p.store
+        self.knowledge = p.knowledge
+        self.router = p.router
+        self.tracer = p.tracer
+        self.namespaces = p.namespaces
+        self.registry = p.registry
+        self.lifecycle = p.lifecycle
 
     def intents(self) -> list[str]:
         return list(self.registry.names())
 
     def close(self) -> None:
-        for what, fn in (
-            ("router", self.router.close),
-            ("trace writer", getattr(self.tracer, "close", None)),
-            ("vector store", getattr(self.store, "close", None)),
-            ("redis client", self.redis.close),
-            ("redis client (bytes)", self.redis_bin.close),
-            ("redis provider", self.provider.close),
-        ):
-            if fn is None:
-                continue
-            try:
-                fn()
-            except Exception as e:  # closing must go on for the rest
-                log.warning("closing the %s failed: %s", what, e)
+        self.platform.close()
+
+
+def _fault_drill(settings: Settings) -> Callable[[VectorStore], VectorStore] | None:
+    if settings.fault_slow_l3_ms <= 0:
+        return None
+
+    def slow(store: VectorStore) -> VectorStore:
+        log.warning("fault drill: every L3 call sleeps %.0f ms", settings.fault_slow_l3_ms)
+        return SlowStore(store, settings.fault_slow_l3_ms)
+
+    return slow
 
 
 def build_services(settings: Settings, *, echo_dev_key: bool = True) -> Services:
-    """Open every backend the service needs. Heavy (loads the embedding model)."""
-    from context_core.confidence import PolicySource
-    from context_core.embedding import load_encoder
-    from context_core.gateway import Gateway
-    from context_core.intents import IntentRegistry
-    from context_core.knowledge import open_store
-    from context_core.knowledge.memory import KnowledgeMemory
-    from context_core.lifecycle import LifecycleManager
-    from context_core.namespaces import NamespaceRegistry
-    from context_core.redis_conn import RedisProvider
-    from context_core.router import ContextRouter
-    from context_core.traces import TraceWriter
-    from context_core.working_memory import WorkingMemory
+    """Open every backend the service needs. Heavy (loads the embedding model).
 
-    timeout_s = settings.service_redis_timeout_s
-    connect_s = settings.service_redis_connect_timeout_s
-    provider = RedisProvider(settings, socket_timeout=timeout_s, socket_connect_timeout=connect_s)
-    opened: list[Any] = [provider]
+    The platform's Redis clients fail fast (``fail_fast_redis``); the service's own parts
+    share its text client.
+    """
+    platform = build_platform(
+        settings, fail_fast_redis=True, wrap_store=_fault_drill(settings), eager=True
+    )
     try:
-        client = fail_fast_client(provider.url, timeout_s=timeout_s, connect_timeout_s=connect_s)
-        opened.append(client)
-        try:
-            client.ping()
-        except redis.RedisError as e:
-            raise BackendUnavailableError(
-                f"Redis at {provider.safe_url} did not answer PING ({e}); fix CTX_REDIS_URL"
-            ) from e
-        gateway = Gateway.from_settings(settings)
-        wm = WorkingMemory(
-            client,
-            gateway,
-            default_ttl_s=settings.wm_default_ttl_s,
-            series_window=settings.wm_series_window,
-            min_ttl_s=settings.wm_min_ttl_s,
-            max_step_bytes=settings.max_step_result_bytes,
-            contract_ttl_s=settings.wm_contract_ttl_s,
-            contract_history_ttl_s=settings.wm_contract_history_ttl_s,
-            idle_s=settings.session_idle_s,
-        )
-        store = open_store(settings)
-        opened.append(store)
-        if settings.fault_slow_l3_ms > 0:
-            log.warning("fault drill: every L3 call sleeps %.0f ms", settings.fault_slow_l3_ms)
-            store = SlowStore(store, settings.fault_slow_l3_ms)
-        bin_client = fail_fast_client(
-            provider.url, decode_responses=False, timeout_s=timeout_s, connect_timeout_s=connect_s
-        )
-        opened.append(bin_client)
-        encoder = load_encoder(settings, redis_client=bin_client)
-        knowledge = KnowledgeMemory(store, encoder, settings, gateway)
-        knowledge.ensure_collections()
-        # The first encode pays torch's lazy initialisation (hundreds of ms): pay it here,
-        # not in the first request's L3 timeout budget.
-        encoder.encode(["service warm-up"])
-        tracer = TraceWriter.from_settings(settings, gateway)
-        namespaces = NamespaceRegistry(
-            client, gateway, audit_path=settings.data_dir / "audit" / "access.jsonl"
-        )
-        registry = IntentRegistry.builtin()
-        router = ContextRouter(
-            wm=wm,
-            knowledge=knowledge,
-            # thresholds.json is re-read on the route after it changes, and refused when it
-            # was calibrated for another model than this encoder
-            policy=PolicySource(settings, model=encoder.name),
-            max_fragments=settings.bundle_max_fragments,
-            tracer=tracer,
-            namespaces=namespaces,
-            registry=registry,
-            l3_timeout_ms=settings.l3_timeout_ms,
-            l3_collection=settings.collection_main,
-        )
-        opened.append(router)
+        client = platform.redis
         if settings.api_keys_file is not None:
             keys = KeyStore.load(settings.api_keys_file)
         else:
@@ -245,32 +242,13 @@ def build_services(settings: Settings, *, echo_dev_key: bool = True) -> Services
             restore_state_key(client, state_key)
 
         sync_grants(
-            namespaces,
+            platform.namespaces,
             keys.agents,
             interval_s=settings.acl_check_interval_s,
             on_resync=after_resync,
         )
         return Services(
-            settings=settings,
-            provider=provider,
-            redis=client,
-            redis_bin=bin_client,
-            gateway=gateway,
-            wm=wm,
-            store=store,
-            knowledge=knowledge,
-            router=router,
-            tracer=tracer,
-            namespaces=namespaces,
-            registry=registry,
-            lifecycle=LifecycleManager.from_settings(
-                settings,
-                wm=wm,
-                gateway=gateway,
-                knowledge=knowledge,
-                namespaces=namespaces,
-                count_tokens=encoder.count_tokens,  # the embedding model's tokenizer
-            ),
+            platform=platform,
             keys=keys,
             # a session's identity lives as long as its task contract can
             owners=OwnerBinding(client, ttl_s=_session_ttl_s(settings)),
@@ -284,11 +262,7 @@ def build_services(settings: Settings, *, echo_dev_key: bool = True) -> Services
             ),
         )
     except BaseException:
-        for obj in reversed(opened):
-            try:
-                obj.close()
-            except Exception as e:
-                log.warning("cleanup after a failed start: %s", e)
+        platform.close()
         raise
 
 
@@ -300,8 +274,8 @@ def _session_ttl_s(settings: Settings) -> int:
 
 
 def sync_grants(
-    namespaces: Any,
-    agents: Sequence[Any],
+    namespaces: NamespaceRegistry,
+    agents: Sequence[AgentKey],
     *,
     interval_s: float = 5.0,
     on_resync: Callable[[], None] | None = None,

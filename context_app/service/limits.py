@@ -28,6 +28,8 @@ from typing import Any
 
 from pydantic_core import PydanticCustomError
 
+from context_core.wire import check_unicode  # the wire state's check too: one definition
+
 __all__ = [
     "MAX_BODY_DEPTH",
     "MAX_CONTAINER_ITEMS",
@@ -84,18 +86,6 @@ def _surrogate_at(text: str) -> int:
         return -1
     m = _SURROGATE.search(text)
     return -1 if m is None else m.start()
-
-
-def check_unicode(value: str) -> str:
-    """Refuse lone surrogates (valid in JSON escapes, but not encodable as UTF-8)."""
-    pos = _surrogate_at(value)
-    if pos >= 0:
-        raise PydanticCustomError(
-            "string_surrogate",
-            "string holds a lone UTF-16 surrogate at character {position}; send valid Unicode text",
-            {"position": pos},
-        )
-    return value
 
 
 def check_text(value: str) -> str:

@@ -1,4 +1,8 @@
-"""Request/response models of the HTTP API, and the signed wire form of L1 session state.
+"""Request/response models of the HTTP API.
+
+The wire forms the library produces are declared once in :mod:`context_core.wire` and used
+here as they are: L1 state (:class:`WireState`) and the context bundle (``ContextResponse``
+is :class:`~context_core.wire.BundleWire` under its published name).
 
 The service is stateless: the agent's L1 state travels in each request and comes back
 updated. It is signed (HMAC-SHA256, key shared by every instance through Redis), so a client
@@ -16,58 +20,53 @@ have lengths and no lone surrogates, free-form JSON (tool args/results, contract
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, FiniteFloat, model_validator
 from pydantic_core import PydanticCustomError
 
-from context_app.service.limits import check_json, check_text, check_unicode
+from context_app.service.limits import check_json, check_text
 from context_core.gateway import Gateway
-from context_core.session import (
-    ApiResultPointer,
-    AuthContext,
-    SessionState,
-    TraceItem,
-    TraceOffload,
-)
+from context_core.session import AuthContext, SessionState, TraceOffload
+from context_core.wire import ID_PATTERN, NO_NONCE, BundleWire, WireState
 
 __all__ = [
     "ID_PATTERN",
+    "SESSION_ERRORS",
     "CloseResponse",
     "ConfirmationRequest",
     "ConfirmationResponse",
     "ContextParams",
     "ContextRequest",
     "ContextResponse",
+    "ContractHistoryResponse",
     "ContractResponse",
     "CreateSessionRequest",
+    "ErrorResponse",
     "Event",
     "EventRequest",
-    "FragmentOut",
+    "HealthResponse",
+    "IntentOut",
     "OutputRequest",
     "PlanRequest",
     "PlanResponse",
+    "PreferenceDeleted",
     "PreferenceIn",
     "PreferenceOut",
+    "PreferenceSet",
     "PreferencesResponse",
+    "ReadyResponse",
     "StateResponse",
+    "ValidationErrorResponse",
     "WireState",
+    "error_responses",
     "state_from_wire",
-    "state_to_wire",
     "state_to_wire_dict",
     "verify_wire",
 ]
 
-ID_PATTERN = r"^[A-Za-z0-9._-]+$"
-"""Session and call ids: the characters an L2 key segment may hold (no colon or brace)."""
-
 SessionId = Annotated[str, Field(min_length=1, max_length=128, pattern=ID_PATTERN)]
 CallId = Annotated[str, Field(min_length=1, max_length=128, pattern=ID_PATTERN)]
-Nonce = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
-NO_NONCE = "0" * 32
 
 
 Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(check_text)]
@@ -76,9 +75,6 @@ Query = Annotated[str, Field(max_length=8000), AfterValidator(check_text)]
 AnswerText = Annotated[str, Field(min_length=1, max_length=8000), AfterValidator(check_text)]
 Intent = Annotated[str, Field(min_length=1, max_length=100), AfterValidator(check_text)]
 Output = Annotated[str, Field(max_length=64_000), AfterValidator(check_text)]
-WireId = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(check_unicode)]
-WireName = Annotated[str, Field(max_length=1000), AfterValidator(check_unicode)]
-WireText = Annotated[str, Field(max_length=256 * 1024), AfterValidator(check_unicode)]
 JsonValue = Annotated[Any, AfterValidator(check_json)]
 """Free-form JSON, bounded by :func:`~context_app.service.limits.check_json`."""
 JsonObject = Annotated[dict[str, Any], AfterValidator(check_json)]
@@ -108,102 +104,15 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class WireApiResult(_Model):
-    status: WireName
-    data_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-
-
-class WireTraceItem(_Model):
-    kind: Literal["tool_call", "tool_result"]
-    name: WireName
-    payload: WireText
-    ts: float
-    call_id: CallId
-    status: WireName | None = None
-
-
-class WireState(_Model):
-    """L1 as JSON. ``sig`` covers every other field; the auth context never travels.
-
-    Its texts were cleaned by the gateway (which may lengthen them a little, e.g. a masked
-    secret), so their limits are looser than the request fields they came from."""
-
-    session_id: SessionId
-    user_id: WireId
-    start_time: float
-    user_query: WireText
-    current_step: int = Field(ge=0)
-    last_device_id: WireName | None = None
-    last_api_result: WireApiResult | None = None
-    trace: list[WireTraceItem] = Field(default_factory=list, max_length=20)
-    version: int = Field(0, ge=0, description="+1 per applied event; stale versions are refused")
-    nonce: Nonce = Field(NO_NONCE, description="the session's incarnation")
-    sig: str = Field(min_length=64, max_length=64)
-
-    def signed_part(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"sig"})
-
-
-def _signature(key: bytes, body: dict[str, Any]) -> str:
-    canon = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hmac.new(key, canon.encode("utf-8"), hashlib.sha256).hexdigest()
-
-
 def state_to_wire_dict(
     state: SessionState, key: bytes, *, version: int = 0, nonce: str = NO_NONCE
 ) -> dict[str, Any]:
-    """The signed wire form as a plain dict, ready to JSON-encode into a response.
-
-    ``version``/``nonce`` come from the session's record in Redis (:mod:`.owners`); the
-    defaults are for states that never meet the service's replay check (tests, tools).
-
-    One validation pass (limits and type coercion, e.g. an int ``start_time`` becomes a float)
-    gives exactly the dict a client's echo parses back to, so the signature is over the same
-    canonical bytes :func:`verify_wire` recomputes.
-    """
-    body: dict[str, Any] = {
-        "session_id": state.session_id,
-        "user_id": state.user_id,
-        "start_time": state.start_time,
-        "user_query": state.user_query,
-        "current_step": state.current_step,
-        "last_device_id": state.last_device_id,
-        "last_api_result": (
-            None
-            if state.last_api_result is None
-            else {
-                "status": state.last_api_result.status,
-                "data_sha256": state.last_api_result.data_sha256,
-            }
-        ),
-        "trace": [
-            {
-                "kind": t.kind,
-                "name": t.name,
-                "payload": t.payload,
-                "ts": t.ts,
-                "call_id": t.call_id,
-                "status": t.status,
-            }
-            for t in state.trace
-        ],
-        "version": version,
-        "nonce": nonce,
-    }
-    unsigned = WireState.model_validate({**body, "sig": "0" * 64}).signed_part()
-    unsigned["sig"] = _signature(key, unsigned)
-    return unsigned
-
-
-def state_to_wire(
-    state: SessionState, key: bytes, *, version: int = 0, nonce: str = NO_NONCE
-) -> WireState:
-    """The signed wire form as a model (same bytes as :func:`state_to_wire_dict`)."""
-    return WireState.model_validate(state_to_wire_dict(state, key, version=version, nonce=nonce))
+    """The signed wire form as a plain dict (:meth:`WireState.of`, dumped)."""
+    return WireState.of(state, key, version=version, nonce=nonce).model_dump()
 
 
 def verify_wire(wire: WireState, key: bytes) -> bool:
-    return hmac.compare_digest(wire.sig, _signature(key, wire.signed_part()))
+    return wire.verify(key)
 
 
 def state_from_wire(
@@ -213,24 +122,8 @@ def state_from_wire(
     auth: AuthContext,
     offload: TraceOffload | None = None,
 ) -> SessionState:
-    """Rebuild L1 (untrusted construction: the gateway cleans every field again).
-    ``offload`` sends big trace payloads of later tool calls to L2 (see :mod:`..session`)."""
-    ptr = wire.last_api_result
-    return SessionState(
-        session_id=wire.session_id,
-        user_id=wire.user_id,
-        start_time=wire.start_time,
-        user_query=wire.user_query,
-        current_step=wire.current_step,
-        last_device_id=wire.last_device_id,
-        last_api_result=None if ptr is None else ApiResultPointer(ptr.status, ptr.data_sha256),
-        trace=tuple(
-            TraceItem(t.kind, t.name, t.payload, t.ts, t.call_id, t.status) for t in wire.trace
-        ),
-        gateway=gateway,
-        auth_context=auth,
-        offload=offload,
-    )
+    """L1 from its wire form (:meth:`WireState.to_state`: the gateway cleans it again)."""
+    return wire.to_state(gateway=gateway, auth=auth, offload=offload)
 
 
 # --- requests --------------------------------------------------------------------------------
@@ -462,26 +355,8 @@ class StateResponse(_Model):
     info: dict[str, Any] = Field(default_factory=dict)
 
 
-class FragmentOut(_Model):
-    layer: str
-    source: str
-    content: Any
-    relevance: float
-    freshness_hours: float
-    confidence: float
-    label: str
-    note: str = ""
-
-
-class ContextResponse(_Model):
-    session_id: str
-    step: int
-    intent: str
-    fragments: list[FragmentOut]
-    degraded: bool
-    timings_ms: dict[str, float]
-    context_used: dict[str, Any]
-    trace_id: str
+class ContextResponse(BundleWire):
+    """The step's context bundle (declared once, as :class:`context_core.wire.BundleWire`)."""
 
 
 class ToolResultResponse(_Model):
@@ -529,3 +404,101 @@ class ContractResponse(_Model):
     status: str = Field("active", description="active, expired (timed out) or completed")
     ttl_s: float | None = None
     sha256: str
+
+
+class ContractHistoryResponse(_Model):
+    session_id: str
+    versions: list[ContractResponse] = Field(description="oldest first")
+
+
+class PreferenceSet(_Model):
+    type: str
+    value: Any
+    confidence: float
+    last_updated: float
+
+
+class PreferenceDeleted(_Model):
+    type: str
+    deleted: bool
+
+
+class HealthResponse(_Model):
+    status: Literal["ok"]
+
+
+class ReadyResponse(_Model):
+    status: Literal["ready", "not_ready"]
+    redis: str = Field(description='"ok", or "unreachable: <error>"')
+    acl: Literal["ok", "resynced"] | None = Field(
+        None, description="namespace ACLs present, or re-synced just now"
+    )
+    qdrant: str = Field(description='"ok", or "unreachable: <error>"')
+    knowledge_points: int | None = None
+
+
+class IntentOut(_Model):
+    l2: list[str] = Field(description="the L2 key kinds the intent reads")
+    l3: bool = Field(description="whether the intent searches L3")
+    about: str
+
+
+# --- error bodies ----------------------------------------------------------------------------
+
+
+class ErrorResponse(BaseModel):
+    """A platform error (:mod:`context_core.errors`): its code, a message saying what to do,
+    and the error class's own fields (``session_id``, ``key``, ``current_version``,
+    ``limit_bytes``, ``quota``, ``retry_after_s``, ``backend`` ...)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    error: str
+    detail: str
+
+
+class AuthErrorResponse(_Model):
+    """A missing or unknown ``X-API-Key``."""
+
+    detail: str
+
+
+class ValidationIssue(_Model):
+    """One invalid field: FastAPI's ``loc``/``msg``/``type`` plus what was allowed."""
+
+    loc: list[str | int]
+    msg: str
+    type: str
+    field: str
+    allowed: list[str] | None = None
+    pattern: str | None = None
+    limit: float | None = None
+    expected: str | None = None
+
+
+class ValidationErrorResponse(_Model):
+    """422: ``invalid_request`` with one issue per field, or ``input_too_deep``."""
+
+    error: Literal["invalid_request", "input_too_deep"]
+    detail: list[ValidationIssue] | str
+
+
+_ERRORS: dict[int, tuple[type[BaseModel], str]] = {
+    401: (AuthErrorResponse, "missing or unknown X-API-Key"),
+    403: (ErrorResponse, "the state's signature does not match, or access denied"),
+    404: (ErrorResponse, "no such session for this agent (another agent's looks the same)"),
+    409: (ErrorResponse, "stale or replayed state, or a required L2 key is missing or expired"),
+    413: (ErrorResponse, "request body, step result or resulting L1 state too large"),
+    422: (ValidationErrorResponse, "invalid input, naming the field and what is allowed"),
+    423: (ErrorResponse, "the task contract is locked (error_recovery until recovery_complete)"),
+    429: (ErrorResponse, "over a per-agent quota; see Retry-After"),
+    503: (ErrorResponse, "overloaded or a backend is unreachable; see Retry-After"),
+}
+
+#: What every authenticated session endpoint may answer besides success.
+SESSION_ERRORS = (401, 403, 404, 409, 413, 422, 429, 503)
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The ``responses=`` of a route that may answer ``codes`` (bodies published as above)."""
+    return {c: {"model": _ERRORS[c][0], "description": _ERRORS[c][1]} for c in codes}

@@ -1,9 +1,10 @@
 """The session and context endpoints.
 
 Endpoints are plain ``def``: the memory layers are synchronous clients, so FastAPI runs them
-in its worker threads. The hot endpoints return pre-encoded JSON (:func:`json_response`)
-built from values the service made itself; ``response_model`` on the route still publishes
-the schema in OpenAPI.
+in its worker threads. The hot endpoints return JSON encoded once by the library's encoder
+(:func:`context_core.wire.encode_json`) from the library's own wire models (the bundle,
+the signed state), with no second validation pass; ``response_model`` on the route publishes
+the same models in OpenAPI, and tests/test_openapi_contract.py checks the bytes against it.
 
 Per request, one script in Redis checks that the session is the caller's and that the signed
 state is its latest (:mod:`.owners`): another agent's session answers exactly like a missing
@@ -34,9 +35,11 @@ from context_app.service.errors_map import json_response
 from context_app.service.http_deps import BodyBytes, Svc, Who
 from context_app.service.models import (
     ID_PATTERN,
+    SESSION_ERRORS,
     CloseResponse,
     ContextRequest,
     ContextResponse,
+    ContractHistoryResponse,
     ContractResponse,
     CreateSessionRequest,
     EventRequest,
@@ -45,9 +48,7 @@ from context_app.service.models import (
     ToolCallEvent,
     ToolResultResponse,
     WireState,
-    state_from_wire,
-    state_to_wire_dict,
-    verify_wire,
+    error_responses,
 )
 from context_core.errors import (
     AccessDeniedError,
@@ -59,11 +60,15 @@ from context_core.errors import (
     UnknownSessionError,
 )
 from context_core.session import AuthContext, OffloadedPayload, SessionState, TraceOffload
+from context_core.wire import encode_json
 
 __all__ = ["install_session_routes"]
 
 PathSessionId = Annotated[str, Path(min_length=1, max_length=128, pattern=ID_PATTERN)]
 PathCallId = Annotated[str, Path(min_length=1, max_length=128, pattern=ID_PATTERN)]
+
+ERRORS = error_responses(*SESSION_ERRORS)
+EVENT_ERRORS = error_responses(*SESSION_ERRORS, 423)
 
 
 def _auth(who: Any) -> AuthContext:
@@ -82,19 +87,37 @@ def _signed_for(svc: Any, wire: WireState, session_id: str) -> None:
                 }
             ]
         )
-    if not verify_wire(wire, svc.state_key):
+    if not wire.verify(svc.state_key):
         raise AccessDeniedError(
             "state signature does not match: send the state exactly as the service returned it"
         )
 
 
-def _wire_out(
-    svc: Any, state: SessionState, version: int, nonce: str
-) -> tuple[dict[str, Any], str]:
-    """The signed state and its JSON; refused (413) when over ``CTX_L1_MAX_STATE_BYTES``."""
-    wire = state_to_wire_dict(state, svc.state_key, version=version, nonce=nonce)
-    text = json.dumps(wire, ensure_ascii=False, separators=(",", ":"))
-    size, cap = len(text.encode("utf-8")), svc.settings.l1_max_state_bytes
+def wire_response(payload: Any, status_code: int = 200) -> Response:
+    """``payload`` encoded once by the wire encoder (FastAPI's forgiving one for a value it
+    cannot hold)."""
+    try:
+        body = encode_json(payload)
+    except TypeError:
+        return json_response(payload, status_code)
+    return Response(body, status_code=status_code, media_type="application/json")
+
+
+def state_response(state_json: bytes, info: Any, status_code: int = 200) -> Response:
+    """``{"state": ..., "info": ...}`` around a state already encoded (it is not encoded
+    twice); ``info`` passes FastAPI's encoder first (effects may hold any value)."""
+    try:
+        info_json = encode_json(jsonable_encoder(info))
+    except TypeError:
+        return json_response({"state": json.loads(state_json), "info": info}, status_code)
+    body = b'{"state":' + state_json + b',"info":' + info_json + b"}"
+    return Response(body, status_code=status_code, media_type="application/json")
+
+
+def _wire_out(svc: Any, state: SessionState, version: int, nonce: str) -> bytes:
+    """The signed state's JSON; refused (413) when over ``CTX_L1_MAX_STATE_BYTES``."""
+    text = encode_json(WireState.of(state, svc.state_key, version=version, nonce=nonce))
+    size, cap = len(text), svc.settings.l1_max_state_bytes
     if size > cap:
         raise StateTooLargeError(
             f"this event would make the session's L1 state {size} bytes, over the {cap}-byte "
@@ -103,7 +126,7 @@ def _wire_out(
             "send shorter texts, then retry",
             limit_bytes=cap,
         )
-    return wire, text
+    return text
 
 
 def _offload(svc: Any, session_id: str) -> TraceOffload:
@@ -187,7 +210,13 @@ def _contract_out(session_id: str, c: Any, ttl_s: float | None = None) -> Contra
 
 
 def install_session_routes(app: FastAPI) -> None:
-    @app.post("/v1/sessions", status_code=201, tags=["sessions"], response_model=StateResponse)
+    @app.post(
+        "/v1/sessions",
+        status_code=201,
+        tags=["sessions"],
+        response_model=StateResponse,
+        responses=ERRORS,
+    )
     def create_session(
         body: CreateSessionRequest, svc: Svc, who: Who, nbytes: BodyBytes
     ) -> Response:
@@ -210,14 +239,19 @@ def install_session_routes(app: FastAPI) -> None:
                 contract=body.contract,
                 device_id=body.device_id,
             )
-            wire, text = _wire_out(svc, result.state, 0, nonce)
-            svc.owners.publish_initial(sid, text)
+            text = _wire_out(svc, result.state, 0, nonce)
+            svc.owners.publish_initial(sid, text.decode())
         except BaseException:
             _undo_create(svc, sid, who.agent_id)
             raise
-        return json_response({"state": wire, "info": jsonable_encoder(result.effects)}, 201)
+        return state_response(text, result.effects, 201)
 
-    @app.post("/v1/sessions/{session_id}/events", tags=["sessions"], response_model=StateResponse)
+    @app.post(
+        "/v1/sessions/{session_id}/events",
+        tags=["sessions"],
+        response_model=StateResponse,
+        responses=EVENT_ERRORS,
+    )
     def post_event(
         session_id: PathSessionId, body: EventRequest, svc: Svc, who: Who, nbytes: BodyBytes
     ) -> Response:
@@ -236,7 +270,7 @@ def install_session_routes(app: FastAPI) -> None:
         lease = svc.owners.reserve(session_id, who.agent_id, wire.nonce, wire.version)
         try:
             offload = _offload(svc, session_id)
-            state = state_from_wire(wire, gateway=svc.gateway, auth=_auth(who), offload=offload)
+            state = wire.to_state(gateway=svc.gateway, auth=_auth(who), offload=offload)
             if isinstance(ev, ToolCallEvent):
                 done = _tool_call(svc, state, ev, offload)
                 result, effects = done["result"], done["effects"]
@@ -244,23 +278,14 @@ def install_session_routes(app: FastAPI) -> None:
                 payload = ev.model_dump(exclude={"type"}, exclude_none=True)
                 result = svc.lifecycle.apply(ev.type, state, **payload)
                 effects = result.effects
-            out, text = _wire_out(svc, result.state, lease.version + 1, lease.nonce)
-            svc.owners.commit(lease, text)
+            text = _wire_out(svc, result.state, lease.version + 1, lease.nonce)
+            svc.owners.commit(lease, text.decode())
         except BaseException:
             svc.owners.abort(lease)
             raise
-        info = {"event": ev.type, **jsonable_encoder(effects)}
-        return json_response({"state": out, "info": info})
+        return state_response(text, {"event": ev.type, **effects})
 
-    @app.post(
-        "/v1/context",
-        tags=["context"],
-        response_model=ContextResponse,
-        responses={
-            409: {"description": "a required L2 key is missing or expired, or a stale state"},
-            503: {"description": "Redis is unreachable"},
-        },
-    )
+    @app.post("/v1/context", tags=["context"], response_model=ContextResponse, responses=ERRORS)
     def load_context(body: ContextRequest, svc: Svc, who: Who, request: Request) -> Response:
         """Route one step: the bundle of L1/L2/L3/shared fragments, each with provenance.
         Under load (``CTX_DEGRADE_INFLIGHT`` requests in flight) L3 is skipped and the bundle
@@ -282,7 +307,7 @@ def install_session_routes(app: FastAPI) -> None:
             wire = body.state
             _signed_for(svc, wire, body.session_id)
             svc.owners.verify(body.session_id, who.agent_id, wire.nonce, wire.version)
-            state = state_from_wire(wire, gateway=svc.gateway, auth=_auth(who))
+            state = wire.to_state(gateway=svc.gateway, auth=_auth(who))
             gauge = getattr(request.app.state, "load", None)
             skip = gauge.degrade_reason() if gauge is not None else None
             bundle = svc.router.route(
@@ -311,20 +336,14 @@ def install_session_routes(app: FastAPI) -> None:
         misses = len(bundle.l2_missing)  # optional keys the step went without
         if misses > 0:
             m.l2_misses.inc(misses)
-        return json_response(
-            {
-                "session_id": bundle.session_id,
-                "step": bundle.step,
-                "intent": bundle.intent,
-                "fragments": [f.to_dict() for f in bundle.fragments],
-                "degraded": bundle.degraded,
-                "timings_ms": dict(bundle.timings_ms),
-                "context_used": bundle.context_used or {},
-                "trace_id": bundle.trace_id,
-            }
-        )
+        return wire_response(bundle.to_dict())
 
-    @app.post("/v1/sessions/{session_id}/outputs", tags=["sessions"], response_model=StateResponse)
+    @app.post(
+        "/v1/sessions/{session_id}/outputs",
+        tags=["sessions"],
+        response_model=StateResponse,
+        responses=ERRORS,
+    )
     def post_output(
         session_id: PathSessionId, body: OutputRequest, svc: Svc, who: Who, nbytes: BodyBytes
     ) -> Response:
@@ -336,28 +355,32 @@ def install_session_routes(app: FastAPI) -> None:
         step = wire.current_step if body.step is None else body.step
         svc.tracer.record_output(body.trace_id, session_id, step, body.output)
         svc.wm.session(session_id).touch()
-        return json_response(
-            {"state": wire.model_dump(), "info": {"step": step, "trace_id": body.trace_id}}
-        )
+        return state_response(encode_json(wire), {"step": step, "trace_id": body.trace_id})
 
-    @app.get("/v1/sessions/{session_id}/state", tags=["sessions"], response_model=StateResponse)
+    @app.get(
+        "/v1/sessions/{session_id}/state",
+        tags=["sessions"],
+        response_model=StateResponse,
+        responses=ERRORS,
+    )
     def get_state(session_id: PathSessionId, svc: Svc, who: Who) -> Response:
         """The session's latest signed state: where a client answered ``stale_state`` (or one
         that lost a response) picks up again."""
         latest = json.loads(svc.owners.latest_state(session_id, who.agent_id))
-        return json_response({"state": latest, "info": {"version": latest.get("version", 0)}})
+        return wire_response({"state": latest, "info": {"version": latest.get("version", 0)}})
 
     @app.get(
         "/v1/sessions/{session_id}/results/{call_id}",
         tags=["sessions"],
         response_model=ToolResultResponse,
+        responses=ERRORS,
     )
     def get_result(session_id: PathSessionId, call_id: PathCallId, svc: Svc, who: Who) -> Response:
         """The L2 copy of a tool call's args (``<call id>.args``) or result, kept when it was
         too big for L1 (the trace item and step result point here)."""
         svc.owners.check(session_id, who.agent_id)
         loaded = svc.wm.session(session_id).load("result", call_id)
-        return json_response(
+        return wire_response(
             {
                 "session_id": session_id,
                 "call_id": call_id,
@@ -368,7 +391,12 @@ def install_session_routes(app: FastAPI) -> None:
             }
         )
 
-    @app.get("/v1/sessions/{session_id}/contract", tags=["sessions"])
+    @app.get(
+        "/v1/sessions/{session_id}/contract",
+        tags=["sessions"],
+        response_model=ContractResponse,
+        responses=ERRORS,
+    )
     def get_contract(session_id: PathSessionId, svc: Svc, who: Who) -> ContractResponse:
         """The current task contract with a content hash (used to check nothing was lost), its
         status (active, expired after a timeout, completed) and the seconds it has left."""
@@ -381,18 +409,29 @@ def install_session_routes(app: FastAPI) -> None:
                 ttl = sm.ttl(sm.key("contract", "current"))
         return _contract_out(session_id, contract, ttl)
 
-    @app.get("/v1/sessions/{session_id}/contract/history", tags=["sessions"])
-    def get_contract_history(session_id: PathSessionId, svc: Svc, who: Who) -> dict[str, Any]:
+    @app.get(
+        "/v1/sessions/{session_id}/contract/history",
+        tags=["sessions"],
+        response_model=ContractHistoryResponse,
+        responses=ERRORS,
+    )
+    def get_contract_history(
+        session_id: PathSessionId, svc: Svc, who: Who
+    ) -> ContractHistoryResponse:
         """Every version of the task contract, oldest first (kept for audit for
         ``CTX_WM_CONTRACT_HISTORY_TTL_S`` after its last write, 30 days by default)."""
         svc.owners.check(session_id, who.agent_id)
         history = svc.wm.session(session_id).contract_history()
-        return {
-            "session_id": session_id,
-            "versions": [_contract_out(session_id, c).model_dump() for c in history],
-        }
+        return ContractHistoryResponse(
+            session_id=session_id, versions=[_contract_out(session_id, c) for c in history]
+        )
 
-    @app.delete("/v1/sessions/{session_id}", tags=["sessions"], response_model=CloseResponse)
+    @app.delete(
+        "/v1/sessions/{session_id}",
+        tags=["sessions"],
+        response_model=CloseResponse,
+        responses=ERRORS,
+    )
     def close_session(session_id: PathSessionId, svc: Svc, who: Who) -> Response:
         """Close the session: its working memory is deleted now rather than left to expire;
         its states are void (a session created again under the id starts a new incarnation)."""
@@ -401,7 +440,7 @@ def install_session_routes(app: FastAPI) -> None:
         svc.wm.forget_activity(session_id)
         svc.owners.release(session_id)
         svc.quotas.forget(who.agent_id, session_id)
-        return json_response({"session_id": session_id, "deleted_keys": n})
+        return wire_response({"session_id": session_id, "deleted_keys": n})
 
 
 def _undo_create(svc: Any, session_id: str, agent_id: str) -> None:

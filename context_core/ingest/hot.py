@@ -239,27 +239,11 @@ def run_merge(settings: Settings, *, now: float | None = None) -> MergeSummary:
     agents still holding ``write`` can merge; without it (an embedded server would be empty)
     only system answers merge and shared ones wait.
     """
-    from context_core.embedding import load_encoder
-    from context_core.gateway import Gateway
-    from context_core.knowledge.memory import KnowledgeMemory
-    from context_core.knowledge.store import open_store
+    from context_core.platform import build_platform
 
-    store = open_store(settings)
-    provider: Any = None
-    try:
-        if store.info(settings.collection_hot) is None:
+    # merges into the existing collections (none created); the model without a Redis cache
+    with build_platform(settings, embed_cache=False, ensure_collections=False) as platform:
+        if platform.store.info(settings.collection_hot) is None:
             return MergeSummary(0, 0, 0, 0)
-        gateway = Gateway.from_settings(settings)
-        namespaces: AclSource | None = None
-        if settings.redis_url:
-            from context_core.namespaces import NamespaceRegistry
-            from context_core.redis_conn import RedisProvider
-
-            provider = RedisProvider(settings)
-            namespaces = NamespaceRegistry.from_settings(settings, provider, gateway)
-        km = KnowledgeMemory(store, load_encoder(settings), settings, gateway)
-        return merge_hot(km, now=now, namespaces=namespaces)
-    finally:
-        if provider is not None:
-            provider.close()
-        store.close()
+        namespaces: AclSource | None = platform.namespaces if settings.redis_url else None
+        return merge_hot(platform.knowledge, now=now, namespaces=namespaces)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from context_core.config import Settings, get_settings
+from context_core.fsutil import atomic_write_text
 from context_core.ingest.plan import PLAN_SCHEMA as PLAN_SCHEMA  # re-export: was defined here
 from context_core.ingest.plan import (
     RefreshPlan,
@@ -67,7 +68,6 @@ __all__ = [
     "read_quarantine_history",
     "remove_space",
     "run_refresh",
-    "sample_export_path",
     "source_scope",
     "stage_plan",
 ]
@@ -76,11 +76,6 @@ log = logging.getLogger(__name__)
 
 STAGES = ("parse", "chunk", "validate", "embed", "upsert")
 QUARANTINE_FILE = "quarantine.jsonl"  # under reports_dir; append-only history, one line a page
-
-
-def sample_export_path() -> Path:
-    """The small equipment-maintenance space shipped with the package (quickstart, tests)."""
-    return Path(__file__).resolve().parents[1] / "sample_data" / "confluence" / "EQM"
 
 
 def job_settings(
@@ -245,12 +240,10 @@ def write_reports(
     with a single ``write`` so concurrent runs never interleave within a line.
     """
     reports_dir.mkdir(parents=True, exist_ok=True)
-    summary_path = reports_dir / "ingest_summary.json"
-    tmp = summary_path.with_suffix(".json.tmp")
-    tmp.write_text(
-        json.dumps(summary.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    atomic_write_text(
+        reports_dir / "ingest_summary.json",
+        json.dumps(summary.to_dict(), indent=2, ensure_ascii=False) + "\n",
     )
-    tmp.replace(summary_path)
     common = {"run_id": summary.run_id, "at": summary.finished_at, "export": summary.export_path}
     lines = [
         {**common, "kind": "quarantined", "source_path": q["source_path"], "reason": q["reason"]}

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from context_core.config import Settings
 from context_core.errors import EmptyExportError, IngestError, MassDeleteError
+from context_core.fsutil import atomic_write_text
 from context_core.ingest.model import Chunk, Page, Quarantined, Section
 from context_core.ingest.progress import StageProgress, timed
 from context_core.knowledge.store import point_id
@@ -95,12 +96,8 @@ class RefreshPlan:
     seconds: dict[str, float] = field(default_factory=dict)
 
     def save(self, path: Path) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
         data = {"schema": PLAN_SCHEMA, **dataclasses.asdict(self)}
-        tmp.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
-        tmp.replace(path)
-        return path
+        return atomic_write_text(path, json.dumps(data, ensure_ascii=False))
 
     @classmethod
     def load(cls, path: Path) -> RefreshPlan:

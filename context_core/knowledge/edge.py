@@ -34,22 +34,18 @@ from context_core.errors import (
     CollectionNotFoundError,
     InvalidStoreRequestError,
 )
+from context_core.fsutil import atomic_write_text
+from context_core.knowledge._qdrant import EDGE, to_hit, to_record
 from context_core.knowledge.store import (
     FULL_SCAN_THRESHOLD,
     HNSW_EF_CONSTRUCT,
     HNSW_M,
     INDEXING_THRESHOLD_KB,
-    PAYLOAD_INDEXES,
-    QUANT_OVERSAMPLING,
-    AnyOf,
     CollectionInfo,
-    Condition,
-    Equals,
     Filter,
     Hit,
     IndexStatus,
     PointRecord,
-    Range,
     Vector,
     check_model,
     check_point_id,
@@ -74,32 +70,6 @@ class _OpenShard:
 
 _OPEN: dict[Path, _OpenShard] = {}
 _OPEN_LOCK = threading.RLock()
-
-
-def _any_values(c: AnyOf) -> list[str] | list[int]:
-    if all(isinstance(v, str) for v in c.values):
-        return [str(v) for v in c.values]
-    return [int(v) for v in c.values]
-
-
-def _to_edge_filter(conditions: list[Condition]) -> Any:
-    import qdrant_edge as qe
-
-    if not conditions:
-        return None
-    must: list[Any] = []
-    for c in conditions:
-        if isinstance(c, Equals):
-            must.append(qe.FieldCondition(key=c.key, match=qe.MatchValue(c.value)))
-        elif isinstance(c, AnyOf):
-            must.append(qe.FieldCondition(key=c.key, match=qe.MatchAny(_any_values(c))))
-        elif isinstance(c, Range):
-            must.append(
-                qe.FieldCondition(
-                    key=c.key, range=qe.RangeFloat(gte=c.gte, gt=c.gt, lte=c.lte, lt=c.lt)
-                )
-            )
-    return qe.Filter(must=must)
 
 
 class EdgeStore:
@@ -239,14 +209,11 @@ class EdgeStore:
                 )
             path.mkdir(parents=True, exist_ok=True)
             shard = self._acquire(name, create_config=self._config(dim))
-            schema = {"keyword": qe.PayloadSchemaType.Keyword, "float": qe.PayloadSchemaType.Float}
-            for field, kind in PAYLOAD_INDEXES.items():
-                op = qe.UpdateOperation.create_field_index(field, schema[kind])
+            for field, schema in EDGE.payload_indexes().items():
+                op = qe.UpdateOperation.create_field_index(field, schema)
                 self._call(name, "create_field_index", shard.update, op)
             meta = {"model": model, "dim": dim, "distance": "cosine", "created_at": time.time()}
-            tmp = path / (SIDECAR + ".tmp")
-            tmp.write_text(json.dumps(meta, indent=2), encoding="utf-8")
-            tmp.replace(path / SIDECAR)
+            atomic_write_text(path / SIDECAR, json.dumps(meta, indent=2))
             self._meta[name] = meta
 
     def drop_collection(self, name: str) -> None:
@@ -298,7 +265,7 @@ class EdgeStore:
             op = qe.UpdateOperation.delete_points([check_point_id(i) for i in ids])
             self._call(name, "delete", shard.update, op)
         if filter:
-            op = qe.UpdateOperation.delete_points_by_filter(_to_edge_filter(parse_filter(filter)))
+            op = qe.UpdateOperation.delete_points_by_filter(EDGE.filter(parse_filter(filter)))
             self._call(name, "delete", shard.update, op)
 
     def search(
@@ -317,20 +284,11 @@ class EdgeStore:
         req = qe.QueryRequest(
             limit=limit,
             query=qe.Query.Nearest(vec),
-            filter=_to_edge_filter(parse_filter(filter)),
+            filter=EDGE.filter(parse_filter(filter)),
             with_payload=True,
-            params=qe.SearchParams(exact=True)
-            if exact
-            else qe.SearchParams(
-                quantization=qe.QuantizationSearchParams(
-                    rescore=True, oversampling=QUANT_OVERSAMPLING
-                )
-            ),
+            params=EDGE.search_params(exact),
         )
-        points = self._call(name, "search", shard.query, req)
-        return [
-            Hit(id=str(p.id), score=float(p.score), payload=dict(p.payload or {})) for p in points
-        ]
+        return [to_hit(p) for p in self._call(name, "search", shard.query, req)]
 
     def scroll(
         self,
@@ -343,7 +301,7 @@ class EdgeStore:
         import qdrant_edge as qe
 
         shard = self._shard(name)
-        edge_filter = _to_edge_filter(parse_filter(filter))
+        edge_filter = EDGE.filter(parse_filter(filter))
         offset: Any = None
         while True:
             req = qe.ScrollRequest(
@@ -355,7 +313,7 @@ class EdgeStore:
             )
             records, offset = self._call(name, "scroll", shard.scroll, req)
             for r in records:
-                yield _record(r, with_vectors)
+                yield to_record(r, with_vectors)
             if offset is None:
                 return
 
@@ -365,14 +323,14 @@ class EdgeStore:
         shard = self._shard(name)
         wanted = [check_point_id(i) for i in ids]
         found = self._call(name, "retrieve", shard.retrieve, wanted, True, with_vectors)
-        by_id = {str(r.id): _record(r, with_vectors) for r in found}
+        by_id = {str(r.id): to_record(r, with_vectors) for r in found}
         return [by_id[i] for i in wanted if i in by_id]
 
     def count(self, name: str, *, filter: Filter | None = None) -> int:
         import qdrant_edge as qe
 
         shard = self._shard(name)
-        req = qe.CountRequest(exact=True, filter=_to_edge_filter(parse_filter(filter)))
+        req = qe.CountRequest(exact=True, filter=EDGE.filter(parse_filter(filter)))
         return int(self._call(name, "count", shard.count, req))
 
     def optimize(self, name: str) -> IndexStatus:
@@ -406,10 +364,3 @@ class EdgeStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _record(r: Any, with_vectors: bool) -> PointRecord:
-    vec = r.vector if with_vectors else None
-    if isinstance(vec, dict):  # named-vector form: our collections use the default vector ""
-        vec = vec.get("")
-    return PointRecord(id=str(r.id), vector=vec, payload=dict(r.payload or {}))

@@ -573,19 +573,19 @@ class EdgeServer:
         """One page, as EdgeStore.scroll reads it; ``next`` is the offset of the next page."""
         import qdrant_edge as qe
 
-        from context_core.knowledge.edge import _record, _to_edge_filter
+        from context_core.knowledge._qdrant import EDGE, to_record
 
         name, with_vectors = a["name"], bool(a["with_vectors"])
         shard = self.store._shard(name)
         req = qe.ScrollRequest(
             offset=a.get("offset"),
             limit=a["batch"],
-            filter=_to_edge_filter(parse_filter(a.get("filter"))),
+            filter=EDGE.filter(parse_filter(a.get("filter"))),
             with_payload=True,
             with_vector=with_vectors,
         )
         records, nxt = self.store._call(name, "scroll", shard.scroll, req)
-        points = [_point_out(_record(r, with_vectors)) for r in records]
+        points = [_point_out(to_record(r, with_vectors)) for r in records]
         return {"points": points, "next": nxt}  # a UUID travels as its string
 
     def _op_retrieve(self, a: dict[str, Any]) -> list[list[Any]]:

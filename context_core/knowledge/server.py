@@ -22,22 +22,17 @@ from context_core.errors import (
     ContextError,
     InvalidStoreRequestError,
 )
+from context_core.knowledge._qdrant import SERVER, to_hit, to_record
 from context_core.knowledge.store import (
     FULL_SCAN_THRESHOLD,
     HNSW_EF_CONSTRUCT,
     HNSW_M,
     INDEXING_THRESHOLD_KB,
-    PAYLOAD_INDEXES,
-    QUANT_OVERSAMPLING,
-    AnyOf,
     CollectionInfo,
-    Condition,
-    Equals,
     Filter,
     Hit,
     IndexStatus,
     PointRecord,
-    Range,
     Vector,
     check_model,
     check_point_id,
@@ -49,32 +44,6 @@ __all__ = ["QdrantServerStore"]
 
 T = TypeVar("T")
 _UPSERT_BATCH = 512
-
-
-def _any_values(c: AnyOf) -> list[str] | list[int]:
-    if all(isinstance(v, str) for v in c.values):
-        return [str(v) for v in c.values]
-    return [int(v) for v in c.values]
-
-
-def _to_filter(conditions: list[Condition]) -> Any:
-    from qdrant_client import models
-
-    if not conditions:
-        return None
-    must: list[Any] = []
-    for c in conditions:
-        if isinstance(c, Equals):
-            must.append(models.FieldCondition(key=c.key, match=models.MatchValue(value=c.value)))
-        elif isinstance(c, AnyOf):
-            must.append(models.FieldCondition(key=c.key, match=models.MatchAny(any=_any_values(c))))
-        elif isinstance(c, Range):
-            must.append(
-                models.FieldCondition(
-                    key=c.key, range=models.Range(lt=c.lt, lte=c.lte, gt=c.gt, gte=c.gte)
-                )
-            )
-    return models.Filter(must=must)
 
 
 class QdrantServerStore:
@@ -175,21 +144,17 @@ class QdrantServerStore:
             ),
             metadata={"ctx_model": model, "ctx_dim": dim, "distance": "cosine"},
         )
-        schema = {
-            "keyword": models.PayloadSchemaType.KEYWORD,
-            "float": models.PayloadSchemaType.FLOAT,
-        }
         with warnings.catch_warnings():
             # The local (":memory:") mode warns that it ignores payload indexes; a server uses them.
             warnings.filterwarnings("ignore", message="Payload indexes have no effect")
-            for field, kind in PAYLOAD_INDEXES.items():
+            for field, schema in SERVER.payload_indexes().items():
                 self._call(
                     name,
                     "create_payload_index",
                     self._client.create_payload_index,
                     name,
                     field,
-                    field_schema=schema[kind],
+                    field_schema=schema,
                 )
         self._meta[name] = (model, dim)
 
@@ -236,7 +201,7 @@ class QdrantServerStore:
                 name, "delete", self._client.delete, name, points_selector=selector, wait=True
             )
         if filter:
-            selector = models.FilterSelector(filter=_to_filter(parse_filter(filter)))
+            selector = models.FilterSelector(filter=SERVER.filter(parse_filter(filter)))
             self._call(
                 name, "delete", self._client.delete, name, points_selector=selector, wait=True
             )
@@ -250,8 +215,6 @@ class QdrantServerStore:
         filter: Filter | None = None,
         exact: bool = False,
     ) -> list[Hit]:
-        from qdrant_client import models
-
         vec = vector_list(vector, collection=name, dim=self._dim(name))
         with warnings.catch_warnings():
             # The local mode is always exact and warns that search_params do nothing there.
@@ -262,21 +225,12 @@ class QdrantServerStore:
                 self._client.query_points,
                 name,
                 query=vec,
-                query_filter=_to_filter(parse_filter(filter)),
+                query_filter=SERVER.filter(parse_filter(filter)),
                 limit=limit,
                 with_payload=True,
-                search_params=models.SearchParams(exact=True)
-                if exact
-                else models.SearchParams(
-                    quantization=models.QuantizationSearchParams(
-                        rescore=True, oversampling=QUANT_OVERSAMPLING
-                    )
-                ),
+                search_params=SERVER.search_params(exact),
             )
-        return [
-            Hit(id=str(p.id), score=float(p.score), payload=dict(p.payload or {}))
-            for p in resp.points
-        ]
+        return [to_hit(p) for p in resp.points]
 
     def scroll(
         self,
@@ -287,7 +241,7 @@ class QdrantServerStore:
         batch: int = 256,
     ) -> Iterator[PointRecord]:
         self._dim(name)
-        qfilter = _to_filter(parse_filter(filter))
+        qfilter = SERVER.filter(parse_filter(filter))
         offset: Any = None
         while True:
             records, offset = self._call(
@@ -302,7 +256,7 @@ class QdrantServerStore:
                 with_vectors=with_vectors,
             )
             for r in records:
-                yield _record(r, with_vectors)
+                yield to_record(r, with_vectors)
             if offset is None:
                 return
 
@@ -320,7 +274,7 @@ class QdrantServerStore:
             with_payload=True,
             with_vectors=with_vectors,
         )
-        by_id = {str(r.id): _record(r, with_vectors) for r in found}
+        by_id = {str(r.id): to_record(r, with_vectors) for r in found}
         return [by_id[i] for i in wanted if i in by_id]
 
     def count(self, name: str, *, filter: Filter | None = None) -> int:
@@ -330,7 +284,7 @@ class QdrantServerStore:
             "count",
             self._client.count,
             name,
-            count_filter=_to_filter(parse_filter(filter)),
+            count_filter=SERVER.filter(parse_filter(filter)),
             exact=True,
         )
         return int(res.count)
@@ -347,10 +301,3 @@ class QdrantServerStore:
 
     def close(self) -> None:
         self._call("-", "close", self._client.close)
-
-
-def _record(r: Any, with_vectors: bool) -> PointRecord:
-    vec = r.vector if with_vectors else None
-    if isinstance(vec, dict):
-        vec = vec.get("")
-    return PointRecord(id=str(r.id), vector=vec, payload=dict(r.payload or {}))

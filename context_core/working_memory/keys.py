@@ -14,6 +14,7 @@ import json
 import re
 from typing import Any
 
+from context_core import defaults
 from context_core.errors import ContextError, PayloadTooLargeError
 
 __all__ = [
@@ -39,7 +40,7 @@ _IDENT = re.compile(r"^[^\s{}:*?\[\]\\]{1,256}$")
 RESERVED_PREFIX = "_"
 
 #: Default cap of one step result's cleaned field values (``CTX_MAX_STEP_RESULT_BYTES``).
-DEFAULT_MAX_STEP_BYTES = 16 * 1024
+DEFAULT_MAX_STEP_BYTES = defaults.MAX_STEP_RESULT_BYTES
 
 
 def check_size(what: str, size: int, cap: int, setting: str) -> None:

@@ -42,6 +42,7 @@ from typing import Any
 
 import redis
 
+from context_core import defaults
 from context_core.config import Settings
 from context_core.errors import (
     BackendUnavailableError,
@@ -86,9 +87,9 @@ from context_core.working_memory.values import Loaded, decode_point, hash_loaded
 __all__ = ["SessionMemory", "WorkingMemory"]
 
 #: Defaults of the task contract's lifetime and the idle timeout (the ``Settings`` values).
-DEFAULT_CONTRACT_TTL_S = 7200
-DEFAULT_CONTRACT_HISTORY_TTL_S = 30 * 86_400
-DEFAULT_IDLE_S = 90
+DEFAULT_CONTRACT_TTL_S = defaults.WM_CONTRACT_TTL_S
+DEFAULT_CONTRACT_HISTORY_TTL_S = defaults.WM_CONTRACT_HISTORY_TTL_S
+DEFAULT_IDLE_S = defaults.SESSION_IDLE_S
 
 
 # --------------------------------------------------------------------------------------
@@ -114,8 +115,8 @@ class WorkingMemory:
         client: redis.Redis,
         gateway: Gateway,
         *,
-        default_ttl_s: int = 900,
-        series_window: int = 1000,
+        default_ttl_s: int = defaults.WM_DEFAULT_TTL_S,
+        series_window: int = defaults.WM_SERIES_WINDOW,
         min_ttl_s: int = DEFAULT_MIN_TTL_S,
         now: Callable[[], float] = time.time,
         max_step_bytes: int = DEFAULT_MAX_STEP_BYTES,

@@ -24,6 +24,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from context_core import defaults
 from context_core.errors import ContextError
 from context_core.working_memory.index import INDEX_ADD_LUA
 
@@ -38,7 +39,7 @@ __all__ = [
 ]
 
 #: Default floor of a plan-derived TTL (``Settings.wm_min_ttl_s``).
-DEFAULT_MIN_TTL_S = 60
+DEFAULT_MIN_TTL_S = defaults.WM_MIN_TTL_S
 
 
 @dataclass(frozen=True, slots=True)

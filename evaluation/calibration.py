@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from context_core.confidence import label_score, model_name
+from context_core.confidence import DEFAULT_ACCEPT, DEFAULT_SKIP, label_score, model_name
 from context_core.errors import CalibrationError
 from context_core.fsutil import atomic_write_text
 
@@ -412,8 +412,8 @@ class LabelChange:
 def compare_with_current(
     result: CalibrationResult,
     labels: LabelSet | None = None,
-    current_accept: float = 0.72,
-    current_skip: float = 0.65,
+    current_accept: float = DEFAULT_ACCEPT,
+    current_skip: float = DEFAULT_SKIP,
 ) -> LabelChange:
     """Share of hits whose label would change, overall and per class (relevant / irrelevant).
 

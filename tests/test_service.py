@@ -547,9 +547,9 @@ def test_ctx_serve_runs_on_embedded_defaults_with_a_printed_dev_key(tmp_path: Pa
 
 def test_wire_state_signature_survives_a_json_round_trip() -> None:
     """The signed dict is what a client echoes: an int start_time is coerced before signing."""
-    from context_app.service.models import WireState, state_to_wire_dict, verify_wire
     from context_core.gateway import Gateway
     from context_core.session import AuthContext, SessionState
+    from context_core.wire import WireState
 
     key = b"k" * 32
     state = SessionState(
@@ -561,12 +561,12 @@ def test_wire_state_signature_survives_a_json_round_trip() -> None:
         gateway=Gateway(),
         auth_context=AuthContext(agent_id="agent-a", scopes=()),
     )
-    wire = state_to_wire_dict(state, key)
+    wire = WireState.of(state, key).model_dump()
     assert wire["start_time"] == 1_700_000_000.0 and isinstance(wire["start_time"], float)
     echoed = WireState.model_validate(json.loads(json.dumps(wire)))
-    assert verify_wire(echoed, key)
+    assert echoed.verify(key)
     tampered = WireState.model_validate({**json.loads(json.dumps(wire)), "current_step": 5})
-    assert not verify_wire(tampered, key)
+    assert not tampered.verify(key)
 
 
 def test_json_response_writes_non_finite_floats_as_null_and_keeps_unicode() -> None:

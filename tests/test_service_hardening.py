@@ -649,10 +649,10 @@ def test_an_ownerless_library_session_is_not_claimable(
     ca: httpx.Client, session_id: str, hard: dict[str, Any], redis_url: str
 ) -> None:
     from context_app.service.deps import load_state_key
-    from context_app.service.models import state_to_wire_dict
     from context_app.service.owners import OwnerBinding
     from context_core.gateway import Gateway
     from context_core.lifecycle import LifecycleManager
+    from context_core.wire import WireState
     from context_core.working_memory import WorkingMemory
 
     client = redis_lib.Redis.from_url(redis_url, decode_responses=True)
@@ -677,7 +677,7 @@ def test_an_ownerless_library_session_is_not_claimable(
         # library code that wants an agent to continue through the service binds it explicitly
         owners = OwnerBinding(client, ttl_s=600)
         nonce = owners.adopt(session_id, hard["a"])
-        wire = state_to_wire_dict(started.state, load_state_key(client), nonce=nonce)
+        wire = WireState.of(started.state, load_state_key(client), nonce=nonce).model_dump()
         r = _ctx(ca, session_id, wire)
         assert r.status_code == 200, r.text
         assert (

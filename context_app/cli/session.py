@@ -28,10 +28,9 @@ def sweep_idle(
     keys are deleted, and a service session's stored L1 state gets an empty trace.
     """
     import json as _json
-    from types import SimpleNamespace
 
     from context_app.service.deps import STATE_KEY, _session_ttl_s
-    from context_app.service.idle import sweep_idle_once
+    from context_app.service.idle import IdleSweepParts, sweep_idle_once
     from context_app.service.metrics import ServiceMetrics
     from context_app.service.owners import OwnerBinding
     from context_core.config import get_settings
@@ -42,7 +41,7 @@ def sweep_idle(
     with build_platform(settings, with_knowledge=False) as platform:
         client = platform.redis
         raw_key = client.get(STATE_KEY)
-        svc = SimpleNamespace(
+        svc = IdleSweepParts(
             redis=client,
             gateway=platform.gateway,
             owners=OwnerBinding(client, ttl_s=_session_ttl_s(settings)),

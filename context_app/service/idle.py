@@ -23,19 +23,25 @@ import json
 import logging
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
-from context_app.service.models import (
-    WireState,
-    state_from_wire,
-    state_to_wire_dict,
-    verify_wire,
-)
+from context_app.service.metrics import ServiceMetrics
+from context_app.service.owners import OwnerBinding
+from context_core.gateway import Gateway
+from context_core.lifecycle import LifecycleManager
 from context_core.session import ANONYMOUS
+from context_core.wire import WireState
 
-__all__ = ["IDLE_LOCK_KEY", "IdleSweep", "clear_l1", "sweep_idle_once"]
+__all__ = [
+    "IDLE_LOCK_KEY",
+    "IdleSweep",
+    "IdleSweepParts",
+    "SweepParts",
+    "clear_l1",
+    "sweep_idle_once",
+]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +51,36 @@ _RELEASE_LUA = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+
+
+class SweepParts(Protocol):
+    """What a sweep uses: the service's :class:`~context_app.service.deps.Services` has it,
+    and ``ctx sweep-idle`` builds a :class:`IdleSweepParts` from a platform."""
+
+    @property
+    def redis(self) -> redis.Redis: ...
+    @property
+    def gateway(self) -> Gateway: ...
+    @property
+    def owners(self) -> OwnerBinding: ...
+    @property
+    def state_key(self) -> bytes: ...
+    @property
+    def lifecycle(self) -> LifecycleManager: ...
+    @property
+    def metrics(self) -> ServiceMetrics: ...
+
+
+@dataclass(frozen=True, slots=True)
+class IdleSweepParts:
+    """The sweep's parts outside the service (``ctx sweep-idle``)."""
+
+    redis: redis.Redis
+    gateway: Gateway
+    owners: OwnerBinding
+    state_key: bytes
+    lifecycle: LifecycleManager
+    metrics: ServiceMetrics
 
 
 @dataclass
@@ -59,7 +95,7 @@ class IdleSweep:
         return {"ran": self.ran, "timed_out": self.timed_out, "l1_cleared": self.l1_cleared}
 
 
-def clear_l1(svc: Any, session_id: str) -> bool:
+def clear_l1(svc: SweepParts, session_id: str) -> bool:
     """Replace a service session's latest state by one with an empty trace (next version).
     ``False`` when the session has no stored state, it is not signed with this service's
     key, or an event holds its lease / moved it on meanwhile."""
@@ -67,17 +103,19 @@ def clear_l1(svc: Any, session_id: str) -> bool:
     if raw is None:
         return False
     wire = WireState.model_validate_json(raw)
-    if not verify_wire(wire, svc.state_key):
+    if not wire.verify(svc.state_key):
         log.warning("idle sweep: stored state of a session is not signed with this key; kept")
         return False
-    state = state_from_wire(wire, gateway=svc.gateway, auth=ANONYMOUS)
+    state = wire.to_state(gateway=svc.gateway, auth=ANONYMOUS)
     cleared = state.keep_last_trace_items(0)
-    new = state_to_wire_dict(cleared, svc.state_key, version=wire.version + 1, nonce=wire.nonce)
-    text = json.dumps(new, ensure_ascii=False, separators=(",", ":"))
+    new = WireState.of(cleared, svc.state_key, version=wire.version + 1, nonce=wire.nonce)
+    text = json.dumps(new.model_dump(), ensure_ascii=False, separators=(",", ":"))
     return svc.owners.replace_latest(session_id, wire.nonce, wire.version, text) == "ok"
 
 
-def sweep_idle_once(svc: Any, *, now: float | None = None, lock_ms: int = 30_000) -> IdleSweep:
+def sweep_idle_once(
+    svc: SweepParts, *, now: float | None = None, lock_ms: int = 30_000
+) -> IdleSweep:
     """One sweep, if no other instance is running one (Redis lock ``IDLE_LOCK_KEY``)."""
     token = secrets.token_hex(8)
     r = svc.redis

@@ -26,9 +26,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, FiniteFloat, 
 from pydantic_core import PydanticCustomError
 
 from context_app.service.limits import check_json, check_text
-from context_core.gateway import Gateway
-from context_core.session import AuthContext, SessionState, TraceOffload
-from context_core.wire import ID_PATTERN, NO_NONCE, BundleWire, WireState
+from context_core.wire import ID_PATTERN, BundleWire, WireState
 
 __all__ = [
     "ID_PATTERN",
@@ -60,9 +58,6 @@ __all__ = [
     "ValidationErrorResponse",
     "WireState",
     "error_responses",
-    "state_from_wire",
-    "state_to_wire_dict",
-    "verify_wire",
 ]
 
 SessionId = Annotated[str, Field(min_length=1, max_length=128, pattern=ID_PATTERN)]
@@ -102,28 +97,6 @@ Scalar = Annotated[Any, AfterValidator(_scalar)]
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-def state_to_wire_dict(
-    state: SessionState, key: bytes, *, version: int = 0, nonce: str = NO_NONCE
-) -> dict[str, Any]:
-    """The signed wire form as a plain dict (:meth:`WireState.of`, dumped)."""
-    return WireState.of(state, key, version=version, nonce=nonce).model_dump()
-
-
-def verify_wire(wire: WireState, key: bytes) -> bool:
-    return wire.verify(key)
-
-
-def state_from_wire(
-    wire: WireState,
-    *,
-    gateway: Gateway,
-    auth: AuthContext,
-    offload: TraceOffload | None = None,
-) -> SessionState:
-    """L1 from its wire form (:meth:`WireState.to_state`: the gateway cleans it again)."""
-    return wire.to_state(gateway=gateway, auth=auth, offload=offload)
 
 
 # --- requests --------------------------------------------------------------------------------

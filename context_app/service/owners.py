@@ -21,8 +21,8 @@ the scripts are legal on Redis Cluster and creation can refuse an id whose L2 da
 exists without an owner (a session made by library code on the same Redis): such a session is
 never claimable through the service. Library code that wants agents to use one of its
 sessions through the service binds it explicitly with :meth:`OwnerBinding.adopt` and hands the
-agent a state signed by :func:`context_app.service.models.state_to_wire_dict` with the
-returned nonce and version 0 (the signing key is ``load_state_key`` in :mod:`.deps`).
+agent a state signed by :meth:`context_core.wire.WireState.of` with the returned nonce and
+version 0 (the signing key is ``load_state_key`` in :mod:`.deps`).
 
 Quotas (:class:`AgentQuotas`) are per agent, on keys with the ``{<agent>}`` hash tag: a sorted
 set of the agent's live sessions scored by expiry, and one counter per minute of request-body

@@ -31,6 +31,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
+from context_app.service.deps import Services
 from context_app.service.errors_map import json_response
 from context_app.service.http_deps import BodyBytes, Svc, Who
 from context_app.service.models import (
@@ -75,7 +76,7 @@ def _auth(who: Any) -> AuthContext:
     return AuthContext(agent_id=who.agent_id, scopes=tuple(who.purposes))
 
 
-def _signed_for(svc: Any, wire: WireState, session_id: str) -> None:
+def _signed_for(svc: Services, wire: WireState, session_id: str) -> None:
     """The state names this session and carries the service's signature."""
     if wire.session_id != session_id:
         raise RequestValidationError(
@@ -114,7 +115,7 @@ def state_response(state_json: bytes, info: Any, status_code: int = 200) -> Resp
     return Response(body, status_code=status_code, media_type="application/json")
 
 
-def _wire_out(svc: Any, state: SessionState, version: int, nonce: str) -> bytes:
+def _wire_out(svc: Services, state: SessionState, version: int, nonce: str) -> bytes:
     """The signed state's JSON; refused (413) when over ``CTX_L1_MAX_STATE_BYTES``."""
     text = encode_json(WireState.of(state, svc.state_key, version=version, nonce=nonce))
     size, cap = len(text), svc.settings.l1_max_state_bytes
@@ -129,7 +130,7 @@ def _wire_out(svc: Any, state: SessionState, version: int, nonce: str) -> bytes:
     return text
 
 
-def _offload(svc: Any, session_id: str) -> TraceOffload:
+def _offload(svc: Services, session_id: str) -> TraceOffload:
     sm = svc.wm.session(session_id)
     cap = svc.settings.max_body_bytes
 
@@ -140,7 +141,7 @@ def _offload(svc: Any, session_id: str) -> TraceOffload:
 
 
 def _tool_call(
-    svc: Any, state: SessionState, ev: ToolCallEvent, offload: TraceOffload
+    svc: Services, state: SessionState, ev: ToolCallEvent, offload: TraceOffload
 ) -> dict[str, Any]:
     """Apply a tool call; the step result is written here, not by the lifecycle, so a result
     too big for a step (``CTX_MAX_STEP_RESULT_BYTES``) can point at the call's L2 copy."""
@@ -443,7 +444,7 @@ def install_session_routes(app: FastAPI) -> None:
         return wire_response({"session_id": session_id, "deleted_keys": n})
 
 
-def _undo_create(svc: Any, session_id: str, agent_id: str) -> None:
+def _undo_create(svc: Services, session_id: str, agent_id: str) -> None:
     """A creation failed after the claim: drop what it wrote, then free the id."""
     for undo in (
         lambda: svc.wm.session(session_id).clear(),

@@ -370,20 +370,35 @@ def test_sigterm_flushes_and_removes_the_socket(tmp_path: Path, sock_dir: Path) 
 
 _CHILD = textwrap.dedent(
     """
-    import json, sys, time
+    import json, os, sys, time
     import numpy as np
     from context_core.knowledge.edge_server import RemoteEdgeStore
 
-    sock, go, queries, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    sock, sync, queries, rounds, me = sys.argv[1:6]
+    rounds, peer = int(rounds), str(1 - int(me))
+
+    def mark(name):
+        open(os.path.join(sync, name), "w").close()
+
+    def wait(name, what):
+        deadline = time.time() + 60
+        while not os.path.exists(os.path.join(sync, name)):
+            if time.time() > deadline:
+                sys.exit(f"timed out waiting for {what}")
+            time.sleep(0.005)
+
     qs = np.load(queries)
     client = RemoteEdgeStore(sock)
     client.ping()  # connected before the start signal
-    while not __import__("os").path.exists(go):
-        time.sleep(0.005)
+    mark("ready-" + me)
+    wait("go", "the start signal")
     t0 = time.time()
     out = []
-    for _ in range(rounds):
+    for i in range(rounds):
         out.append([[h.id for h in client.search("kb", q, limit=5)] for q in qs])
+        if i == 0:  # rendezvous: the peer must be served while this client stays connected
+            mark("first-" + me)
+            wait("first-" + peer, "the other client's first round (server not concurrent?)")
     t1 = time.time()
     print(json.dumps({"t0": t0, "t1": t1, "ids": out}))
     """
@@ -399,7 +414,8 @@ def test_two_client_processes_search_concurrently(tmp_path: Path, sock_dir: Path
             client.upsert(COLL, _records())
             expected = [[h.id for h in client.search(COLL, q, limit=5)] for q in QUERIES]
         np.save(tmp_path / "q.npy", QUERIES)
-        go = tmp_path / "go"
+        sync = tmp_path / "sync"
+        sync.mkdir()
         rounds = 15
         children = [
             subprocess.Popen(
@@ -408,18 +424,23 @@ def test_two_client_processes_search_concurrently(tmp_path: Path, sock_dir: Path
                     "-c",
                     _CHILD,
                     str(path),
-                    str(go),
+                    str(sync),
                     str(tmp_path / "q.npy"),
                     str(rounds),
+                    str(me),
                 ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
             )
-            for _ in range(2)
+            for me in range(2)
         ]
-        time.sleep(0.2)
-        go.touch()
+        deadline = time.time() + 60  # both connected before either starts (slow imports)
+        while not all((sync / f"ready-{me}").exists() for me in range(2)):
+            assert time.time() < deadline, "a client did not connect within 60 s"
+            assert all(c.poll() is None for c in children), "a client exited before connecting"
+            time.sleep(0.01)
+        (sync / "go").touch()
         results = []
         for child in children:
             out, err = child.communicate(timeout=120)
@@ -510,3 +531,58 @@ def test_search_batch_answers_each_query_like_a_search_in_one_round_trip(
     assert got[2] == direct.search(COLL, QUERIES[0], limit=2, exact=True)
     # a store without its own batch is searched query by query, with the same answers
     assert search_batch(direct, QUERIES[0], [queries[0], queries[2]]) == [got[0], got[2]]
+
+
+def test_hybrid_search_batch_is_proxied_in_one_round_trip(
+    served: tuple[EdgeServer, RemoteEdgeStore],
+) -> None:
+    """Sparse vectors travel both ways; the route's main + hot hybrid searches stay one call."""
+    from context_core.knowledge.store import SearchQuery, search_batch
+    from context_core.sparse import SparseEncoder
+
+    server, client = served
+    direct: EdgeStore = server.store
+    enc = SparseEncoder()
+    words = ["pump", "seal", "fan", "belt", "bearing", "oil", "filter", "valve", "motor"]
+    texts = [" ".join(words[(i * k) % len(words)] for k in range(1, 5)) for i in range(N)]
+    sparse = enc.encode_documents(texts)
+    client.create_collection("hyb", dim=DIM, model="test-16d", sparse=enc.name)
+    client.upsert(
+        "hyb",
+        [PointRecord(IDS[i], VECS[i], {"text": texts[i]}, sparse[i]) for i in range(N)],
+    )
+    info = client.info("hyb")
+    assert info is not None and info.sparse == enc.name
+    (rec,) = client.retrieve("hyb", [IDS[3]], with_vectors=True)
+    assert rec.sparse is not None and rec.sparse.indices == sparse[3].indices
+    assert rec.sparse.values == pytest.approx(sparse[3].values, rel=1e-6)
+
+    sq = enc.encode_query("pump seal leak")
+    queries = [
+        SearchQuery("hyb", 4, mode="hybrid"),
+        SearchQuery(COLL, 3, mode="hybrid"),  # dense-only: answers as dense
+        SearchQuery("hyb", 3, mode="sparse", fusion="weighted"),
+    ]
+    calls: list[str] = []
+    real_call = client._call
+
+    def counting(op: str, args: dict[str, Any], **kw: Any) -> Any:
+        calls.append(op)
+        return real_call(op, args, **kw)
+
+    client._call = counting  # type: ignore[method-assign]
+    got = search_batch(client, QUERIES[0], queries, sparse=sq)
+    assert calls == ["search_batch"]
+    assert got[0] == direct.search("hyb", QUERIES[0], limit=4, mode="hybrid", sparse=sq)
+    assert got[1] == direct.search(COLL, QUERIES[0], limit=3)
+    assert got[2] == direct.search("hyb", QUERIES[0], limit=3, mode="sparse", sparse=sq)
+    hits = got[0]
+    assert isinstance(hits, list) and [h.rank for h in hits] == [1, 2, 3, 4]
+    assert all(h.sparse_score is not None for h in hits)
+
+    # a dense-only collection gains sparse vectors through the proxy too
+    client.enable_sparse(COLL, enc.name)
+    client.set_sparse(COLL, [(IDS[i], sparse[i]) for i in range(N)])
+    assert client.search(COLL, QUERIES[0], limit=3, mode="sparse", sparse=sq) == direct.search(
+        COLL, QUERIES[0], limit=3, mode="sparse", sparse=sq
+    )

@@ -10,22 +10,29 @@ collection), confidence labels, and one validated trace line appended to a JSONL
 The 100k points are random clustered 384-d vectors (the generator of ``benchmarks.l3_search``)
 recorded as ``minilm`` so the router's model check passes. Their similarity to a real MiniLM
 query is low, so the policy is set to use every hit (accept = skip = -1): each route builds the
-full set of L3 fragments, the slower path.
+full set of L3 fragments, the slower path. Each point also carries a sparse (BM25) vector of a
+piece of real maintenance prose, the bundled sample export's pages cut into ~60-word pieces and
+dealt round-robin, so the sparse posting lists of the route's query terms ("maintenance",
+"report", ...) are as long as in a 100k-chunk corpus of that kind of text.
 
 Rows, one run, same store and connection:
 
 * baseline: ``route(fetch_sensor_data)``: L1 + L2 only, no L3;
 * baseline: the raw L3 work of one route with a cached vector (``search_vector`` per section);
-* ``route(generate_report)``, cached embedding (same query text every time) - target p99 <= 5 ms;
+* ``route(generate_report)``, cached embedding (same query text every time) - target p99 <= 5 ms,
+  once per retrieval mode (``--modes``, default dense and hybrid: two routers over the same
+  store, timed round-robin with their raw-L3 baselines; the ratio hybrid / dense is quoted);
 * baseline: ``encoder.encode`` of one new text (the model's forward pass);
-* ``route(generate_report)``, uncached (a new query text every call) - target p99 <= 25 ms;
+* ``route(generate_report)``, uncached (a new query text every call) - target p99 <= 25 ms,
+  in the last mode of ``--modes`` (the default, hybrid);
 * the last pair again with ``torch.set_num_threads(1)`` (the default is one per core).
 
 Rows that are compared are timed round-robin (baseline call, route call, ...) so both see the
 same load on a shared machine. The ratio column compares each route with its baselines
 summed: the router's own overhead.
 
-Run: ``python -m benchmarks.route_latency [--points 100000] [--routes 1000] [--uncached 300]``.
+Run: ``python -m benchmarks.route_latency [--points 100000] [--routes 1000] [--uncached 300]
+[--modes dense,hybrid]``.
 """
 
 from __future__ import annotations
@@ -40,7 +47,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import markdown_table, print_table, summarize_ms, write_section
+from benchmarks._common import (
+    REPORT,
+    markdown_table,
+    print_table,
+    summarize_ms,
+    write_section,
+)
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/13"
 TARGET_CACHED_P99_MS = 5.0
@@ -64,26 +77,52 @@ def _interleaved(fns: list[Any], n: int, warmup: int = 20) -> list[list[float]]:
     return out
 
 
-def _build(store: Any, main: str, model: str, points: int, dim: int, seed: int) -> float:
+def _prose_pieces(words: int = 60) -> list[str]:
+    """The bundled sample export's pages as plain text, cut into ``words``-word pieces."""
+    import html
+    import re
+
+    from context_core import sample_data
+
+    root = Path(sample_data.__file__).parent / "confluence"
+    pieces: list[str] = []
+    for page in sorted(root.rglob("*.html")):
+        raw = page.read_text(encoding="utf-8", errors="replace")
+        raw = re.sub(r"(?is)<(script|style)\b.*?</\1>", " ", raw)
+        tokens = html.unescape(re.sub(r"<[^>]+>", " ", raw)).split()
+        pieces += [" ".join(tokens[i : i + words]) for i in range(0, len(tokens), words)]
+    return pieces
+
+
+def _build(
+    store: Any, main: str, model: str, points: int, dim: int, seed: int, sparse: Any
+) -> float:
     from rich.progress import Progress
 
     from benchmarks.l3_search import _dataset
     from context_core.knowledge.store import PointRecord, point_id
 
     vecs, payloads = _dataset(points, dim, 20, seed)
-    store.create_collection(main, dim=dim, model=model)
+    prose = _prose_pieces()
+    if sparse is not None:
+        store.create_collection(main, dim=dim, model=model, sparse=sparse.name)
+    else:
+        store.create_collection(main, dim=dim, model=model)
     t0 = time.perf_counter()
     with Progress(transient=True) as bar:
         task = bar.add_task("upsert", total=points)
         for s in range(0, points, 2_000):
             e = min(points, s + 2_000)
+            texts = [prose[i % len(prose)] for i in range(s, e)]
+            sparse_vecs = sparse.encode_documents(texts) if sparse is not None else [None] * (e - s)
             batch = [
                 PointRecord(
                     point_id(payloads[i]["source"], payloads[i]["chunk_index"]),
                     vecs[i],
-                    payloads[i],
+                    {**payloads[i], "text": texts[i - s]},
+                    **({"sparse": sv} if sv is not None else {}),
                 )
-                for i in range(s, e)
+                for i, sv in zip(range(s, e), sparse_vecs, strict=True)
             ]
             store.upsert(main, batch)
             bar.update(task, advance=e - s)
@@ -91,6 +130,40 @@ def _build(store: Any, main: str, model: str, points: int, dim: int, seed: int) 
     status = store.optimize(main)
     print(f"indexed {status.indexed_vectors:,} of {status.points:,} vectors")
     return time.perf_counter() - t0
+
+
+def _ci_text(summary: dict[str, Any], metric: str) -> str:
+    ci = summary["ci"][metric]
+    if ci["low"] is None:
+        return f"{summary['mean'][metric]:.3f}"
+    return f"{summary['mean'][metric]:.3f} [{ci['low']:.3f}-{ci['high']:.3f}]"
+
+
+def _retrieval_quality_rows(reports: Path) -> list[dict[str, Any]]:
+    """What the latency buys: the quality side of each mode, read from the reports that
+    ``ctx eval compare-retrieval`` wrote (``reports/retrieval_<dataset>.json``), if any."""
+    import json
+
+    rows: list[dict[str, Any]] = []
+    for path in sorted(reports.glob("retrieval_*.json")):
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        for mode, m in doc.get("modes", {}).items():
+            conf = doc.get("confidence", {}).get(mode, {})
+            aucs = conf.get("auc", {})
+            rows.append(
+                {
+                    "data set": f"{doc['dataset']} ({doc['n_queries']:,} queries)",
+                    "mode": mode,
+                    f"nDCG@{doc['k']}": _ci_text(m, "ndcg"),
+                    f"recall@{doc['k']}": _ci_text(m, "recall"),
+                    f"MRR@{doc['k']}": _ci_text(m, "mrr"),
+                    "AUC cosine / p_relevant (held-out)": " / ".join(
+                        f"{aucs[s]:.3f}" for s in ("cosine", "p_relevant") if s in aucs
+                    ),
+                    "measured": str(doc.get("date", ""))[:16],
+                }
+            )
+    return rows
 
 
 def main(argv: list[str]) -> int:
@@ -104,6 +177,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--routes", type=int, default=1_000, help="cached routes to time")
     ap.add_argument("--uncached", type=int, default=300, help="uncached routes to time")
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument(
+        "--modes",
+        default="dense,hybrid",
+        help="retrieval modes timed for the cached route, comma-separated (the last one also "
+        "runs the uncached rows); default dense,hybrid",
+    )
     ap.add_argument("--redis-url", default=DEFAULT_REDIS, help=f"default {DEFAULT_REDIS}")
     ap.add_argument("--l3-timeout-ms", type=float, default=100.0, help="router L3 budget")
     ap.add_argument(
@@ -121,9 +200,12 @@ def main(argv: list[str]) -> int:
     from context_core.platform import build_platform
     from context_core.session import SessionState
 
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes:
+        ap.error("--modes names no retrieval mode")
     tmp = Path(tempfile.mkdtemp(prefix="bench-route-"))
     data_dir = args.data_dir or tmp
-    settings = get_settings(
+    common = dict(
         data_dir=data_dir,
         reports_dir=tmp / "reports",
         redis_url=args.redis_url,
@@ -134,8 +216,12 @@ def main(argv: list[str]) -> int:
         trace_hash_keys=False,  # raw key names in the trace, as measured so far
         qdrant_search_threads=0,  # one search thread per CPU, as measured so far
     )
+    # one platform per retrieval mode over the same data dir (the Edge shard is shared per
+    # process); the last mode's platform also serves the baselines and the uncached rows
+    platforms = {m: build_platform(get_settings(**common, retrieval_mode=m)) for m in modes}
+    settings = platforms[modes[-1]].settings
     sid = f"bench-route-{uuid.uuid4().hex[:8]}"
-    platform = build_platform(settings)
+    platform = platforms[modes[-1]]
     text_client = platform.redis
     encoder = platform.encoder
     store = platform.store
@@ -143,17 +229,24 @@ def main(argv: list[str]) -> int:
     new_texts: list[str] = []
     try:
         info = store.info(settings.collection_main)
+        sparse = None if modes == ["dense"] else platform.knowledge.sparse
         build_s = 0.0
-        if info is None or info.count != args.points:
+        stale = info is not None and sparse is not None and info.sparse != sparse.name
+        if info is None or info.count != args.points or stale:
             if info is not None:
                 store.drop_collection(settings.collection_main)
             print(f"building {args.points:,} x {encoder.dim}-d points ...", flush=True)
             build_s = _build(
-                store, settings.collection_main, encoder.name, args.points, encoder.dim, args.seed
+                store,
+                settings.collection_main,
+                encoder.name,
+                args.points,
+                encoder.dim,
+                args.seed,
+                sparse,
             )
         else:
             print(f"reusing {info.count:,} points under {settings.qdrant_dir}")
-        km = platform.knowledge
         sm = platform.wm.session(sid)
         sm.put_step_result("2", {"finding": "bearing wear", "rms_mm_s": 5.3})
         sm.update_contract({"goal": "pump report", "length": "one page"}, expected_version=0)
@@ -173,8 +266,8 @@ def main(argv: list[str]) -> int:
         )
         router = platform.router
         params = {"section": SECTION}
-        degraded = {"cached": 0, "uncached": 0}
-        l3_frags = {"cached": 0, "uncached": 0}
+        degraded = {"uncached": 0, **{f"cached {m}": 0 for m in modes}}
+        l3_frags = {"uncached": 0, **{f"cached {m}": 0 for m in modes}}
 
         def l2_only(_i: int) -> None:
             router.route(state, "fetch_sensor_data", params=params, agent_id=AGENT)
@@ -184,16 +277,27 @@ def main(argv: list[str]) -> int:
         sections = [fill(t, {"device_prefix": SECTION}) for t in spec.l3_sections]
         vec = encoder.encode_query(cached_query)
 
-        def raw_l3(_i: int) -> None:
-            encoder.encode_query(cached_query)
-            for sec in sections:
-                km.search_vector(vec, section=sec)
+        def raw_l3_for(mode: str) -> Any:
+            mode_km = platforms[mode].knowledge
 
-        def cached(i: int) -> None:
-            b = router.route(state, "generate_report", params=params, agent_id=AGENT)
-            if i >= 0:
-                degraded["cached"] += b.degraded
-                l3_frags["cached"] += len(b.by_layer("L3"))
+            def raw_l3(_i: int) -> None:
+                encoder.encode_query(cached_query)
+                for sec in sections:
+                    mode_km.search_vector(vec, section=sec, query=cached_query)
+
+            return raw_l3
+
+        def cached_for(mode: str) -> Any:
+            mode_router = platforms[mode].router
+            key = f"cached {mode}"
+
+            def cached(i: int) -> None:
+                b = mode_router.route(state, "generate_report", params=params, agent_id=AGENT)
+                if i >= 0:
+                    degraded[key] += b.degraded
+                    l3_frags[key] += len(b.by_layer("L3"))
+
+            return cached
 
         run_tag = uuid.uuid4().hex[:6]
         phase = ["a"]  # changes between passes so every uncached text is new
@@ -212,9 +316,13 @@ def main(argv: list[str]) -> int:
         gc.collect()
         load_before = os.getloadavg()[0]
         print("timing routes ...", flush=True)
-        t_l2, t_raw, t_cached = map(
-            summarize_ms, _interleaved([l2_only, raw_l3, cached], args.routes)
-        )
+        fns: list[Any] = [l2_only]
+        for m in modes:
+            fns += [raw_l3_for(m), cached_for(m)]
+        timed = [summarize_ms(t) for t in _interleaved(fns, args.routes)]
+        t_l2 = timed[0]
+        t_raw = {m: timed[1 + 2 * i] for i, m in enumerate(modes)}
+        t_cached = {m: timed[2 + 2 * i] for i, m in enumerate(modes)}
         t_enc, t_uncached = map(
             summarize_ms, _interleaved([encode_new, uncached], args.uncached, warmup=5)
         )
@@ -236,8 +344,9 @@ def main(argv: list[str]) -> int:
         degraded["uncached"] -= first_pass[0]  # counters below: the threads = 1 pass
         l3_frags["uncached"] -= first_pass[1]
 
-        base_cached = t_l2["p99_ms"] + t_raw["p99_ms"]
-        base_uncached = base_cached + t_enc["p99_ms"]
+        last = modes[-1]
+        base_cached = {m: t_l2["p99_ms"] + t_raw[m]["p99_ms"] for m in modes}
+        base_uncached = base_cached[last] + t_enc["p99_ms"]
 
         def row(what: str, s: dict[str, float], target: str, met: str, ratio: str) -> dict:
             return {
@@ -250,19 +359,24 @@ def main(argv: list[str]) -> int:
                 "p99 / baselines": ratio,
             }
 
-        rows = [
-            row("baseline: route(fetch_sensor_data), L1+L2 only", t_l2, "", "", ""),
-            row("baseline: raw L3 (cache GET + 2 sections + hot)", t_raw, "", "", ""),
-            row(
-                "route(generate_report), embedding cached",
-                t_cached,
-                f"p99 <= {TARGET_CACHED_P99_MS:g} ms",
-                "yes" if t_cached["p99_ms"] <= TARGET_CACHED_P99_MS else "NO",
-                f"{t_cached['p99_ms'] / base_cached:.2f}",
-            ),
+        rows = [row("baseline: route(fetch_sensor_data), L1+L2 only", t_l2, "", "", "")]
+        for m in modes:
+            rows.append(
+                row(f"baseline: raw L3, {m} (cache GET + 2 sections + hot)", t_raw[m], "", "", "")
+            )
+            rows.append(
+                row(
+                    f"route(generate_report), embedding cached, {m}",
+                    t_cached[m],
+                    f"p99 <= {TARGET_CACHED_P99_MS:g} ms",
+                    "yes" if t_cached[m]["p99_ms"] <= TARGET_CACHED_P99_MS else "NO",
+                    f"{t_cached[m]['p99_ms'] / base_cached[m]:.2f}",
+                )
+            )
+        rows += [
             row(f"baseline: MiniLM encode, torch threads = {default_threads}", t_enc, "", "", ""),
             row(
-                f"route(generate_report), uncached, torch threads = {default_threads}",
+                f"route(generate_report), uncached, {last}, torch threads = {default_threads}",
                 t_uncached,
                 f"p99 <= {TARGET_UNCACHED_P99_MS:g} ms",
                 "yes" if t_uncached["p99_ms"] <= TARGET_UNCACHED_P99_MS else "NO",
@@ -270,11 +384,11 @@ def main(argv: list[str]) -> int:
             ),
             row("baseline: MiniLM encode, torch threads = 1", t_enc1, "", "", ""),
             row(
-                "route(generate_report), uncached, torch threads = 1",
+                f"route(generate_report), uncached, {last}, torch threads = 1",
                 t_uncached1,
                 f"p99 <= {TARGET_UNCACHED_P99_MS:g} ms",
                 "yes" if t_uncached1["p99_ms"] <= TARGET_UNCACHED_P99_MS else "NO",
-                f"{t_uncached1['p99_ms'] / (base_cached + t_enc1['p99_ms']):.2f}",
+                f"{t_uncached1['p99_ms'] / (base_cached[last] + t_enc1['p99_ms']):.2f}",
             ),
         ]
         facts = [
@@ -288,17 +402,37 @@ def main(argv: list[str]) -> int:
                 "value": f"{load_before:.1f} / {os.getloadavg()[0]:.1f}",
             },
             {
-                "figure": "L3 fragments per route (cached / uncached, 1 thread)",
-                "value": f"{l3_frags['cached'] / args.routes:.1f} / "
-                f"{l3_frags['uncached'] / args.uncached:.1f}",
+                "figure": "L3 fragments per route (cached per mode / uncached, 1 thread)",
+                "value": " / ".join(
+                    f"{l3_frags[f'cached {m}'] / args.routes:.1f} ({m})" for m in modes
+                )
+                + f" / {l3_frags['uncached'] / args.uncached:.1f}",
             },
             {
                 "figure": f"degraded routes (L3 over {args.l3_timeout_ms:g} ms)",
-                "value": f"{degraded['cached']} of {args.routes} cached; uncached "
-                f"{first_pass[0]} of {args.uncached} (default threads), "
+                "value": ", ".join(
+                    f"{degraded[f'cached {m}']} of {args.routes} cached {m}" for m in modes
+                )
+                + f"; uncached {first_pass[0]} of {args.uncached} (default threads), "
                 f"{degraded['uncached']} of {args.uncached} (1 thread)",
             },
         ]
+        if len(modes) > 1:
+            first = modes[0]
+            facts.append(
+                {
+                    "figure": f"cached route p99 / p50, {last} over {first} (same run)",
+                    "value": f"{t_cached[last]['p99_ms'] / t_cached[first]['p99_ms']:.2f}x / "
+                    f"{t_cached[last]['p50_ms'] / t_cached[first]['p50_ms']:.2f}x",
+                }
+            )
+            facts.append(
+                {
+                    "figure": f"raw L3 p99 / p50, {last} over {first}",
+                    "value": f"{t_raw[last]['p99_ms'] / t_raw[first]['p99_ms']:.2f}x / "
+                    f"{t_raw[last]['p50_ms'] / t_raw[first]['p50_ms']:.2f}x",
+                }
+            )
         print_table("route latency", rows)
         print_table("facts", facts)
         if not args.no_write:
@@ -309,11 +443,22 @@ def main(argv: list[str]) -> int:
                 "Redis cache, filtered top-3 in the device section and `Report Templates`, "
                 "plus `hot_knowledge`) + labels + one validated JSONL trace line. Every hit "
                 "is used (accept = skip = -1) so each route builds its L3 fragments. "
+                f"Retrieval modes {', '.join(modes)}: one router each over the same store, the "
+                "cached rows timed round-robin; every point also holds a BM25 vector of a "
+                "~60-word piece of the sample export's pages (real maintenance prose), so the "
+                "sparse side searches posting lists of realistic length. "
                 "`p99 / baselines` = route p99 over the summed p99 of its baselines.\n\n"
                 + markdown_table(rows)
                 + "\n"
                 + markdown_table(facts)
             )
+            quality = _retrieval_quality_rows(REPORT.parent)
+            if quality:
+                body += (
+                    "\nWhat each mode buys (from `reports/retrieval_<dataset>.md`, written by "
+                    "`ctx eval compare-retrieval`; mean [95 % CI] over queries):\n\n"
+                    + markdown_table(quality)
+                )
             write_section(
                 "route", f"Router: route(generate_report) at {args.points:,} chunks", body
             )
@@ -322,7 +467,8 @@ def main(argv: list[str]) -> int:
             text_client.delete(k)
         if new_texts:  # this run's one-off query embeddings: nobody will ask again
             text_client.delete(*(encoder.cache_key(t) for t in new_texts))
-        platform.close()
+        for p in reversed(list(platforms.values())):
+            p.close()
         if args.data_dir is None:
             shutil.rmtree(tmp, ignore_errors=True)
     return 0

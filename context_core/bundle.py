@@ -96,6 +96,10 @@ class Fragment:
     confidence: float
     label: str
     note: str = ""
+    # L3 only: the hit's calibrated probability (None without a relevance model) and which
+    # signal its label came from ("cosine" or "p_relevant").
+    p_relevant: float | None = None
+    confidence_signal: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The wire form: the fields of :class:`~context_core.wire.FragmentWire`."""

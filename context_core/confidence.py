@@ -38,6 +38,14 @@ the next route.
 A missing thresholds file is normal (before the first calibration): the settings' defaults
 (``CTX_ACCEPT_THRESHOLD`` 0.72, ``CTX_SKIP_THRESHOLD`` 0.65) apply silently. A *malformed* file
 is an operator problem: the defaults apply and a warning names the file and what is wrong.
+
+**The relevance model.** Next to ``thresholds.json`` the calibration jobs write
+``relevance_model.json`` (:mod:`context_core.relevance`): a calibrated ``p_relevant`` per hit
+with its own accept/skip on that probability. :meth:`PolicySource.relevance` loads it under the
+same rules (one ``os.stat`` per call, re-read on change, refused for another embedding model
+unless ``CTX_THRESHOLDS_MODEL_MISMATCH=warn``, a malformed file warned about and ignored). When
+it is in force the router labels L3 hits by ``p_relevant`` (:func:`relevance_policy`); when it
+is not, the cosine thresholds above apply unchanged.
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ from typing import Any, Literal
 
 from context_core import defaults
 from context_core.config import Settings
+from context_core.relevance import RelevanceModel, relevance_path_for
 
 __all__ = [
     "DEFAULT_ACCEPT",
@@ -66,6 +75,7 @@ __all__ = [
     "PolicySource",
     "label_score",
     "model_name",
+    "relevance_policy",
     "thresholds_model",
 ]
 
@@ -217,6 +227,23 @@ class ConfidencePolicy:
         }
 
 
+def relevance_policy(
+    model: RelevanceModel, rule: ConfidenceRule = "design", source: str = ""
+) -> ConfidencePolicy:
+    """The model's cut points on ``p_relevant`` as a policy, so the router's one labelling rule
+    (:meth:`ConfidencePolicy.label_hits`) applies to probabilities as it does to cosines."""
+    if model.accept is None or model.skip is None:
+        raise ValueError("the relevance model has no accept/skip thresholds on p_relevant")
+    where = source or str(model.provenance.get("loaded_from") or "fitted relevance model")
+    return ConfidencePolicy(
+        accept=model.accept,
+        skip=model.skip,
+        source=f"p_relevant ({model.kind}) from {where}",
+        model=model.model,
+        rule=rule,
+    )
+
+
 def model_name(name: str) -> str:
     """``name`` as a collection records its model (``Encoder.name``, ``check_model``).
 
@@ -268,6 +295,44 @@ class _Loaded:
     loaded_at: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class _RelevanceLoaded:
+    """One (re)load of ``relevance_model.json``: the model in force (None: cosine labels)."""
+
+    key: _FileKey | Literal["unread"] | None
+    model: RelevanceModel | None
+    policy: ConfidencePolicy | None = None
+    mismatch: bool = False
+    file_model: str | None = None
+    problem: str | None = None
+    loaded_at: float = 0.0
+
+    def status(self, path: Path) -> dict[str, Any] | None:
+        if self.key is None:
+            return None
+        m = self.model
+        return {
+            "path": str(path),
+            "in_force": m is not None,
+            "kind": m.kind if m is not None else None,
+            "features": list(m.features) if m is not None else None,
+            "accept": m.accept if m is not None else None,
+            "skip": m.skip if m is not None else None,
+            "file_model": self.file_model,
+            "mismatch": self.mismatch,
+            "problem": self.problem,
+            "loaded_at": self.loaded_at,
+        }
+
+
+def _file_key(path: Path) -> _FileKey | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
 class PolicySource:
     """The thresholds in force, re-read when ``thresholds.json`` changes, checked against
     the encoder's model.
@@ -283,6 +348,8 @@ class PolicySource:
         self._defaults = ConfidencePolicy.defaults(settings)
         self._lock = threading.Lock()
         self._state = _Loaded(_UNREAD, self._defaults)
+        self.relevance_path = relevance_path_for(self.path)
+        self._relevance = _RelevanceLoaded(_UNREAD, None)
 
     def current(self) -> ConfidencePolicy:
         """The policy for this route: the file's thresholds when valid (and for this model),
@@ -305,7 +372,89 @@ class PolicySource:
             "encoder_model": self.model,
             "path": str(self.path),
             "loaded_at": snap.loaded_at,
+            "relevance": self._relevance_snapshot().status(self.relevance_path),
         }
+
+    def relevance(self) -> RelevanceModel | None:
+        """The relevance model in force (None: no file, refused or malformed), re-read when
+        ``relevance_model.json`` changes."""
+        return self._relevance_snapshot().model
+
+    def relevance_policy(self) -> ConfidencePolicy | None:
+        """The model's cut points on ``p_relevant`` (under the settings' rule), or None."""
+        return self._relevance_snapshot().policy
+
+    def relevance_in_force(self) -> tuple[RelevanceModel | None, ConfidencePolicy | None]:
+        """Model and cut points from one (re)load, so a route never mixes two files."""
+        snap = self._relevance_snapshot()
+        return (snap.model, snap.policy) if snap.model is not None else (None, None)
+
+    def _relevance_snapshot(self) -> _RelevanceLoaded:
+        key = _file_key(self.relevance_path)
+        snap = self._relevance
+        if key == snap.key:
+            return snap
+        with self._lock:
+            if key != self._relevance.key:
+                self._relevance = self._load_relevance(key)
+            return self._relevance
+
+    def _load_relevance(self, key: _FileKey | None) -> _RelevanceLoaded:
+        now = dt.datetime.now(dt.UTC).timestamp()
+        path = self.relevance_path
+        if key is None:
+            return _RelevanceLoaded(None, None, loaded_at=now)
+        try:
+            model = RelevanceModel.load(path)
+        except (OSError, ValueError) as e:
+            log.warning(
+                "relevance model %s is malformed: %s; L3 hits are labelled by cosine "
+                "(accept/skip from the thresholds). Re-run `ctx eval calibrate` or remove it.",
+                path,
+                e,
+            )
+            return _RelevanceLoaded(key, None, problem=str(e), loaded_at=now)
+        model = model.with_provenance(loaded_from=str(path))
+        policy = relevance_policy(model, self._defaults.rule, str(path))
+        file_model = model.model
+        if file_model is not None and model_name(file_model) != self.model:
+            if self.on_mismatch == "warn":
+                log.warning(
+                    "RELEVANCE MODEL FOR ANOTHER EMBEDDING MODEL IN USE: %s was fitted for %r "
+                    "but the encoder is %r; used anyway because "
+                    "CTX_THRESHOLDS_MODEL_MISMATCH=warn. Re-run `ctx eval calibrate` with "
+                    "model %r.",
+                    path,
+                    file_model,
+                    self.model,
+                    self.model,
+                )
+                return _RelevanceLoaded(
+                    key, model, policy, mismatch=True, file_model=file_model, loaded_at=now
+                )
+            log.error(
+                "relevance model %s was fitted for embedding model %r, but the encoder is %r: "
+                "refused; L3 hits are labelled by cosine. Fix: re-run `ctx eval calibrate` "
+                "with model %r (or set CTX_THRESHOLDS_MODEL_MISMATCH=warn).",
+                path,
+                file_model,
+                self.model,
+                self.model,
+            )
+            return _RelevanceLoaded(key, None, mismatch=True, file_model=file_model, loaded_at=now)
+        if file_model is None:
+            log.warning("relevance model %s names no embedding model; using it for %r", path,
+                        self.model)  # fmt: skip
+        log.log(
+            logging.DEBUG if self._relevance.key is _UNREAD else logging.INFO,
+            "relevance model (%s, features %s, accept p>=%.3f skip p>=%.3f) loaded from %s",
+            model.kind,
+            ",".join(model.features),
+            policy.accept,
+            policy.skip,
+            path,
+        )
+        return _RelevanceLoaded(key, model, policy, file_model=file_model, loaded_at=now)
 
     def _snapshot(self) -> _Loaded:
         key = self._stat()
@@ -318,11 +467,7 @@ class PolicySource:
             return self._state
 
     def _stat(self) -> _FileKey | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
+        return _file_key(self.path)
 
     def _load(self, key: _FileKey | None) -> _Loaded:
         now = dt.datetime.now(dt.UTC).timestamp()

@@ -104,6 +104,16 @@ class Settings(BaseSettings):
     hot_ttl_hours: float = Field(72.0, gt=0)
     l3_top_k: int = Field(3, gt=0, le=100)
     l3_timeout_ms: float = Field(D.L3_TIMEOUT_MS, gt=0)
+    retrieval_mode: Literal["dense", "sparse", "hybrid"] = Field(
+        D.RETRIEVAL_MODE,
+        description="L3 retrieval: dense cosine, sparse BM25, or both fused; a collection "
+        "without sparse vectors answers as dense (`ctx add-sparse` adds them).",
+    )
+    hybrid_fusion: Literal["rrf", "weighted"] = Field(
+        D.HYBRID_FUSION,
+        description="How hybrid retrieval fuses the dense and sparse lists: reciprocal rank "
+        "fusion, or a weighted sum of cosine and max-normalised BM25.",
+    )
 
     # --- embeddings ---------------------------------------------------------------------
     embed_model: str = Field("minilm", description="Registry name (minilm, bge-m3) or a path.")

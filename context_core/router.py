@@ -82,17 +82,19 @@ from context_core.bundle import (
     teaching_cue,
 )
 from context_core.bundle import Layer as Layer  # re-export: was defined here
-from context_core.confidence import ConfidencePolicy, PolicySource
+from context_core.confidence import ConfidencePolicy, PolicySource, relevance_policy
 from context_core.errors import AccessDeniedError, ConfigError, ContextMissError
 from context_core.exact_reads import L2Trace, read_l1, read_l2, read_namespaces, read_prefs
 from context_core.intents import IntentRegistry, IntentSpec, template_fields
 from context_core.knowledge.memory import UNREVIEWED, hot_scopes, hot_visible
+from context_core.relevance import query_length
 from context_core.traces import TraceWriter, fragment_entry, new_trace_id
 
 if TYPE_CHECKING:
     from context_core.knowledge.memory import KnowledgeMemory
     from context_core.knowledge.store import Hit
     from context_core.namespaces import Grant, NamespaceRegistry
+    from context_core.relevance import RelevanceModel
     from context_core.session import SessionState
     from context_core.working_memory import WorkingMemory
 
@@ -131,6 +133,7 @@ class ContextRouter:
         l3_limit: int | None = None,
         l3_workers: int = 4,
         max_fragments: int = DEFAULT_MAX_FRAGMENTS,
+        relevance: RelevanceModel | None = None,
     ) -> None:
         if l3_timeout_ms <= 0:
             raise ConfigError(f"l3_timeout_ms must be positive, got {l3_timeout_ms}")
@@ -141,6 +144,8 @@ class ContextRouter:
         self.wm = wm
         self.knowledge = knowledge
         self._policy = policy
+        # a fixed relevance model (with a fixed policy); a PolicySource loads its own file
+        self._relevance = relevance
         self.max_fragments = max_fragments
         self.tracer = tracer
         self.namespaces = namespaces
@@ -158,6 +163,15 @@ class ContextRouter:
         if isinstance(self._policy, PolicySource):
             return self._policy.current()
         return self._policy
+
+    def relevance_in_force(self) -> tuple[RelevanceModel | None, ConfidencePolicy | None]:
+        """The relevance model labelling L3 hits now and its cut points on ``p_relevant``
+        (``(None, None)``: the cosine thresholds label them)."""
+        if isinstance(self._policy, PolicySource):
+            return self._policy.relevance_in_force()
+        if self._relevance is None:
+            return None, None
+        return self._relevance, relevance_policy(self._relevance, self._policy.rule)
 
     def policy_status(self) -> dict[str, Any]:
         """``{accept, skip, source, model, rule, mismatch, loaded_at, ...}`` for /metrics."""
@@ -220,6 +234,7 @@ class ContextRouter:
         params = dict(params or {})
         spec = self.registry.get(step_intent)
         policy = self.policy  # one snapshot per route, even if the file changes meanwhile
+        relevance, p_policy = self.relevance_in_force()
         values = self._values(state, params)
         trace_id = new_trace_id()
 
@@ -303,7 +318,15 @@ class ContextRouter:
             future.cancel()
         t_l3 = time.perf_counter()
 
-        l3_ranked, hits_trace = self._label_hits(outcome.hits, now, policy)
+        # p_relevant for each hit when a fitted relevance model is in force: the labels then
+        # come from it (and its cut points); otherwise from the cosine thresholds.
+        p_values = (
+            relevance.predict_hits(outcome.hits, query_length(query))
+            if relevance is not None and p_policy is not None and outcome.hits
+            else None
+        )
+        signal = "cosine" if p_policy is None else "p_relevant"
+        l3_ranked, hits_trace = self._label_hits(outcome.hits, now, policy, p_values, p_policy)
         ranked += l3_ranked
 
         # 6. the budget
@@ -315,7 +338,7 @@ class ContextRouter:
         # 7. fallback: the user refers to earlier teaching and main L3 knows nothing of it
         fallback = None
         if searched:
-            fallback = self._fallback(state, params, outcome.hits, policy)
+            fallback = self._fallback(state, params, outcome.hits, p_policy or policy, p_values)
             if fallback is not None:
                 used["fallback"] = fallback
 
@@ -354,12 +377,13 @@ class ContextRouter:
                     "error": outcome.error
                     if l3_wanted or skip_l3
                     else (None if not spec.l3 else "no knowledge memory configured"),
+                    **({"confidence_signal": signal} if spec.l3 else {}),
                 },
                 "ns": ns_trace,
                 "fragments": [fragment_entry(f) for f in delivered],
                 "by_reference": used["by_reference"],
                 "fallback": fallback,
-                "confidence": policy.to_dict(),
+                "confidence": _confidence_trace(policy, p_policy, relevance),
                 "degraded": degraded,
                 "timings_ms": timings,
             }
@@ -381,23 +405,29 @@ class ContextRouter:
         params: Mapping[str, Any],
         hits: Sequence[Hit],
         policy: ConfidencePolicy,
+        p_values: Sequence[float] | None = None,
     ) -> dict[str, Any] | None:
         """The fallback section when the step's query refers to earlier teaching and no
-        main-collection hit reaches skip (hot answers are unreviewed: they do not count)."""
+        main-collection hit reaches skip (hot answers are unreviewed: they do not count).
+
+        ``p_values`` (with ``policy`` the relevance model's cut points) replaces the cosines
+        when the hits were labelled by ``p_relevant``."""
         raw = params.get("query")
         text = raw if isinstance(raw, str) and raw.strip() else state.user_query
         cue = teaching_cue(text or "")
         if cue is None:
             return None
+        values = [float(h.score) for h in hits] if p_values is None else list(p_values)
         main = [
-            float(h.score)
-            for h in hits
-            if not _is_hot(h.payload) and not math.isnan(float(h.score))
+            v
+            for h, v in zip(hits, values, strict=True)
+            if not _is_hot(h.payload) and not math.isnan(v)
         ]
         best = max(main, default=None)
         if best is not None and best >= policy.skip:
             return None
-        found = "no main-collection hit" if best is None else f"best main hit {best:.3f}"
+        what = "best main hit" if p_values is None else "best main hit p_relevant"
+        found = "no main-collection hit" if best is None else f"{what} {best:.3f}"
         return {
             "triggered": True,
             "reason": (
@@ -469,6 +499,7 @@ class ContextRouter:
                     limit=self.l3_limit,
                     collection=self.l3_collection,
                     hot_scopes=scopes,
+                    query=query,  # its sparse vector, for the sparse/hybrid modes
                 ):
                     if _is_hot(hit.payload) and not hot_visible(
                         hit.payload, reader, declared, self.namespaces, acl_cache=acls
@@ -479,14 +510,27 @@ class ContextRouter:
         except Exception as e:  # any L3 failure degrades; it never fails the route
             log.warning("L3 search failed: %s: %s", type(e).__name__, e)
             return _L3Outcome(error=f"{type(e).__name__}: {e}", ms=(time.perf_counter() - t) * 1e3)
-        hits = sorted(best.values(), key=lambda h: h.score, reverse=True)
+        if any(h.sparse_score is not None for h in best.values()):  # fused: rank order
+            hits = sorted(best.values(), key=lambda h: (h.rank or len(best) + 1, -h.score))
+        else:
+            hits = sorted(best.values(), key=lambda h: h.score, reverse=True)
         return _L3Outcome(hits=hits, ms=(time.perf_counter() - t) * 1000.0)
 
     def _label_hits(
-        self, hits: list[Hit], now: float, policy: ConfidencePolicy
+        self,
+        hits: list[Hit],
+        now: float,
+        policy: ConfidencePolicy,
+        p_values: Sequence[float] | None = None,
+        p_policy: ConfidencePolicy | None = None,
     ) -> tuple[list[tuple[Tier, Fragment]], list[dict[str, Any]]]:
         """Label the hit list under the policy's rule; keep confident and low-confidence hits
         as fragments (with their budget tier).
+
+        With ``p_values`` (each hit's ``p_relevant``) and ``p_policy`` (the relevance model's
+        cut points) the labels come from the probabilities; ``relevance`` and ``confidence``
+        stay the cosine, and each L3 fragment carries its ``p_relevant`` and which signal
+        labelled it.
 
         A hot hit is capped at ``low_confidence`` (and its confidence just below ``accept``):
         nobody reviewed it, so no agent's answer is ever another agent's confident context.
@@ -494,21 +538,28 @@ class ContextRouter:
         ranked: list[tuple[Tier, Fragment]] = []
         traced: list[dict[str, Any]] = []
         cap = round(policy.accept - 1e-4, 4)
-        labels = policy.label_hits([float(h.score) for h in hits])
-        for hit, label in zip(hits, labels, strict=True):
+        by_p = p_values is not None and p_policy is not None
+        if p_values is not None and p_policy is not None:
+            labels = p_policy.label_hits(p_values)
+            probs: Sequence[float | None] = p_values
+        else:
+            labels = policy.label_hits([float(h.score) for h in hits])
+            probs = [None] * len(hits)
+        for hit, label, p in zip(hits, labels, probs, strict=True):
             payload = hit.payload
             hot = _is_hot(payload)
             if hot and label == "confident":
                 label = "low_confidence"
-            traced.append(
-                {
-                    "id": hit.id,
-                    "score": float(hit.score),
-                    "label": label,
-                    "source": str(payload.get("source", "")),
-                    "section": payload.get("section"),
-                }
-            )
+            entry: dict[str, Any] = {
+                "id": hit.id,
+                "score": float(hit.score),
+                "label": label,
+                "source": str(payload.get("source", "")),
+                "section": payload.get("section"),
+            }
+            if p is not None:
+                entry["p_relevant"] = round(p, 6)
+            traced.append(entry)
             if label == "below_skip":
                 continue
             coll = self.hot_collection if hot else self.l3_collection
@@ -541,9 +592,29 @@ class ContextRouter:
                 confidence=min(score, cap) if hot else score,
                 label=label,
                 note=note,
+                p_relevant=round(p, 4) if p is not None else None,
+                confidence_signal="p_relevant" if by_p else "cosine",
             )
             ranked.append(("confident_l3" if label == "confident" else "low_l3", frag))
         return ranked, traced
+
+
+def _confidence_trace(
+    policy: ConfidencePolicy, p_policy: ConfidencePolicy | None, model: RelevanceModel | None
+) -> dict[str, Any]:
+    """The trace's ``confidence``: the cosine thresholds in force and, when a relevance model
+    labelled the hits, its cut points on ``p_relevant`` (``relevance``)."""
+    out = policy.to_dict()
+    if p_policy is not None and model is not None:
+        out["relevance"] = {
+            "accept": p_policy.accept,
+            "skip": p_policy.skip,
+            "source": p_policy.source,
+            "model": p_policy.model,
+            "kind": model.kind,
+            "features": list(model.features),
+        }
+    return out
 
 
 def _used(delivered: Sequence[Fragment]) -> dict[str, Any]:

@@ -15,15 +15,16 @@ schema 3::
      "l2": {"requested": [key], "required": [key], "found": [key], "missing": [key],
             "expired": [key], "contract_lost": bool},
      "l3": {"requested": bool, "query": str (gateway-cleaned), "used": bool,
-            "error": str | null,
-            "hits": [{"id", "score", "label", "source", "section"}]},
+            "error": str | null, "confidence_signal": "cosine"|"p_relevant" (if requested),
+            "hits": [{"id", "score", "label", "source", "section", "p_relevant"?}]},
      "ns": {"requested": [ref], "found": [ref], "denied": [ref]},
      "fragments": [{"layer": "L1"|"L2"|"L3"|"NS", "source", "confidence", "label",
                     "cites": [str]}],
      "by_reference": [{"layer", "source", "relevance", "label"}],
      "fallback": {"triggered": true, "reason": str, "confirm_at": str} | null,
      "confidence": {"accept": float, "skip": float, "source": str, "model": str | null,
-                    "rule": "design"|"per_hit"},
+                    "rule": "design"|"per_hit",
+                    "relevance"?: {"accept", "skip", "source", "model", "kind", "features"}},
      "degraded": bool,
      "timings_ms": {"l1", "l2", "l3", "total"}}
 
@@ -45,7 +46,11 @@ ones the budget left out, without content or cites (an output citing them did no
 from this bundle). ``fallback`` is the bundle's fallback section when the route triggered it,
 else null. ``confidence`` is the threshold pair and rule the route labelled hits with, with
 their provenance (file path or defaults) and the model the file was calibrated for; CER judges
-a schema-3 record against *its* ``accept``.
+a schema-3 record against *its* ``accept``. When a fitted relevance model labelled the hits
+(:mod:`context_core.relevance`), ``l3.confidence_signal`` is ``"p_relevant"``, each hit carries
+its ``p_relevant`` and ``confidence.relevance`` holds the model's cut points on it; the cosine
+pair stays in ``confidence`` (``score`` is still the cosine). Records without these keys were
+labelled by cosine.
 
 ``fragments[].cites`` are the fragment's **citable tokens**: what an output that used the
 fragment would repeat, so CER can check use from the trace alone (see
@@ -162,6 +167,7 @@ class L3Hit(_Strict):
     label: Literal["confident", "low_confidence", "below_skip"]
     source: str
     section: str | None
+    p_relevant: float | None = None  # present when a relevance model labelled the hits
 
 
 class L3Trace(_Strict):
@@ -170,6 +176,8 @@ class L3Trace(_Strict):
     hits: list[L3Hit]
     used: bool
     error: str | None
+    # what labelled the hits (present when L3 was requested): cosine thresholds or p_relevant
+    confidence_signal: Literal["cosine", "p_relevant"] | None = None
 
 
 class NsTrace(_Strict):
@@ -202,12 +210,24 @@ class FallbackTrace(_Strict):
     confirm_at: str
 
 
+class RelevanceTrace(_Strict):
+    """The relevance model's cut points on ``p_relevant`` when it labelled the route's hits."""
+
+    accept: float
+    skip: float
+    source: str
+    model: str | None
+    kind: Literal["logistic", "isotonic"]
+    features: list[str]
+
+
 class ConfidenceTrace(_Strict):
     accept: float
     skip: float
     source: str
     model: str | None
     rule: Literal["design", "per_hit"]
+    relevance: RelevanceTrace | None = None
 
 
 class Timings(_Strict):

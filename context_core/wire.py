@@ -240,6 +240,16 @@ class FragmentWire(_Out):
     confidence: float
     label: str
     note: str = ""
+    p_relevant: float | None = Field(
+        None,
+        description="L3: the hit's calibrated probability of relevance, when a fitted "
+        "relevance model is in force (else null)",
+    )
+    confidence_signal: Literal["cosine", "p_relevant"] | None = Field(
+        None,
+        description="L3: what the label came from: the cosine thresholds or the relevance "
+        "model's cut points on p_relevant (null for other layers)",
+    )
 
 
 class ContextUsed(_Out):

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from context_core.knowledge.store import VectorStore
     from evaluation.calibration import CalibrationResult
     from evaluation.labels import LabelSet
+    from evaluation.relevance_calibration import RelevanceFit
 
 __all__ = [
     "BeirDataset",
@@ -162,11 +163,18 @@ def _index_corpus(
     *,
     batch: int,
     progress: bool,
+    sparse_encoder: Any = None,
 ) -> int:
-    """Embed title + text of every document into ``collection``; return how many were cut."""
+    """Embed title + text of every document into ``collection`` (with its sparse vector when a
+    ``sparse_encoder`` is given); return how many were cut at the model's window."""
     from context_core.knowledge.store import PointRecord, point_id
 
-    store.create_collection(collection, dim=encoder.dim, model=encoder.name)
+    if sparse_encoder is not None:
+        store.create_collection(
+            collection, dim=encoder.dim, model=encoder.name, sparse=sparse_encoder.name
+        )
+    else:
+        store.create_collection(collection, dim=encoder.dim, model=encoder.name)
     items = list(dataset.corpus.items())
     n_cut = 0
     with _progress(progress) as bar:
@@ -180,20 +188,28 @@ def _index_corpus(
                 n_cut += was_cut
                 texts.append(cut)
             vectors = encoder.encode(texts)
+            sparse = (
+                sparse_encoder.encode_documents(texts)
+                if sparse_encoder is not None
+                else [None] * len(texts)
+            )
             store.upsert(
                 collection,
                 [
                     PointRecord(
-                        id=point_id(doc_id, 0),
-                        vector=vec.tolist(),
-                        payload={
+                        point_id(doc_id, 0),
+                        vec.tolist(),
+                        {
                             "source": doc_id,
                             "title": title,
                             "section": dataset.name,
                             "text": t[:300],
                         },
+                        **({"sparse": sv} if sv is not None else {}),
                     )
-                    for (doc_id, (title, _)), vec, t in zip(chunk, vectors, texts, strict=True)
+                    for (doc_id, (title, _)), vec, t, sv in zip(
+                        chunk, vectors, texts, sparse, strict=True
+                    )
                 ],
             )
             bar.advance(task, len(chunk))
@@ -221,8 +237,15 @@ def label_hits(
     desc: str = "retrieving",
 ) -> tuple[pd.DataFrame, RetrievalStats]:
     """Top-``k`` per query via ``search(text, k) -> hits``; a hit is relevant when its payload
-    ``source`` has a qrel score > 0 for that query. Returns the labels frame and stats."""
+    ``source`` has a qrel score > 0 for that query. Returns the labels frame and stats.
+
+    Each row also carries the relevance model's features of the hit in its list
+    (:func:`context_core.relevance.hit_features`: ``rank``, ``margin``, ``query_len``, and
+    ``sparse_score`` when the search ran a sparse leg), so the same labels fit ``p_relevant``.
+    """
     import pandas as pd
+
+    from context_core.relevance import FEATURES, hit_features, query_length
 
     rows: list[dict[str, Any]] = []
     recalls: list[float] = []
@@ -233,12 +256,17 @@ def label_hits(
             relevant = {d for d, s in qrels.get(qid, {}).items() if s > 0}
             seen: set[str] = set()
             first = 0
-            for rank, hit in enumerate(search(text, k), start=1):
+            hits = list(search(text, k))
+            feats = hit_features(hits, query_length(text))
+            for rank, (hit, f) in enumerate(zip(hits, feats, strict=True), start=1):
                 source = str((hit.payload or {}).get("source", ""))
                 label = int(source in relevant)
                 rows.append({"query_id": qid, "query": text, "point_id": str(hit.id),
                              "source": source, "similarity": min(1.0, max(-1.0, hit.score)),
                              "label": label})  # fmt: skip
+                for name, value in zip(FEATURES[1:], f[1:], strict=True):
+                    if name != "sparse_score" or getattr(hit, "sparse_score", None) is not None:
+                        rows[-1][name] = float(value)
                 if label:
                     seen.add(source)
                     first = first or rank
@@ -270,6 +298,9 @@ class CalibrationRun:
     report: Mapping[str, Path]
     n_docs: int = 0
     n_truncated: int = 0
+    relevance: RelevanceFit | None = None  # p_relevant, fitted on the same labels
+    relevance_path: Path | None = None  # relevance_model_<dataset>.json next to the thresholds
+    relevance_installed: Path | None = None  # the runtime relevance_model.json, when installed
 
 
 def _safe_name(name: str) -> str:
@@ -292,9 +323,13 @@ def _finish(
     min_rows: int,
     n_docs: int = 0,
     n_truncated: int = 0,
+    relevance: bool = True,
+    retrieval_mode: str | None = None,
 ) -> CalibrationRun:
-    """Store labels, validate, calibrate, write thresholds and the report."""
+    """Store labels, validate, calibrate, write thresholds, the relevance model (next to the
+    thresholds, installed with them) and the report."""
     from context_core.confidence import ConfidencePolicy
+    from context_core.relevance import relevance_path_for
     from evaluation.calibration import (
         Provenance,
         calibrate,
@@ -302,6 +337,7 @@ def _finish(
         write_thresholds,
     )
     from evaluation.labels import load_labels
+    from evaluation.relevance_calibration import try_fit_relevance, write_relevance_model
     from evaluation.report import write_calibration_report
 
     current = ConfidencePolicy.load(settings)  # what the router uses now, before any --install
@@ -320,6 +356,21 @@ def _finish(
     installed = None
     if install:
         installed = write_thresholds(result, settings.resolved_thresholds_path, prov)
+    fit, note = try_fit_relevance(
+        labels,
+        model=model,
+        dataset=dataset,
+        enabled=relevance,
+        calib_kwargs=calib_kwargs,
+        retrieval_mode=retrieval_mode,
+    )
+    rel_path = rel_installed = None
+    if fit is not None:
+        rel_path = write_relevance_model(fit.model, relevance_path_for(target))
+        if install:
+            rel_installed = write_relevance_model(
+                fit.model, relevance_path_for(settings.resolved_thresholds_path)
+            )
     change = compare_with_current(result, None, current.accept, current.skip)
     paths = write_calibration_report(
         result,
@@ -329,6 +380,9 @@ def _finish(
         name=report_name,
         title=title,
         thresholds_path=installed or target,
+        relevance=fit,
+        relevance_path=rel_installed or rel_path,
+        relevance_note=note,
     )
     _append_stats(paths["markdown"], stats, n_docs, n_truncated)
     return CalibrationRun(
@@ -342,6 +396,9 @@ def _finish(
         report=paths,
         n_docs=n_docs,
         n_truncated=n_truncated,
+        relevance=fit,
+        relevance_path=rel_path,
+        relevance_installed=rel_installed,
     )
 
 
@@ -379,12 +436,19 @@ def calibrate_beir(
     progress: bool = True,
     min_rows: int = 20,
     batch: int = 64,
+    relevance: bool = True,
+    mode: str | None = None,
     **calib_kwargs: Any,
 ) -> CalibrationRun:
     """BEIR folder -> scratch collection -> top-k -> labels -> thresholds + report.
 
     Thresholds go to ``out`` (default ``<reports>/thresholds_<dataset>.json``); the runtime
-    file is written only with ``install=True``. ``calib_kwargs`` go to
+    file is written only with ``install=True``. The relevance model (``relevance=True``) goes
+    next to them (``relevance_model_<dataset>.json``) and, with ``install=True``, to the
+    runtime ``relevance_model.json``. ``mode`` is the retrieval that produces the hits
+    (default ``CTX_RETRIEVAL_MODE``, what the router runs; sparse and hybrid index the
+    library's sparse vectors too), so the labels and the relevance model's features (sparse
+    score, fused rank, margin) match what the router will see. ``calib_kwargs`` go to
     :func:`evaluation.calibration.calibrate` (criteria, targets, n_boot, seed).
     """
     from context_core.embedding import load_encoder
@@ -394,14 +458,20 @@ def calibrate_beir(
     run_settings = settings.model_copy(update={"embed_model": model}) if model else settings
     encoder = load_encoder(run_settings)
     collection = f"beir_{_safe_name(dataset.name)}"
+    mode = str(mode or getattr(settings, "retrieval_mode", "dense"))
+    fusion = str(getattr(settings, "hybrid_fusion", "rrf"))
+    sparse_encoder = _sparse_encoder() if mode != "dense" else None
+    if sparse_encoder is None:
+        mode = "dense"
     scratch_root = Path(settings.data_dir) / "scratch"
     scratch_root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="beir-", dir=scratch_root) as tmp:
         store = EdgeStore(Path(tmp) / "qdrant")
         try:
             n_cut = _index_corpus(
-                dataset, store, encoder, collection, batch=batch, progress=progress
-            )
+                dataset, store, encoder, collection, batch=batch, progress=progress,
+                sparse_encoder=sparse_encoder,
+            )  # fmt: skip
             store.optimize(collection)
 
             texts = list(dataset.queries.values())
@@ -410,7 +480,12 @@ def calibrate_beir(
 
             def search(text: str, limit: int) -> Sequence[Any]:
                 vec = by_text[text].tolist()
-                return store.search(collection, vec, limit=limit, exact=True)
+                if sparse_encoder is None:
+                    return store.search(collection, vec, limit=limit, exact=True)
+                return store.search(  # type: ignore[call-arg,unused-ignore]
+                    collection, vec, limit=limit, exact=True, mode=mode, fusion=fusion,
+                    sparse=sparse_encoder.encode_query(text),
+                )  # fmt: skip
 
             frame, stats = label_hits(
                 dataset.queries,
@@ -437,7 +512,24 @@ def calibrate_beir(
         min_rows=min_rows,
         n_docs=len(dataset.corpus),
         n_truncated=n_cut,
+        relevance=relevance,
+        retrieval_mode=mode,
     )
+
+
+def _sparse_encoder() -> Any:
+    """The library's sparse encoder, or None when this library has no sparse retrieval."""
+    import dataclasses
+
+    try:
+        from context_core.sparse import SparseEncoder  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
+        return None
+    from context_core.knowledge.store import PointRecord
+
+    if "sparse" not in {f.name for f in dataclasses.fields(PointRecord)}:
+        return None
+    return SparseEncoder()
 
 
 def calibrate_sample(
@@ -447,6 +539,7 @@ def calibrate_sample(
     k: int = 10,
     progress: bool = False,
     min_rows: int = 20,
+    relevance: bool = True,
     **calib_kwargs: Any,
 ) -> CalibrationRun:
     """The main job's calibration: sample queries + page-level qrels against the already
@@ -498,4 +591,5 @@ def calibrate_sample(
         report_name="calibration",
         title="Threshold calibration (sample export)",
         min_rows=min_rows,
+        relevance=relevance,
     )

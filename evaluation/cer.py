@@ -218,10 +218,25 @@ def _loaded_reasons(route: Mapping[str, Any], accept: float) -> tuple[list[str],
         elif not hits:
             reasons.append("l3_no_hits: L3 returned nothing")
         else:
-            best = max(float(h["score"]) for h in hits)
+            field, accept = _l3_signal(route, accept)
+            best = max(float(h.get(field, h["score"])) for h in hits)
             if best < accept:
-                reasons.append(f"l3_below_accept: best hit {best:.3f} < accept {accept:.3f}")
+                what = "p_relevant" if field == "p_relevant" else "best hit"
+                reasons.append(f"l3_below_accept: {what} {best:.3f} < accept {accept:.3f}")
     return reasons, notes
+
+
+def _l3_signal(route: Mapping[str, Any], cosine_accept: float) -> tuple[str, float]:
+    """(hit field, accept) the route's labels came from: ``p_relevant`` against the relevance
+    model's accept when a fitted model labelled the hits, else the cosine ``score``."""
+    l3 = route.get("l3") or {}
+    conf = route.get("confidence")
+    rel = conf.get("relevance") if isinstance(conf, Mapping) else None
+    if l3.get("confidence_signal") == "p_relevant" and isinstance(rel, Mapping):
+        value = rel.get("accept")
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return "p_relevant", float(value)
+    return "score", cosine_accept
 
 
 def _is_contract(key: str) -> bool:
@@ -246,14 +261,19 @@ def _context_texts(
     l3 = route.get("l3") or {}
     texts = [str(l3.get("query") or "")]
     citable: list[str] = []
+    field, hit_accept = _l3_signal(route, accept)
     for h in l3.get("hits") or []:
         texts += [str(h.get("source") or ""), str(h.get("section") or "")]
-        if float(h.get("score", -1.0)) >= accept and h.get("source"):
+        if float(h.get(field, h.get("score", -1.0))) >= hit_accept and h.get("source"):
             citable.append(str(h["source"]))
     for frag in route.get("fragments") or []:
         texts.append(str(frag.get("source") or ""))
         cites = [str(c) for c in frag.get("cites") or ()]
-        if frag.get("layer") == "L3" and float(frag.get("confidence", 0.0)) < accept:
+        if frag.get("layer") == "L3" and (
+            frag.get("label") != "confident"  # the relevance model's label, not the cosine
+            if field == "p_relevant"
+            else float(frag.get("confidence", 0.0)) < accept
+        ):
             continue  # for reference only: not what the step should rely on
         texts += cites
         citable += cites

@@ -6,7 +6,10 @@ file, so it passes a Great Expectations suite before anything is computed, and a
 the offending rows (1-based data rows, plus their query_id/point_id) so they can be fixed.
 
 Accepted formats: CSV with a header, or JSONL (one object per line). Columns:
-``query_id, query, point_id, similarity, label`` and optionally ``annotator``.
+``query_id, query, point_id, similarity, label`` and optionally ``annotator`` and the
+relevance model's extra features (:data:`FEATURE_COLUMNS`: ``sparse_score`` >= 0, ``rank``
+>= 1, ``margin``, ``query_len`` >= 0; the retrieval jobs write them). A file without them is
+as valid as before: the relevance model then uses the cosine alone and says so.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CANDIDATE_COLUMNS",
+    "FEATURE_COLUMNS",
     "LABEL_COLUMNS",
     "Candidate",
     "LabelSet",
@@ -44,7 +48,15 @@ __all__ = [
 ]
 
 LABEL_COLUMNS: tuple[str, ...] = ("query_id", "query", "point_id", "similarity", "label")
-OPTIONAL_COLUMNS: tuple[str, ...] = ("annotator",)
+FEATURE_COLUMNS: tuple[str, ...] = ("sparse_score", "rank", "margin", "query_len")
+OPTIONAL_COLUMNS: tuple[str, ...] = ("annotator", *FEATURE_COLUMNS)
+# lower bound of each optional feature column (None: any number)
+_FEATURE_MIN: dict[str, float | None] = {
+    "sparse_score": 0.0,
+    "rank": 1.0,
+    "margin": None,
+    "query_len": 0.0,
+}
 CANDIDATE_COLUMNS: tuple[str, ...] = (
     "query_id",
     "query",
@@ -114,7 +126,7 @@ def read_labels(path: Path | str) -> pd.DataFrame:
     if missing:
         raise DataValidationError(
             f"labels file {path} lacks column(s) {', '.join(missing)}; expected header: "
-            f"{','.join(LABEL_COLUMNS)}[,annotator]"
+            f"{','.join(LABEL_COLUMNS)}[,annotator][,{','.join(FEATURE_COLUMNS)}]"
         )
     return frame
 
@@ -122,7 +134,7 @@ def read_labels(path: Path | str) -> pd.DataFrame:
 _ROW = "_row"  # helper column naming each row in failure messages
 
 
-def _label_specs(min_rows: int) -> list[Any]:
+def _label_specs(min_rows: int, columns: Iterable[str] = ()) -> list[Any]:
     from context_core.quality import ExpectationSpec as Spec
 
     specs = [
@@ -148,6 +160,16 @@ def _label_specs(min_rows: int) -> list[Any]:
         ),
         Spec("ExpectTableRowCountToBeBetween", {"min_value": min_rows}, "row count"),
     ]
+    present = set(columns)
+    specs += [
+        Spec(
+            "ExpectColumnValuesToBeBetween",
+            {"column": c, "min_value": low},
+            f"{c} must be a number >= {low:g} (or empty)",
+        )
+        for c, low in _FEATURE_MIN.items()
+        if c in present and low is not None
+    ]
     return specs
 
 
@@ -163,7 +185,7 @@ def _gx_suite_failures(frame: pd.DataFrame, min_rows: int) -> list[str]:
     report = validate_frame(
         named,
         suite_name="retrieval_labels",
-        expectations=_label_specs(min_rows),
+        expectations=_label_specs(min_rows, frame.columns),
         row_id_column=_ROW,
         raise_on_failure=False,
     )
@@ -179,6 +201,8 @@ def _gx_suite_failures(frame: pd.DataFrame, min_rows: int) -> list[str]:
                 f"{r}: label={_show(frame.loc[by_name[r], 'label'])} is not 0 or 1"
                 for r in o.row_ids
             ]
+        elif o.expectation == "ExpectColumnValuesToBeBetween" and o.meaning != "similarity":
+            failures += [f"{r}: {o.meaning}" for r in o.row_ids]
         elif o.expectation == "ExpectColumnValuesToBeBetween":
             failures += [
                 f"{r}: similarity={_show(frame.loc[by_name[r], 'similarity'])} is outside [-1, 1]"
@@ -222,7 +246,7 @@ def validate_labels(
     if missing:
         raise DataValidationError(
             f"{source} lacks column(s) {', '.join(missing)}; expected header: "
-            f"{','.join(LABEL_COLUMNS)}[,annotator]"
+            f"{','.join(LABEL_COLUMNS)}[,annotator][,{','.join(FEATURE_COLUMNS)}]"
         )
     typed = frame.reset_index(drop=True).copy()
     typed["query_id"] = typed["query_id"].astype(str)
@@ -230,6 +254,9 @@ def validate_labels(
     # Non-numeric text becomes NaN, which the not-null expectation then names by row.
     typed["similarity"] = pd.to_numeric(typed["similarity"], errors="coerce")
     typed["label"] = pd.to_numeric(typed["label"], errors="coerce")
+    for col in FEATURE_COLUMNS:  # optional: a gap or text leaves the feature out of the model
+        if col in typed.columns:
+            typed[col] = pd.to_numeric(typed[col], errors="coerce")
     failures = _gx_suite_failures(typed, min_rows)
     if failures:
         raise DataValidationError(f"{source} failed validation; nothing was calibrated", failures)

@@ -24,12 +24,14 @@ if TYPE_CHECKING:
 __all__ = [
     "plot_cer_over_time",
     "plot_precision_recall_vs_threshold",
+    "plot_reliability",
     "plot_roc",
     "plot_score_histograms",
     "plot_series",
     "save_calibration_plots",
     "save_cer_plot",
     "save_health_plots",
+    "save_reliability_plot",
 ]
 
 ACCEPT_COLOR = "#1b7837"
@@ -107,6 +109,31 @@ def plot_score_histograms(ax: Axes, result: CalibrationResult, *, bins: int = 40
     return ax
 
 
+def plot_reliability(
+    ax: Axes, curves: Mapping[str, Sequence[Mapping[str, Any]]], *, title: str = ""
+) -> Axes:
+    """Reliability diagram: per curve, observed share of relevant hits against the mean
+    predicted probability of each bin (``evaluation.relevance_calibration.reliability_bins``),
+    marker area by bin size; the diagonal is perfect calibration."""
+    ax.plot([0, 1], [0, 1], color="0.7", lw=1, ls=":", label="perfectly calibrated")
+    colors = ("#2166ac", "#b2182b", "#1b7837", "#762a83")
+    for (name, bins), color in zip(curves.items(), colors, strict=False):
+        if not bins:
+            continue
+        x = [b["mean_p"] for b in bins]
+        y = [b["observed"] for b in bins]
+        n = np.array([b["n"] for b in bins], dtype=float)
+        ax.plot(x, y, color=color, lw=1.6, marker="o", ms=3, label=name)
+        ax.scatter(x, y, s=12 + 120 * n / n.max(), color=color, alpha=0.35)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.01)
+    ax.set_xlabel("predicted probability of relevance (bin mean)")
+    ax.set_ylabel("observed share of relevant hits")
+    ax.set_title(title or "Reliability diagram (held-out queries)")
+    ax.legend(loc="upper left", fontsize=8)
+    return ax
+
+
 def plot_cer_over_time(ax: Axes, report: CerReport) -> Axes:
     """CER per intent per day (one line per intent), overall dashed."""
     days = sorted(report.by_day)
@@ -173,6 +200,14 @@ def save_calibration_plots(
         draw(ax, result)
         out[name] = _save(fig, Path(reports_dir) / f"{prefix}_{name}.png")
     return out
+
+
+def save_reliability_plot(
+    curves: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, *, title: str = ""
+) -> Path:
+    fig, ax = _figure(5.5, 5.0)
+    plot_reliability(ax, curves, title=title)
+    return _save(fig, Path(path))
 
 
 def save_cer_plot(report: CerReport, path: Path) -> Path:

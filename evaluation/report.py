@@ -20,9 +20,11 @@ from evaluation.calibration import CalibrationResult, LabelChange, Provenance
 if TYPE_CHECKING:
     from evaluation.cer import CerReport
     from evaluation.health import HealthSnapshot
+    from evaluation.relevance_calibration import RelevanceFit
 
 __all__ = [
     "cer_markdown",
+    "relevance_markdown",
     "write_calibration_report",
     "write_cer_report",
     "write_health_report",
@@ -78,13 +80,26 @@ def write_calibration_report(
     name: str = "calibration",
     title: str = "Threshold calibration",
     thresholds_path: Path | None = None,
+    relevance: RelevanceFit | None = None,
+    relevance_path: Path | None = None,
+    relevance_note: str = "",
 ) -> dict[str, Path]:
-    """Write ``<name>_report.md``, ``<name>_report.json`` and three PNGs; return their paths."""
-    from evaluation.plots import save_calibration_plots
+    """Write ``<name>_report.md``, ``<name>_report.json`` and three PNGs (four with a
+    relevance fit: its reliability diagram); return their paths."""
+    from evaluation.plots import save_calibration_plots, save_reliability_plot
 
     reports_dir = Path(reports_dir)
     prov = provenance.filled()
     pngs = save_calibration_plots(result, reports_dir, prefix=name)
+    if relevance is not None:
+        rel = relevance.summary()["reliability"]
+        pngs["reliability"] = save_reliability_plot(
+            {
+                f"p_relevant ({relevance.chosen})": rel["p_relevant"],
+                f"cosine as probability ({relevance.cosine_baseline})": rel["cosine"],
+            },
+            reports_dir / f"{name}_reliability.png",
+        )
     p_acc, r_acc = result.precision_recall_at(result.accept)
     p_skip, r_skip = result.precision_recall_at(result.skip)
     bands = _band_shares(result)
@@ -148,6 +163,10 @@ def write_calibration_report(
             lines += [f"| {k} | {v} |" for k, v in change.transitions.items()]
     if thresholds_path is not None:
         lines += ["", f"Thresholds written to `{thresholds_path}`."]
+    if relevance is not None:
+        lines += ["", *relevance_markdown(relevance, path=relevance_path)]
+    elif relevance_note:
+        lines += ["", "## Calibrated relevance probability (p_relevant)", "", relevance_note]
     lines += [
         "",
         "## Plots",
@@ -159,6 +178,8 @@ def write_calibration_report(
         f"![score histograms]({pngs['score_histograms'].name})",
         "",
     ]
+    if "reliability" in pngs:
+        lines += [f"![reliability diagram]({pngs['reliability'].name})", ""]
     md = write_text(reports_dir / f"{name}_report.md", "\n".join(lines))
     doc = result.summary()
     doc["provenance"] = asdict(prov)
@@ -169,8 +190,76 @@ def write_calibration_report(
     doc["bands"] = bands
     if change is not None:
         doc["change_vs_current"] = asdict(change)
+    if relevance is not None:
+        doc["relevance"] = {**relevance.summary(), "path": str(relevance_path or "")}
+    elif relevance_note:
+        doc["relevance"] = {"note": relevance_note}
     js = write_json(reports_dir / f"{name}_report.json", _json_safe(doc))
     return {"markdown": md, "json": js, **pngs}
+
+
+def relevance_markdown(fit: RelevanceFit, *, path: Path | None = None) -> list[str]:
+    """The report section on ``p_relevant``: the model chosen, held-out AUC and Brier score
+    against the cosine, its cut points and what they do to each class."""
+    s = fit.summary()
+    held = s["held_out"]
+    t = fit.thresholds
+    p_acc, r_acc = t.precision_recall_at(t.accept)
+    p_skip, r_skip = t.precision_recall_at(t.skip)
+    lines = [
+        "## Calibrated relevance probability (p_relevant)",
+        "",
+        f"Model **{fit.chosen}** over {', '.join(fit.model.features)}, chosen by the lowest "
+        f"held-out Brier score ({s['folds']} folds by query: every figure below is on queries "
+        "the model was not fitted on).",
+    ]
+    if fit.missing:
+        lines.append(f"The labels hold no {', '.join(fit.missing)}: those features are not used.")
+    dropped = fit.model.provenance.get("dropped_constant") or []
+    if dropped:
+        lines.append(f"Constant in these labels, left out: {', '.join(dropped)}.")
+    lines += [
+        "",
+        "| signal | AUC | Brier | log loss |",
+        "|---|---:|---:|---:|",
+        f"| cosine (raw) | {_f(held['auc_cosine'])} | – | – |",
+    ]
+    names = {
+        "logistic": "p_relevant (logistic, all features)",
+        "logistic_cosine": "cosine as probability (logistic / Platt)",
+        "isotonic": "cosine as probability (isotonic)",
+    }
+    for cand, m in s["selection"].items():
+        what = names.get(cand, cand)
+        mark = " ← chosen" if cand == fit.chosen else ""
+        lines.append(
+            f"| {what}{mark} | {_f(m['auc'])} | {_f(m['brier'], 4)} | {_f(m['log_loss'], 4)} |"
+        )
+    fmt = {"target_precision": t.target_precision, "target_recall": t.target_recall}
+    lines += [
+        "",
+        f"Cut points on p_relevant (same criteria as the cosine thresholds, on the held-out "
+        f"probabilities): **accept p >= {_f(t.accept)}** "
+        f"({CRITERIA_TEXT[t.accept_criterion].format(**fmt)}; precision {_pct(p_acc)}, "
+        f"recall {_pct(r_acc)}), **skip p >= {_f(t.skip)}** (precision {_pct(p_skip)}, "
+        f"recall {_pct(r_skip)}); AUC {_f(t.auc)} "
+        f"({t.ci['auc'].level:.0%} CI {_f(t.ci['auc'].low)} – {_f(t.ci['auc'].high)}).",
+        "",
+        "| class | confident | low confidence | below skip |",
+        "|---|---:|---:|---:|",
+    ]
+    for cls_name, shares in _band_shares(t).items():
+        lines.append(
+            f"| {cls_name} | {_pct(shares['confident'])} | {_pct(shares['low_confidence'])} "
+            f"| {_pct(shares['below_skip'])} |"
+        )
+    if path is not None:
+        lines += [
+            "",
+            f"Model written to `{path}`; the router labels L3 hits by p_relevant when it is the "
+            "`relevance_model.json` next to the thresholds it reads.",
+        ]
+    return lines
 
 
 def _json_safe(value: Any) -> Any:

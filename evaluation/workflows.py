@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from context_core.config import Settings
     from evaluation.calibration import CalibrationResult, LabelChange
+    from evaluation.relevance_calibration import RelevanceFit
 
 __all__ = ["LabelsCalibration", "calibrate_labels_file"]
 
@@ -25,6 +26,8 @@ class LabelsCalibration:
     change: LabelChange
     thresholds_path: Path
     report: Mapping[str, Path]
+    relevance: RelevanceFit | None = None
+    relevance_path: Path | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (for XCom, logs)."""
@@ -37,6 +40,17 @@ class LabelsCalibration:
             "changed_share": self.change.changed_share,
             "thresholds_path": str(self.thresholds_path),
             "report": {k: str(v) for k, v in self.report.items()},
+            "relevance": None
+            if self.relevance is None
+            else {
+                "kind": self.relevance.kind,
+                "candidate": self.relevance.chosen,
+                "features": list(self.relevance.model.features),
+                "accept": self.relevance.model.accept,
+                "skip": self.relevance.model.skip,
+                "held_out": self.relevance.summary()["held_out"],
+                "path": str(self.relevance_path),
+            },
         }
 
 
@@ -49,11 +63,17 @@ def calibrate_labels_file(
     model: str | None = None,
     collection: str | None = None,
     report_name: str = "calibration",
+    relevance: bool = True,
     **calib_kwargs: Any,
 ) -> LabelsCalibration:
     """Validate ``labels_path``, calibrate, write thresholds (default: the file the router
-    reads) and ``<reports>/<report_name>_report.md``; compare with the thresholds in force."""
+    reads) and ``<reports>/<report_name>_report.md``; compare with the thresholds in force.
+
+    With ``relevance`` the relevance model (``p_relevant``) is fitted on the same labels and
+    written next to the thresholds (:func:`context_core.relevance.relevance_path_for`: the
+    router's ``relevance_model.json`` when the thresholds are the router's)."""
     from context_core.confidence import ConfidencePolicy, model_name
+    from context_core.relevance import relevance_path_for
     from evaluation.calibration import (
         Provenance,
         calibrate,
@@ -61,6 +81,7 @@ def calibrate_labels_file(
         write_thresholds,
     )
     from evaluation.labels import load_labels
+    from evaluation.relevance_calibration import try_fit_relevance, write_relevance_model
     from evaluation.report import write_calibration_report
 
     current = ConfidencePolicy.load(settings)  # read before we overwrite it
@@ -73,6 +94,16 @@ def calibrate_labels_file(
         labels_path=str(labels_path),
     ).filled()
     target = write_thresholds(result, out or settings.resolved_thresholds_path, prov)
+    fit, note = try_fit_relevance(
+        labels,
+        model=prov.model,
+        dataset=Path(labels_path).stem,
+        enabled=relevance,
+        calib_kwargs=calib_kwargs,
+    )
+    rel_path = None
+    if fit is not None:
+        rel_path = write_relevance_model(fit.model, relevance_path_for(target))
     change = compare_with_current(result, labels, current.accept, current.skip)
     paths = write_calibration_report(
         result,
@@ -81,5 +112,15 @@ def calibrate_labels_file(
         change=change,
         name=report_name,
         thresholds_path=target,
+        relevance=fit,
+        relevance_path=rel_path,
+        relevance_note=note,
     )
-    return LabelsCalibration(result=result, change=change, thresholds_path=target, report=paths)
+    return LabelsCalibration(
+        result=result,
+        change=change,
+        thresholds_path=target,
+        report=paths,
+        relevance=fit,
+        relevance_path=rel_path,
+    )

@@ -324,3 +324,22 @@ def test_schema_3_records_are_judged_against_their_own_accept() -> None:
     assert not v["a2"].loaded  # 0.6 < 0.72, recorded in the route itself
     assert v["a2"].reasons[0] == "l3_below_accept: best hit 0.600 < accept 0.720"
     assert not v["a3"].loaded  # schema 1: the accept passed in applies
+
+
+def test_routes_labelled_by_the_relevance_model_are_judged_on_p_relevant() -> None:
+    """A hit the relevance model made confident at a cosine below the cosine accept is loaded
+    context, and one it rejected is not, whatever its cosine."""
+    recs = []
+    for tid, cosine, p in (("p1", 0.60, 0.40), ("p2", 0.80, 0.10)):
+        label = "confident" if p >= 0.27 else "low_confidence"
+        hit = [{"id": "h0", "score": cosine, "p_relevant": p, "label": label,
+                "source": "Manual 7781", "section": "PUMP"}]  # fmt: skip
+        rec = route_v3(tid, requested=(), required=(), accept=0.72)
+        rec["l3"] = {"requested": True, "query": "status", "used": True, "error": None,
+                     "hits": hit, "confidence_signal": "p_relevant"}  # fmt: skip
+        rec["confidence"]["relevance"] = {"accept": 0.27, "skip": 0.15}
+        recs += [rec, output(tid, "see Manual 7781")]
+    v = {x.trace_id: x for x in judge_steps(recs, accept=0.72, rules=())}
+    assert v["p1"].loaded and v["p1"].effective
+    assert not v["p2"].loaded
+    assert v["p2"].reasons[0] == "l3_below_accept: p_relevant 0.100 < accept 0.270"

@@ -1,5 +1,7 @@
 """One suite, three backends: Qdrant Edge on a temp dir, qdrant-client's local mode, and the
 Edge shards served over a Unix socket (an in-process ``EdgeServer`` + ``RemoteEdgeStore``).
+Sparse vectors and the sparse/hybrid retrieval modes are checked the same way, against BM25
+and reciprocal rank fusion computed with numpy.
 
 Every test runs unchanged against each and must produce the same ids in the same order; the
 expected answers are computed independently with numpy (exact cosine over all points), so a
@@ -25,7 +27,14 @@ from context_core.errors import (
 from context_core.knowledge.edge import EdgeStore
 from context_core.knowledge.edge_server import EdgeServer, RemoteEdgeStore
 from context_core.knowledge.server import QdrantServerStore
-from context_core.knowledge.store import PointRecord, VectorStore, point_id
+from context_core.knowledge.store import (
+    PointRecord,
+    SearchQuery,
+    SparseVector,
+    VectorStore,
+    point_id,
+    search_batch,
+)
 
 DIM = 16
 N = 300
@@ -336,3 +345,245 @@ def test_server_unreachable_names_the_url() -> None:
         BackendUnavailableError, match=rf"'knowledge_main' at {url}.*CTX_QDRANT_URL"
     ):
         s.create_collection("knowledge_main", dim=DIM, model="test-16d")
+
+
+# --- sparse vectors, retrieval modes ---------------------------------------------------------
+# Synthetic BM25 documents: each point has 2-6 of VOCAB terms with random positive weights. The
+# expected answers are computed with numpy using Qdrant's IDF (ln(1 + (N - n + 0.5) /
+# (n + 0.5)) over the N points with a sparse vector, n of them holding the term).
+
+VOCAB = 40
+SPARSE_MODEL = "test-sparse"
+HYB = "hybrid-contract"
+
+
+def _sparse_docs(n: int = N, seed: int = 5) -> list[SparseVector | None]:
+    rng = np.random.default_rng(seed)
+    out: list[SparseVector | None] = []
+    for i in range(n):
+        if i % 25 == 0:
+            out.append(None)  # some points have no terms at all
+            continue
+        terms = np.sort(rng.choice(VOCAB, size=int(rng.integers(2, 7)), replace=False))
+        weights = rng.uniform(0.2, 2.0, size=len(terms))
+        out.append(SparseVector(tuple(int(t) for t in terms), tuple(float(w) for w in weights)))
+    return out
+
+
+SPARSE = _sparse_docs()
+DOC_MATRIX = np.zeros((N, VOCAB))
+for _i, _sv in enumerate(SPARSE):
+    if _sv is not None:
+        DOC_MATRIX[_i, list(_sv.indices)] = _sv.values
+_HAS = np.array([sv is not None for sv in SPARSE])
+_DF = (DOC_MATRIX[_HAS] > 0).sum(axis=0)
+IDF = np.log(1.0 + (_HAS.sum() - _DF + 0.5) / (_DF + 0.5))
+SPARSE_QUERIES = [
+    SparseVector(tuple(sorted(int(t) for t in ts)), (1.0,) * len(ts))
+    for ts in (
+        np.random.default_rng(100 + j).choice(VOCAB, size=3, replace=False) for j in range(20)
+    )
+]
+
+
+def _bm25(q: SparseVector) -> np.ndarray:
+    qv = np.zeros(VOCAB)
+    qv[list(q.indices)] = q.values
+    return np.asarray(DOC_MATRIX @ (qv * IDF))
+
+
+def _hybrid_records() -> list[PointRecord]:
+    return [PointRecord(IDS[i], VECS[i], _payload(i), SPARSE[i]) for i in range(N)]
+
+
+@pytest.fixture
+def hybrid(store: VectorStore) -> VectorStore:
+    store.create_collection(HYB, dim=DIM, model="test-16d", sparse=SPARSE_MODEL)
+    store.upsert(HYB, _hybrid_records())
+    return store
+
+
+def _rrf_expected(q: np.ndarray, sq: SparseVector, k: int, n: int) -> list[str]:
+    cos, bm = VECS @ q, _bm25(sq)
+    dense = np.argsort(-cos, kind="stable")[:n]
+    sparse = [i for i in np.argsort(-bm, kind="stable")[:n] if bm[i] > 0]
+    fused: dict[int, float] = {}
+    for lst in (dense, sparse):
+        for r, i in enumerate(lst, 1):
+            fused[int(i)] = fused.get(int(i), 0.0) + 1.0 / (60 + r)
+    order = sorted(fused, key=lambda i: (-fused[i], -cos[i]))
+    return [IDS[i] for i in order[:k]]
+
+
+def test_sparse_search_is_bm25_with_idf(hybrid: VectorStore) -> None:
+    for sq, q in zip(SPARSE_QUERIES, QUERIES, strict=True):
+        hits = hybrid.search(HYB, q, limit=5, mode="sparse", sparse=sq)
+        bm = _bm25(sq)
+        expected = [IDS[i] for i in np.argsort(-bm, kind="stable")[:5] if bm[i] > 0]
+        assert [h.id for h in hits] == expected
+        for r, h in enumerate(hits, 1):
+            i = IDS.index(h.id)
+            assert h.sparse_score == pytest.approx(bm[i], rel=1e-4)
+            assert h.score == pytest.approx(float(VECS[i] @ q), abs=1e-4)  # still the cosine
+            assert h.rank == r
+
+
+def test_hybrid_rrf_hits_carry_cosine_sparse_score_and_rank(hybrid: VectorStore) -> None:
+    for sq, q in zip(SPARSE_QUERIES, QUERIES, strict=True):
+        hits = hybrid.search(HYB, q, limit=5, mode="hybrid", fusion="rrf", sparse=sq)
+        assert [h.id for h in hits] == _rrf_expected(q, sq, 5, n=50)
+        bm = _bm25(sq)
+        for r, h in enumerate(hits, 1):
+            i = IDS.index(h.id)
+            assert h.score == pytest.approx(float(VECS[i] @ q), abs=1e-4)
+            assert h.sparse_score == pytest.approx(bm[i], rel=1e-4, abs=1e-6)
+            assert h.rank == r
+            assert h.p_relevant is None
+            assert h.payload["text"] == f"chunk {i}"
+
+
+def test_hybrid_weighted_fusion(hybrid: VectorStore) -> None:
+    from context_core import defaults
+
+    w = defaults.HYBRID_DENSE_WEIGHT
+    for sq, q in zip(SPARSE_QUERIES[:8], QUERIES[:8], strict=True):
+        hits = hybrid.search(HYB, q, limit=5, mode="hybrid", fusion="weighted", sparse=sq)
+        cos, bm = VECS @ q, _bm25(sq)
+        cand = set(np.argsort(-cos, kind="stable")[:50].tolist())
+        cand |= {i for i in np.argsort(-bm, kind="stable")[:50].tolist() if bm[i] > 0}
+        top = max(bm[i] for i in cand)
+        fused = {i: w * cos[i] + (1 - w) * bm[i] / top for i in cand}
+        expected = sorted(cand, key=lambda i: (-fused[i], -cos[i]))[:5]
+        assert [h.id for h in hits] == [IDS[i] for i in expected]
+
+
+def test_hybrid_respects_filters(hybrid: VectorStore) -> None:
+    sq, q = SPARSE_QUERIES[3], QUERIES[3]
+    hits = hybrid.search(HYB, q, limit=8, mode="hybrid", sparse=sq, filter={"section": "FAN"})
+    assert hits and all(h.payload["section"] == "FAN" for h in hits)
+    hits = hybrid.search(HYB, q, limit=8, mode="sparse", sparse=sq, filter={"section": "FAN"})
+    assert hits and all(h.payload["section"] == "FAN" for h in hits)
+
+
+def test_sparse_vectors_round_trip(hybrid: VectorStore) -> None:
+    got = {r.id: r for r in hybrid.scroll(HYB, with_vectors=True)}
+    for i in (1, 2, 25, 77):
+        assert got[IDS[i]].sparse is not None if SPARSE[i] is not None else True
+        if SPARSE[i] is not None:
+            sv = got[IDS[i]].sparse
+            assert sv is not None and sv.indices == SPARSE[i].indices  # type: ignore[union-attr]
+            assert sv.values == pytest.approx(SPARSE[i].values, rel=1e-6)  # type: ignore[union-attr]
+        else:
+            assert got[IDS[i]].sparse is None
+    (rec,) = hybrid.retrieve(HYB, [IDS[1]], with_vectors=True)
+    assert rec.sparse is not None and rec.sparse.indices == SPARSE[1].indices  # type: ignore[union-attr]
+    info = hybrid.info(HYB)
+    assert info is not None and info.sparse == SPARSE_MODEL
+
+
+def test_dense_only_collection_unchanged_in_every_mode(filled: VectorStore) -> None:
+    info = filled.info(COLL)
+    assert info is not None and info.sparse is None
+    # sparse vectors sent to a dense-only collection are ignored, not an error
+    filled.upsert(COLL, [PointRecord(IDS[0], VECS[0], _payload(0), SPARSE[1])])
+    for q, sq in zip(QUERIES, SPARSE_QUERIES, strict=True):
+        dense = filled.search(COLL, q, limit=5)
+        assert [h.id for h in dense] == _expected(q)
+        assert [h.rank for h in dense] == [1, 2, 3, 4, 5]
+        for mode in ("sparse", "hybrid"):
+            hits = filled.search(COLL, q, limit=5, mode=mode, sparse=sq)
+            assert [h.id for h in hits] == [h.id for h in dense]
+            assert [h.score for h in hits] == pytest.approx([h.score for h in dense], abs=1e-6)
+            assert all(h.sparse_score is None for h in hits)
+
+
+def test_unknown_mode_is_refused(hybrid: VectorStore) -> None:
+    with pytest.raises(InvalidStoreRequestError, match="retrieval mode"):
+        hybrid.search(HYB, QUERIES[0], mode="bm42", sparse=SPARSE_QUERIES[0])
+    with pytest.raises(InvalidStoreRequestError, match="fusion"):
+        hybrid.search(HYB, QUERIES[0], mode="hybrid", fusion="max", sparse=SPARSE_QUERIES[0])
+
+
+def test_migration_adds_sparse_without_touching_dense(filled: VectorStore) -> None:
+    before = {r.id: r for r in filled.scroll(COLL, with_vectors=True)}
+    filled.enable_sparse(COLL, SPARSE_MODEL)
+    filled.enable_sparse(COLL, SPARSE_MODEL)  # idempotent
+    filled.set_sparse(COLL, [(IDS[i], sv) for i, sv in enumerate(SPARSE) if sv is not None])
+    after = {r.id: r for r in filled.scroll(COLL, with_vectors=True)}
+    assert after.keys() == before.keys()
+    for pid, rec in after.items():
+        assert np.array_equal(np.asarray(rec.vector), np.asarray(before[pid].vector))
+        assert rec.payload == before[pid].payload
+    assert sum(r.sparse is not None for r in after.values()) == int(_HAS.sum())
+    info = filled.info(COLL)
+    assert info is not None and (info.sparse, info.count) == (SPARSE_MODEL, N)
+    sq, q = SPARSE_QUERIES[0], QUERIES[0]
+    bm = _bm25(sq)
+    hits = filled.search(COLL, q, limit=5, mode="sparse", sparse=sq)
+    assert [h.id for h in hits] == [IDS[i] for i in np.argsort(-bm, kind="stable")[:5]]
+    assert [h.id for h in filled.search(COLL, q, limit=5)] == _expected(q)  # dense unchanged
+    with pytest.raises(ModelMismatchError, match="sparse"):
+        filled.enable_sparse(COLL, "another-sparse")
+
+
+def test_search_batch_mixes_modes_and_collections(hybrid: VectorStore) -> None:
+    hybrid.create_collection("dense-only", dim=DIM, model="test-16d")
+    hybrid.upsert("dense-only", _records()[:50])
+    sq, q = SPARSE_QUERIES[2], QUERIES[2]
+    got = search_batch(
+        hybrid,
+        q,
+        [
+            SearchQuery(HYB, 5, mode="hybrid"),
+            SearchQuery("dense-only", 3, mode="hybrid"),
+            SearchQuery("absent", 3, mode="hybrid"),
+        ],
+        sparse=sq,
+    )
+    assert isinstance(got[0], list) and [h.id for h in got[0]] == _rrf_expected(q, sq, 5, 50)
+    assert isinstance(got[1], list) and [h.id for h in got[1]] == [
+        h.id for h in hybrid.search("dense-only", q, limit=3)
+    ]
+    assert isinstance(got[2], CollectionNotFoundError)
+
+
+def test_edge_reopen_keeps_sparse(tmp_path: Path) -> None:
+    root = tmp_path / "qdrant"
+    first = EdgeStore(root)
+    first.create_collection(COLL, dim=DIM, model="test-16d")
+    first.upsert(COLL, _records())
+    first.enable_sparse(COLL, SPARSE_MODEL)  # an old dense-only shard gains sparse in place
+    first.set_sparse(COLL, [(IDS[i], sv) for i, sv in enumerate(SPARSE) if sv is not None])
+    first.close()
+    again = EdgeStore(root, search_threads=1)  # load() with an explicit config keeps it too
+    try:
+        info = again.info(COLL)
+        assert info is not None and info.sparse == SPARSE_MODEL
+        sq = SPARSE_QUERIES[4]
+        bm = _bm25(sq)
+        hits = again.search(COLL, QUERIES[4], limit=5, mode="sparse", sparse=sq)
+        assert [h.id for h in hits] == [IDS[i] for i in np.argsort(-bm, kind="stable")[:5]]
+        again.optimize(COLL)
+        hits = again.search(COLL, QUERIES[4], limit=5, mode="sparse", sparse=sq)
+        assert [h.id for h in hits] == [IDS[i] for i in np.argsort(-bm, kind="stable")[:5]]
+    finally:
+        again.close()
+
+
+def test_repeated_sparse_query_sees_every_write(hybrid: VectorStore) -> None:
+    """The Edge backend keeps sparse candidate lists of repeated queries: a write must show."""
+    sq, q = SparseVector((VOCAB + 1, VOCAB + 2), (1.0, 1.0)), QUERIES[6]
+    assert hybrid.search(HYB, q, limit=3, mode="sparse", sparse=sq) == []
+    new = point_id("new-page", 0)
+    hybrid.upsert(HYB, [PointRecord(new, VECS[0], _payload(0), SparseVector((VOCAB + 1,), (1.0,)))])
+    for _ in range(2):  # asked twice: the second answer may come from the cache
+        hits = hybrid.search(HYB, q, limit=3, mode="sparse", sparse=sq)
+        assert [h.id for h in hits] == [new]
+        hits = hybrid.search(HYB, q, limit=3, mode="hybrid", sparse=sq, filter={"section": "PUMP"})
+        assert new in [h.id for h in hits]
+    hybrid.set_sparse(HYB, [(IDS[1], SparseVector((VOCAB + 2,), (3.0,)))])
+    hits = hybrid.search(HYB, q, limit=3, mode="sparse", sparse=sq)
+    assert [h.id for h in hits] == [IDS[1], new]
+    hybrid.delete(HYB, ids=[new])
+    hits = hybrid.search(HYB, q, limit=3, mode="sparse", sparse=sq)
+    assert [h.id for h in hits] == [IDS[1]]

@@ -23,6 +23,10 @@ _ACCEPT_HELP = (
     "--target-precision)."
 )
 _SKIP_HELP = "How to pick SKIP: 'recall' (highest threshold keeping --target-recall of relevant)."
+_RELEVANCE_HELP = (
+    "Also fit the relevance model (p_relevant) on the same labels and write it next to the "
+    "thresholds (relevance_model*.json); the router labels L3 hits by it when present."
+)
 
 
 def _fail(message: str) -> typer.Exit:
@@ -56,6 +60,20 @@ def _print_result(run_result: Any, paths: dict[str, Path], *, title: str) -> Non
         console.print(f"{name:>18}: {path}")
 
 
+def _print_relevance(fit: Any, path: Any) -> None:
+    """One line on the p_relevant model: what was chosen and how it did on held-out queries."""
+    if fit is None:
+        return
+    held = fit.summary()["held_out"]
+    typer.echo(
+        f"p_relevant: {fit.kind} over {','.join(fit.model.features)}; held-out AUC "
+        f"{held['auc_p_relevant']:.3f} (cosine {held['auc_cosine']:.3f}), Brier "
+        f"{held['brier_p_relevant']:.4f} (cosine as probability "
+        f"{held['brier_cosine']:.4f}); accept p >= {fit.model.accept:.3f}, skip p >= "
+        f"{fit.model.skip:.3f} -> {path}"
+    )
+
+
 @app.command()
 def calibrate(
     labels: Annotated[
@@ -78,6 +96,7 @@ def calibrate(
         Path | None,
         typer.Option(help="thresholds.json to write [default: the one the router reads]."),
     ] = None,
+    relevance: Annotated[bool, typer.Option(help=_RELEVANCE_HELP)] = True,
 ) -> None:
     """Fit ACCEPT/SKIP on a labels file and write thresholds.json plus a report.
 
@@ -90,7 +109,7 @@ def calibrate(
             labels, _settings(), out=out, min_rows=min_rows, model=model,
             collection=collection, accept_criterion=accept_criterion,
             skip_criterion=skip_criterion, target_precision=target_precision,
-            target_recall=target_recall, n_boot=n_boot, seed=seed,
+            target_recall=target_recall, n_boot=n_boot, seed=seed, relevance=relevance,
         )  # fmt: skip
     except ContextError as e:
         raise _fail(str(e)) from e
@@ -103,6 +122,7 @@ def calibrate(
         run.result, {"thresholds": run.thresholds_path, **run.report},
         title=f"calibration of {labels}",
     )  # fmt: skip
+    _print_relevance(run.relevance, run.relevance_path)
 
 
 @app.command("calibrate-beir")
@@ -140,6 +160,14 @@ def calibrate_beir_cmd(
         bool, typer.Option(help="Also overwrite the thresholds.json the router reads.")
     ] = False,
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
+    relevance: Annotated[bool, typer.Option(help=_RELEVANCE_HELP)] = True,
+    mode: Annotated[
+        str | None,
+        typer.Option(
+            help="Retrieval behind the labels: dense, sparse, hybrid [default: "
+            "CTX_RETRIEVAL_MODE, what the router runs]."
+        ),
+    ] = None,
 ) -> None:
     """Calibrate on human relevance judgements from a BEIR-layout dataset.
 
@@ -156,7 +184,7 @@ def calibrate_beir_cmd(
             limit_docs=limit_docs, split=split, out=out, install=install, progress=progress,
             accept_criterion=accept_criterion, skip_criterion=skip_criterion,
             target_precision=target_precision, target_recall=target_recall, n_boot=n_boot,
-            seed=seed,
+            seed=seed, relevance=relevance, mode=mode,
         )  # fmt: skip
     except ContextError as e:
         raise _fail(str(e)) from e
@@ -164,12 +192,108 @@ def calibrate_beir_cmd(
     paths = {"thresholds": run.thresholds_path, **run.report}
     if run.installed_path:
         paths["installed"] = run.installed_path
+    if run.relevance_installed:
+        paths["relevance installed"] = run.relevance_installed
     _print_result(
         run.result,
         paths,
         title=f"{run.dataset}: {s.n_queries} queries x top-{s.k}, {run.n_docs} docs "
         f"({run.model}); recall@{s.k} {s.recall_at_k:.3f}, MRR {s.mrr_at_k:.3f}",
     )
+    _print_relevance(run.relevance, run.relevance_path)
+
+
+@app.command("compare-retrieval")
+def compare_retrieval_cmd(
+    directory: Annotated[
+        Path,
+        typer.Argument(
+            help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv",
+            show_default=False,
+        ),
+    ],
+    limit_queries: Annotated[
+        int | None, typer.Option(min=2, help="Use only the first N judged queries.")
+    ] = None,
+    limit_docs: Annotated[
+        int | None,
+        typer.Option(min=1, help="Cap the corpus (judged docs kept, distractors trimmed)."),
+    ] = None,
+    split: Annotated[str, typer.Option(help="qrels/<split>.tsv to read.")] = "test",
+    k: Annotated[int, typer.Option(min=1, max=100, help="Documents per query (the @k).")] = 10,
+    model: Annotated[str, typer.Option(help="Embedding model (minilm offline, bge-m3).")] = (
+        "minilm"
+    ),
+    modes: Annotated[
+        str, typer.Option(help="Comma-separated retrieval modes to compare.")
+    ] = "dense,sparse,hybrid",
+    train_share: Annotated[
+        float,
+        typer.Option(min=0.05, max=0.95, help="Share of queries the relevance model is fit on."),
+    ] = 0.5,
+    relevance_kind: Annotated[
+        str,
+        typer.Option(
+            help="Relevance model: 'auto' (the fitting job picks its candidate by "
+            "out-of-fold Brier, as calibrate-beir does) or one candidate: 'logistic', "
+            "'logistic_cosine', 'isotonic'."
+        ),
+    ] = "auto",
+    n_boot: Annotated[int, typer.Option(min=0, help="Bootstrap resamples over queries.")] = 1000,
+    seed: Annotated[int, typer.Option(help="Seed of the query split and the bootstrap.")] = 0,
+    progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
+) -> None:
+    """Dense-only vs sparse-only vs hybrid retrieval, and cosine vs p_relevant, in one run.
+
+    The corpus is cut into model-window chunks and indexed once (dense + sparse vectors) into
+    a scratch Qdrant Edge collection, deleted afterwards. Every judged query then runs in each
+    mode through the router's L3 search, timed round-robin.
+
+    Outputs, in reports/retrieval_<dataset>.{md,json,png}: per mode nDCG@k, recall@k and
+    MRR@k with 95 % bootstrap CIs over queries, and search latency p50/p99; the confidence
+    signal: AUC of cosine vs p_relevant for telling relevant from irrelevant top-k hits,
+    where p_relevant is fitted on a seeded train half of the queries and every figure comes
+    from the held-out half (CI over held-out queries), the Brier score and a reliability
+    plot; the precision and recall of hits labelled `confident` at each signal's accept
+    threshold; and the issue's goals (hybrid recall@k >= 1.15 x dense, AUC >= 0.80) marked
+    PASS or FAIL. A mode the library cannot run is skipped, and the report says why.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from evaluation.retrieval_compare import compare_retrieval
+
+    wanted = tuple(m.strip() for m in modes.split(",") if m.strip())
+    console = Console()
+    try:
+        run = compare_retrieval(
+            directory, _settings(), k=k, model=model, limit_queries=limit_queries,
+            limit_docs=limit_docs, split=split, modes=wanted, n_boot=n_boot, seed=seed,
+            train_share=train_share, relevance_kind=relevance_kind, progress=progress,
+            log=lambda msg: console.print(f"[yellow]note:[/] {msg}"),
+        )  # fmt: skip
+    except (ContextError, ValueError) as e:
+        raise _fail(str(e)) from e
+    table = Table(
+        title=f"{run.dataset}: {run.n_queries} queries, {run.n_docs} docs ({run.model}), "
+        f"top-{run.k}, 95 % CI"
+    )
+    for col in ("mode", f"nDCG@{k}", f"recall@{k}", f"MRR@{k}", "p50 ms", "p99 ms"):
+        table.add_column(col, justify="left" if col == "mode" else "right")
+    for m, r in run.modes.items():
+        cells = [
+            f"{r.mean[x]:.3f} [{r.ci[x].low:.2f}–{r.ci[x].high:.2f}]"
+            for x in ("ndcg", "recall", "mrr")
+        ]
+        table.add_row(m, *cells, f"{r.latency_ms['p50']:.2f}", f"{r.latency_ms['p99']:.2f}")
+    console.print(table)
+    for m, c in run.confidence.items():
+        parts = [f"{s} {a:.3f}" for s, a in c.auc.items()]
+        console.print(f"AUC on held-out {m} hits: {', '.join(parts) or c.skipped}")
+    for g in run.goals:
+        console.print(f"goal {g.name} {g.target}: {g.measured:.3f} -> [bold]{g.verdict}[/]")
+    for name, path in run.report.items():
+        console.print(f"{name:>10}: {path}")
 
 
 @app.command("export-candidates")

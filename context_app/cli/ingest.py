@@ -186,8 +186,47 @@ def hot_merge() -> None:
     Console().print(summary.to_dict())
 
 
+def add_sparse(
+    collection: Annotated[
+        str | None,
+        typer.Option(help="Collection [default: CTX_COLLECTION_MAIN, knowledge_main]."),
+    ] = None,
+    hot: Annotated[
+        bool, typer.Option(help="Also the hot collection (CTX_COLLECTION_HOT), if it exists.")
+    ] = True,
+) -> None:
+    """Add sparse (BM25) vectors to a collection built before hybrid retrieval.
+
+    The dense vectors are not re-embedded or rewritten: the sparse vector is added to the
+    collection in place and set on every point from its stored text. Safe to interrupt and
+    re-run (points that have one are skipped). `ctx ingest` does the same by itself when it
+    refreshes a dense-only collection.
+    """
+    from rich.console import Console
+
+    from context_core.ingest.add_sparse import add_sparse_vectors
+    from context_core.ingest.pipeline import job_settings
+    from context_core.knowledge.store import open_store
+
+    console = Console()
+    try:
+        settings = job_settings(collection=collection)
+        store = open_store(settings)
+        try:
+            names = [settings.collection_main]
+            if hot and store.info(settings.collection_hot) is not None:
+                names.append(settings.collection_hot)
+            for name in names:
+                console.print(add_sparse_vectors(store, name).to_dict())
+        finally:
+            store.close()
+    except ContextError as e:
+        raise _fail(str(e)) from e
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the root app."""
     app.command("ingest")(ingest)
+    app.command("add-sparse")(add_sparse)
     app.command("remove-space")(remove_space)
     app.command("hot-merge")(hot_merge)

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         IndexStatus,
         PointRecord,
         SearchQuery,
+        SparseVector,
         Vector,
         VectorStore,
     )
@@ -81,23 +82,43 @@ class SlowStore:
         limit: int = 3,
         filter: Filter | None = None,
         exact: bool = False,
+        mode: str = "dense",
+        fusion: str = "rrf",
+        sparse: SparseVector | None = None,
     ) -> list[Hit]:
         time.sleep(self.delay_s)
-        return self._inner.search(name, vector, limit=limit, filter=filter, exact=exact)
+        return self._inner.search(
+            name,
+            vector,
+            limit=limit,
+            filter=filter,
+            exact=exact,
+            mode=mode,
+            fusion=fusion,
+            sparse=sparse,
+        )
 
     def search_batch(
-        self, vector: Vector, queries: Sequence[SearchQuery]
+        self, vector: Vector, queries: Sequence[SearchQuery], sparse: SparseVector | None = None
     ) -> list[list[Hit] | Exception]:
         time.sleep(self.delay_s * len(queries))  # one sleep per search, as if sent one by one
-        return search_batch(self._inner, vector, queries)
+        return search_batch(self._inner, vector, queries, sparse=sparse)
 
     def count(self, name: str, *, filter: Filter | None = None) -> int:
         time.sleep(self.delay_s)
         return int(self._inner.count(name, filter=filter))
 
     # --- the rest of the store protocol, undelayed ----------------------------------------
-    def create_collection(self, name: str, *, dim: int, model: str) -> None:
-        self._inner.create_collection(name, dim=dim, model=model)
+    def create_collection(
+        self, name: str, *, dim: int, model: str, sparse: str | None = None
+    ) -> None:
+        self._inner.create_collection(name, dim=dim, model=model, sparse=sparse)
+
+    def enable_sparse(self, name: str, sparse: str) -> None:
+        self._inner.enable_sparse(name, sparse)
+
+    def set_sparse(self, name: str, points: Sequence[tuple[str, SparseVector]]) -> None:
+        self._inner.set_sparse(name, points)
 
     def drop_collection(self, name: str) -> None:
         self._inner.drop_collection(name)

@@ -220,7 +220,10 @@ def merge_hot(
             payload["merged_at"] = datetime.fromtimestamp(cutoff, UTC).isoformat()
             payload["trust"] = REVIEWED
             pid = merged_point_id(str(p.get("source", "")), str(p.get("content_hash") or rec.id))
-            store.upsert(main, [PointRecord(pid, rec.vector, payload)])
+            sparse = rec.sparse  # the hot point's own; made from its text if it has none
+            if sparse is None and isinstance(p.get("text"), str):
+                sparse = knowledge.sparse.encode_documents([p["text"]])[0]
+            store.upsert(main, [PointRecord(pid, rec.vector, payload, sparse)])
             merged += 1
         leave.append(rec.id)
     if leave:

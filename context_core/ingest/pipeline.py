@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from context_core.config import Settings, get_settings
 from context_core.fsutil import atomic_write_text
+from context_core.ingest.add_sparse import add_sparse_vectors
 from context_core.ingest.plan import PLAN_SCHEMA as PLAN_SCHEMA  # re-export: was defined here
 from context_core.ingest.plan import (
     RefreshPlan,
@@ -49,6 +50,7 @@ from context_core.ingest.plan import (
 )
 from context_core.ingest.progress import StageProgress, timed
 from context_core.knowledge.store import PointRecord
+from context_core.sparse import SparseEncoder
 
 if TYPE_CHECKING:
     from context_core.embedding import Encoder
@@ -169,8 +171,16 @@ def apply_refresh(
                     f"the refresh plan was chunked for model {plan.model!r} but the encoder is "
                     f"{encoder.name!r}; re-run the plan step with CTX_EMBED_MODEL={encoder.name}"
                 )
+            sparse = SparseEncoder()
             with timed(seconds, "upsert"):
-                store.create_collection(plan.collection, dim=encoder.dim, model=encoder.name)
+                store.create_collection(
+                    plan.collection, dim=encoder.dim, model=encoder.name, sparse=sparse.name
+                )
+                info = store.info(plan.collection)
+                if info is not None and info.sparse is None:
+                    # built before sparse vectors: add them to the stored points first (no
+                    # re-embedding), so every point of the collection has both
+                    add_sparse_vectors(store, plan.collection, sparse)
             size = settings.embed_batch_size
             t_embed = bar.stage("embed", len(plan.points))
             t_upsert = bar.stage("upsert", len(plan.points))
@@ -180,13 +190,16 @@ def apply_refresh(
                     vectors = encoder.encode(
                         [pt["payload"]["text"] for pt in batch], batch_size=size
                     )
+                    sparse_vectors = sparse.encode_documents(
+                        [pt["payload"]["text"] for pt in batch]
+                    )
                 bar.advance(t_embed, len(batch))
                 with timed(seconds, "upsert"):
                     store.upsert(
                         plan.collection,
                         [
-                            PointRecord(id=pt["id"], vector=vec, payload=pt["payload"])
-                            for pt, vec in zip(batch, vectors, strict=True)
+                            PointRecord(id=pt["id"], vector=vec, payload=pt["payload"], sparse=sv)
+                            for pt, vec, sv in zip(batch, vectors, sparse_vectors, strict=True)
                         ],
                     )
                 written += len(batch)

@@ -22,8 +22,9 @@ Wire format (one request, then its answer, on a persistent connection; never pic
 Vectors travel as msgpack ``bin``: the raw little-endian float32 bytes (``numpy.tobytes``),
 1.5 KiB for a 384-d query. That is what the shards store anyway (float32), so nothing is
 lost, and it is much cheaper than a msgpack array of 384 doubles on both sides (one memcpy
-instead of 384 typed floats to encode and decode). Hits go back as ``[id, score, payload]``
-rows, points as ``[id, vector-bin-or-nil, payload]``.
+instead of 384 typed floats to encode and decode). A sparse vector travels the same way as
+``[indices-bin (uint32), values-bin (float32)]`` or nil. Hits go back as ``[id, score,
+payload, sparse_score, rank]`` rows, points as ``[id, vector-bin-or-nil, payload, sparse]``.
 
 The server keeps no per-client state: ``scroll`` returns one page and the offset to pass back
 (the Edge scroll cursor is the id of the next point), so a client can iterate lazily and a
@@ -69,6 +70,7 @@ from context_core.knowledge.store import (
     IndexStatus,
     PointRecord,
     SearchQuery,
+    SparseVector,
     Vector,
     parse_filter,
 )
@@ -89,6 +91,7 @@ PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 64 * 1024 * 1024  # one request or answer; clients split bigger batches
 LOCK_NAME = ".edge_server.lock"  # in the data dir: one server per set of shards
 _VEC = np.dtype("<f4")
+_IDX = np.dtype("<u4")
 _READ_CHUNK = 64 * 1024
 _BATCH = 1024  # points per upsert/retrieve frame and per scroll page (EdgeStore batches 1024)
 _SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes with the trailing NUL
@@ -236,13 +239,50 @@ def _vec_list(raw: bytes | None) -> list[float] | None:
     return None if raw is None else np.frombuffer(raw, dtype=_VEC).tolist()
 
 
+def _sparse_out(sv: SparseVector | None) -> list[bytes] | None:
+    if sv is None:
+        return None
+    try:
+        idx = np.asarray(sv.indices, dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() > 0xFFFFFFFF):
+            raise ValueError("indices must be in the uint32 range")
+        return [idx.astype(_IDX).tobytes(), np.asarray(sv.values, dtype=_VEC).tobytes()]
+    except (TypeError, ValueError) as e:
+        raise InvalidStoreRequestError(f"a sparse vector must be ints and numbers: {e}") from e
+
+
+def _sparse_in(raw: Any) -> SparseVector | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list | tuple) or len(raw) != 2:
+        raise InvalidStoreRequestError("a sparse vector must arrive as [indices, values] bytes")
+    idx, val = raw
+    if not all(isinstance(b, bytes | bytearray) and len(b) % 4 == 0 for b in (idx, val)):
+        raise InvalidStoreRequestError("a sparse vector must arrive as [indices, values] bytes")
+    return SparseVector(
+        tuple(np.frombuffer(idx, dtype=_IDX).tolist()),
+        tuple(np.frombuffer(val, dtype=_VEC).tolist()),
+    )
+
+
 def _point_out(p: PointRecord) -> list[Any]:
     vec = None if p.vector is None else np.asarray(p.vector, dtype=_VEC).tobytes()
-    return [p.id, vec, p.payload]
+    return [p.id, vec, p.payload, _sparse_out(p.sparse)]
 
 
 def _point_in(row: Sequence[Any]) -> PointRecord:
-    return PointRecord(id=row[0], vector=_vec_list(row[1]), payload=row[2])
+    sparse = _sparse_in(row[3]) if len(row) > 3 else None
+    return PointRecord(id=row[0], vector=_vec_list(row[1]), payload=row[2], sparse=sparse)
+
+
+def _hit_out(h: Hit) -> list[Any]:
+    return [h.id, h.score, h.payload, h.sparse_score, h.rank]
+
+
+def _hit_in(r: Sequence[Any]) -> Hit:
+    if len(r) > 3:
+        return Hit(id=r[0], score=r[1], payload=r[2], sparse_score=r[3], rank=r[4])
+    return Hit(id=r[0], score=r[1], payload=r[2])
 
 
 # --- server -------------------------------------------------------------------------------
@@ -283,6 +323,8 @@ class EdgeServer:
             "retrieve": self._op_retrieve,
             "count": self._op_count,
             "optimize": self._op_optimize,
+            "enable_sparse": self._op_enable_sparse,
+            "set_sparse": self._op_set_sparse,
             "index_status": self._op_index_status,
             "flush": self._op_flush,
         }
@@ -524,18 +566,38 @@ class EdgeServer:
         return {"protocol": PROTOCOL_VERSION, "pid": os.getpid(), "root": str(self.root)}
 
     def _op_create_collection(self, a: dict[str, Any]) -> None:
-        self.store.create_collection(a["name"], dim=a["dim"], model=a["model"])
+        self.store.create_collection(
+            a["name"], dim=a["dim"], model=a["model"], sparse=a.get("sparse")
+        )
+
+    def _op_enable_sparse(self, a: dict[str, Any]) -> None:
+        self.store.enable_sparse(a["name"], a["sparse"])
+
+    def _op_set_sparse(self, a: dict[str, Any]) -> None:
+        points = []
+        for pid, raw in a["points"]:
+            sv = _sparse_in(raw)
+            if sv is not None:
+                points.append((pid, sv))
+        self.store.set_sparse(a["name"], points)
 
     def _op_drop_collection(self, a: dict[str, Any]) -> None:
         self.store.drop_collection(a["name"])
 
     def _op_info(self, a: dict[str, Any]) -> list[Any] | None:
         info = self.store.info(a["name"])
-        return None if info is None else [info.name, info.dim, info.model, info.count]
+        if info is None:
+            return None
+        return [info.name, info.dim, info.model, info.count, info.sparse]
 
     def _op_upsert(self, a: dict[str, Any]) -> None:
         points = [
-            PointRecord(id=r[0], vector=None if r[1] is None else _vec_in(r[1]), payload=r[2])
+            PointRecord(
+                id=r[0],
+                vector=None if r[1] is None else _vec_in(r[1]),
+                payload=r[2],
+                sparse=_sparse_in(r[3]) if len(r) > 3 else None,
+            )
             for r in a["points"]
         ]
         self.store.upsert(a["name"], points)
@@ -550,23 +612,34 @@ class EdgeServer:
             limit=a["limit"],
             filter=a.get("filter"),
             exact=a["exact"],
+            mode=a.get("mode", "dense"),
+            fusion=a.get("fusion", "rrf"),
+            sparse=_sparse_in(a.get("sparse")),
         )
-        return [[h.id, h.score, h.payload] for h in hits]
+        return [_hit_out(h) for h in hits]
 
     def _op_search_batch(self, a: dict[str, Any]) -> list[dict[str, Any]]:
         """One vector, several searches (main + hot of one route) in one round trip; each
         answer is ``{"ok": rows}`` or ``{"error": {...}}`` on its own."""
         vector = _vec_in(a["vector"])
+        sparse = _sparse_in(a.get("sparse"))
         out: list[dict[str, Any]] = []
         for q in a["queries"]:
             try:
                 hits = self.store.search(
-                    q["name"], vector, limit=q["limit"], filter=q.get("filter"), exact=q["exact"]
+                    q["name"],
+                    vector,
+                    limit=q["limit"],
+                    filter=q.get("filter"),
+                    exact=q["exact"],
+                    mode=q.get("mode", "dense"),
+                    fusion=q.get("fusion", "rrf"),
+                    sparse=sparse,
                 )
             except Exception as e:
                 out.append({"error": {"type": type(e).__name__, "message": str(e)}})
             else:
-                out.append({"ok": [[h.id, h.score, h.payload] for h in hits]})
+                out.append({"ok": [_hit_out(h) for h in hits]})
         return out
 
     def _op_scroll(self, a: dict[str, Any]) -> dict[str, Any]:
@@ -749,12 +822,26 @@ class RemoteEdgeStore:
         """``{"protocol", "pid", "root"}`` of the server (BackendUnavailableError if none)."""
         return dict(self._call("ping", {}))
 
-    def create_collection(self, name: str, *, dim: int, model: str) -> None:
+    def create_collection(
+        self, name: str, *, dim: int, model: str, sparse: str | None = None
+    ) -> None:
         self._call(
             "create_collection",
-            {"name": name, "dim": dim, "model": model},
+            {"name": name, "dim": dim, "model": model, "sparse": sparse},
             timeout=self.bulk_timeout_s,
         )
+
+    def enable_sparse(self, name: str, sparse: str) -> None:
+        self._call("enable_sparse", {"name": name, "sparse": sparse}, timeout=self.bulk_timeout_s)
+
+    def set_sparse(self, name: str, points: Sequence[tuple[str, SparseVector]]) -> None:
+        rows = [[pid, _sparse_out(sv)] for pid, sv in points]
+        for start in range(0, len(rows), _BATCH):
+            self._call(
+                "set_sparse",
+                {"name": name, "points": rows[start : start + _BATCH]},
+                timeout=self.bulk_timeout_s,
+            )
 
     def drop_collection(self, name: str) -> None:
         self._call("drop_collection", {"name": name}, timeout=self.bulk_timeout_s)
@@ -763,14 +850,15 @@ class RemoteEdgeStore:
         row = self._call("info", {"name": name})
         if row is None:
             return None
-        return CollectionInfo(name=row[0], dim=row[1], model=row[2], count=row[3])
+        sparse = row[4] if len(row) > 4 else None
+        return CollectionInfo(name=row[0], dim=row[1], model=row[2], count=row[3], sparse=sparse)
 
     def upsert(self, name: str, points: Sequence[PointRecord]) -> None:
         chunk: list[list[Any]] = []
         sent = False
         for p in points:
             vec = None if p.vector is None else _vec_out(p.vector)
-            chunk.append([p.id, vec, p.payload])
+            chunk.append([p.id, vec, p.payload, _sparse_out(p.sparse)])
             if len(chunk) >= _BATCH:
                 self._upsert_rows(name, chunk)
                 chunk, sent = [], True
@@ -805,6 +893,9 @@ class RemoteEdgeStore:
         limit: int = 3,
         filter: Filter | None = None,
         exact: bool = False,
+        mode: str = "dense",
+        fusion: str = "rrf",
+        sparse: SparseVector | None = None,
     ) -> list[Hit]:
         _check_filter(filter)
         args = {
@@ -813,19 +904,33 @@ class RemoteEdgeStore:
             "limit": limit,
             "filter": filter,
             "exact": exact,
+            "mode": mode,
+            "fusion": fusion,
+            "sparse": _sparse_out(sparse),
         }
-        return [Hit(id=r[0], score=r[1], payload=r[2]) for r in self._call("search", args)]
+        return [_hit_in(r) for r in self._call("search", args)]
 
     def search_batch(
-        self, vector: Vector, queries: Sequence[SearchQuery]
+        self,
+        vector: Vector,
+        queries: Sequence[SearchQuery],
+        sparse: SparseVector | None = None,
     ) -> list[list[Hit] | Exception]:
         """:func:`~context_core.knowledge.store.search_batch` in one round trip."""
         for q in queries:
             _check_filter(q.filter)
         args = {
             "vector": _vec_out(vector),
+            "sparse": _sparse_out(sparse),
             "queries": [
-                {"name": q.name, "limit": q.limit, "filter": q.filter, "exact": q.exact}
+                {
+                    "name": q.name,
+                    "limit": q.limit,
+                    "filter": q.filter,
+                    "exact": q.exact,
+                    "mode": q.mode,
+                    "fusion": q.fusion,
+                }
                 for q in queries
             ],
         }
@@ -843,7 +948,7 @@ class RemoteEdgeStore:
                     )
                 )
             else:
-                out.append([Hit(id=r[0], score=r[1], payload=r[2]) for r in answer["ok"]])
+                out.append([_hit_in(r) for r in answer["ok"]])
         return out
 
     def scroll(

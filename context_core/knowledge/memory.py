@@ -2,9 +2,18 @@
 
 Two collections: ``knowledge_main`` (SOP/manual chunks, resolved cases, report templates,
 written by the weekly refresh) and ``hot_knowledge`` (answers confirmed during sessions, kept
-72 h unless merged into main). A search looks at both and merges by cosine similarity; expired
-hot points are filtered out at query time and deleted by :meth:`KnowledgeMemory.sweep_expired`
-(Qdrant has no native TTL).
+72 h unless merged into main). A search looks at both in one batch and merges them (by cosine
+similarity in the dense retrieval mode, by fused rank in hybrid); expired hot points are
+filtered out at query time and deleted by :meth:`KnowledgeMemory.sweep_expired` (Qdrant has no
+native TTL).
+
+Retrieval modes (``CTX_RETRIEVAL_MODE``): every point carries a sparse BM25 vector
+(:mod:`context_core.sparse`) next to its dense embedding; ``dense`` ranks by cosine,
+``sparse`` by BM25, ``hybrid`` fuses both lists (``CTX_HYBRID_FUSION``: reciprocal rank
+fusion, or a weighted sum). In every mode ``Hit.score`` stays the dense cosine, so the
+confidence thresholds keep their meaning; ``Hit.sparse_score`` and ``Hit.rank`` add what the
+sparse search and the fusion saw. A collection built before sparse vectors answers as dense
+until ``ctx add-sparse`` (or the next ``ctx ingest``) adds them.
 
 Hot knowledge is trust-scoped. Every hot point records who wrote it and where: ``written_by``
 (the agent id, None for in-process system writes), ``namespace`` (its *scope*, see below) and
@@ -32,6 +41,7 @@ bug upstream, not data to clean. Everything else that is written passes the sani
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import logging
@@ -50,10 +60,13 @@ from context_core.knowledge.store import (
     Hit,
     PointRecord,
     SearchQuery,
+    SparseVector,
     Vector,
     VectorStore,
+    check_mode,
     search_batch,
 )
+from context_core.sparse import SparseEncoder
 
 if TYPE_CHECKING:  # pragma: no cover
     from context_core.config import Settings
@@ -232,6 +245,8 @@ class KnowledgeMemory:
     """Search and write L3 through one encoder, one store and the gateway.
 
     ``clock`` (epoch seconds) is injectable so expiry can be tested without waiting 72 h.
+    ``sparse`` makes the lexical vectors (BM25 weights) written next to each dense vector and
+    searched in the sparse and hybrid retrieval modes (``CTX_RETRIEVAL_MODE``).
     """
 
     def __init__(
@@ -242,9 +257,11 @@ class KnowledgeMemory:
         gateway: Gateway,
         *,
         clock: Callable[[], float] = time.time,
+        sparse: SparseEncoder | None = None,
     ) -> None:
         self.store = store
         self.encoder = encoder
+        self.sparse = sparse or SparseEncoder()
         self.settings = settings
         self.gateway = gateway
         self.main = settings.collection_main
@@ -255,7 +272,9 @@ class KnowledgeMemory:
     def ensure_collections(self) -> None:
         """Create both collections for this encoder; a different recorded model is an error."""
         for name in (self.main, self.hot):
-            self.store.create_collection(name, dim=self.encoder.dim, model=self.encoder.name)
+            self.store.create_collection(
+                name, dim=self.encoder.dim, model=self.encoder.name, sparse=self.sparse.name
+            )
 
     # --- reading ---------------------------------------------------------------------------
     def search(
@@ -267,8 +286,12 @@ class KnowledgeMemory:
         collection: str | None = None,
         include_hot: bool = True,
         hot_scopes: Sequence[str] | None = None,
+        mode: str | None = None,
     ) -> list[Hit]:
-        """Top ``limit`` (default ``CTX_L3_TOP_K``) hits by cosine similarity.
+        """Top ``limit`` (default ``CTX_L3_TOP_K``) hits: by cosine similarity in the dense
+        retrieval mode, by BM25 in sparse, fused in hybrid (``mode`` None: the setting
+        ``CTX_RETRIEVAL_MODE``). Every hit's ``score`` is its cosine similarity whatever the
+        mode; ``sparse_score`` and ``rank`` say what the sparse search and the fusion made of it.
 
         ``collection`` names the main collection to search (default ``knowledge_main``);
         unexpired hot points are merged in unless ``include_hot`` is False or the collection
@@ -290,6 +313,8 @@ class KnowledgeMemory:
             collection=collection,
             include_hot=include_hot,
             hot_scopes=hot_scopes,
+            mode=mode,
+            query=query,
         )
 
     def search_vector(
@@ -301,24 +326,39 @@ class KnowledgeMemory:
         collection: str | None = None,
         include_hot: bool = True,
         hot_scopes: Sequence[str] | None = None,
+        mode: str | None = None,
+        query: str | None = None,
+        sparse: SparseVector | None = None,
     ) -> list[Hit]:
-        """:meth:`search` for a caller that already holds the query embedding."""
+        """:meth:`search` for a caller that already holds the query embedding; the sparse and
+        hybrid modes need the query's ``sparse`` vector or its text (``query``), else the
+        search runs as dense."""
         k = limit if limit is not None else self.settings.l3_top_k
         if k <= 0:
             raise InvalidStoreRequestError(f"search limit must be > 0, got {k}")
+        mode = mode or self.settings.retrieval_mode
+        fusion = self.settings.hybrid_fusion
+        check_mode(mode, fusion)
+        if mode != "dense" and sparse is None and query is not None:
+            sparse = self.sparse.encode_query(query)
+        if sparse is None or not len(sparse):
+            mode = "dense"
         main = collection or self.main
         base: dict[str, Any] = {"section": section} if section else {}
         queries: list[SearchQuery] = []
         if main != self.hot:
-            queries.append(SearchQuery(main, k, base or None))
+            queries.append(SearchQuery(main, k, base or None, mode=mode, fusion=fusion))
         if (include_hot or main == self.hot) and (hot_scopes is None or hot_scopes):
             hot_filter: Filter = {**base, "expires_at": {"gt": self._clock()}}
             if hot_scopes is not None:
                 hot_filter = {**hot_filter, "namespace": list(hot_scopes)}
-            queries.append(SearchQuery(self.hot, k, hot_filter))
+            queries.append(SearchQuery(self.hot, k, hot_filter, mode=mode, fusion=fusion))
         hits: list[Hit] = []
         # main and hot in one batch (one round trip through the edge server)
-        for q, got in zip(queries, search_batch(self.store, vector, queries), strict=True):
+        answers = search_batch(
+            self.store, vector, queries, sparse=sparse if mode != "dense" else None
+        )
+        for q, got in zip(queries, answers, strict=True):
             if isinstance(got, Exception):
                 hot_missing = isinstance(got, CollectionNotFoundError) and q.name == self.hot
                 if hot_missing and main != self.hot:
@@ -326,8 +366,11 @@ class KnowledgeMemory:
                     continue
                 raise got
             hits.extend(got)
-        hits.sort(key=lambda h: h.score, reverse=True)
-        return hits[:k]
+        if mode == "dense":
+            hits.sort(key=lambda h: h.score, reverse=True)
+        else:  # two fused lists: interleave by rank, ties by cosine
+            hits.sort(key=lambda h: (h.rank or k + 1, -h.score))
+        return [dataclasses.replace(h, rank=r) for r, h in enumerate(hits[:k], 1)]
 
     def _no_hot_collection(self, main: str) -> None:
         if not self._warned_no_hot:  # once per instance: this is the query hot path
@@ -410,7 +453,8 @@ class KnowledgeMemory:
         refuse_session_data(payload, where=f"hot upsert for source {source!r}")
         pid = hot_point_id(stored_source, content_hash)
         vector = self.encoder.encode([clean_text])[0]
-        self.store.upsert(self.hot, [PointRecord(pid, vector, payload)])
+        sparse = self.sparse.encode_documents([clean_text])[0]
+        self.store.upsert(self.hot, [PointRecord(pid, vector, payload, sparse)])
         return pid
 
     def upsert_chunks(
@@ -424,7 +468,11 @@ class KnowledgeMemory:
         cleaned: list[PointRecord] = []
         for r in records:
             refuse_session_data(r.payload, where=f"point {r.id} for {collection!r}")
-            cleaned.append(PointRecord(r.id, r.vector, self.gateway.clean(r.payload, where=where)))
+            payload = self.gateway.clean(r.payload, where=where)
+            # the sparse terms come from the cleaned text: a redacted secret leaves no term
+            text = payload.get("text")
+            sparse = self.sparse.encode_documents([text])[0] if isinstance(text, str) else None
+            cleaned.append(PointRecord(r.id, r.vector, payload, sparse))
         self.store.upsert(collection, cleaned)
         if optimize and cleaned:
             self.store.optimize(collection)

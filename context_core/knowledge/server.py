@@ -7,7 +7,9 @@ pure Python: fine for correctness, never for benchmarks.
 
 The collection's embedding model and dimension are recorded in the collection's own
 ``metadata`` (``ctx_model``, ``ctx_dim``; Qdrant >= 1.16 and the local mode keep it), so the
-record travels with the collection in snapshots and needs no reserved point.
+record travels with the collection in snapshots and needs no reserved point. ``ctx_sparse``
+names the sparse encoder when the collection has the named sparse vector (IDF modifier); a
+dense-only collection gains it in place (``create_vector_name``, then ``update_vectors``).
 """
 
 from __future__ import annotations
@@ -16,24 +18,37 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from context_core import defaults
 from context_core.errors import (
     BackendUnavailableError,
     CollectionNotFoundError,
     ContextError,
     InvalidStoreRequestError,
+    ModelMismatchError,
 )
-from context_core.knowledge._qdrant import SERVER, to_hit, to_record
+from context_core.knowledge._qdrant import (
+    SERVER,
+    Leg,
+    Rows,
+    retrieve,
+    to_hit,
+    to_record,
+    warn_dense_only,
+)
 from context_core.knowledge.store import (
     FULL_SCAN_THRESHOLD,
     HNSW_EF_CONSTRUCT,
     HNSW_M,
     INDEXING_THRESHOLD_KB,
+    SPARSE_NAME,
     CollectionInfo,
     Filter,
     Hit,
     IndexStatus,
     PointRecord,
+    SparseVector,
     Vector,
+    check_mode,
     check_model,
     check_point_id,
     parse_filter,
@@ -53,6 +68,7 @@ class QdrantServerStore:
         self._client = client
         self.where = where or "a Qdrant client"
         self._meta: dict[str, tuple[str, int]] = {}
+        self._sparse: dict[str, str | None] = {}
 
     @classmethod
     def connect(
@@ -108,7 +124,14 @@ class QdrantServerStore:
             )
         rec = (model, size)
         self._meta[name] = rec
+        sparse = meta.get("ctx_sparse")
+        has = SPARSE_NAME in (info.config.params.sparse_vectors or {})
+        self._sparse[name] = str(sparse) if has and isinstance(sparse, str) else None
         return rec
+
+    def _sparse_of(self, name: str) -> str | None:
+        self._dim(name)
+        return self._sparse.get(name)
 
     def _dim(self, name: str) -> int:
         rec = self._recorded(name)
@@ -120,7 +143,9 @@ class QdrantServerStore:
         return rec[1]
 
     # --- VectorStore ---------------------------------------------------------------------
-    def create_collection(self, name: str, *, dim: int, model: str) -> None:
+    def create_collection(
+        self, name: str, *, dim: int, model: str, sparse: str | None = None
+    ) -> None:
         from qdrant_client import models
 
         if dim <= 0:
@@ -142,7 +167,17 @@ class QdrantServerStore:
             quantization_config=models.ScalarQuantization(
                 scalar=models.ScalarQuantizationConfig(type=models.ScalarType.INT8, always_ram=True)
             ),
-            metadata={"ctx_model": model, "ctx_dim": dim, "distance": "cosine"},
+            sparse_vectors_config=(
+                {SPARSE_NAME: models.SparseVectorParams(modifier=models.Modifier.IDF)}
+                if sparse is not None
+                else None
+            ),
+            metadata={
+                "ctx_model": model,
+                "ctx_dim": dim,
+                "distance": "cosine",
+                **({"ctx_sparse": sparse} if sparse is not None else {}),
+            },
         )
         with warnings.catch_warnings():
             # The local (":memory:") mode warns that it ignores payload indexes; a server uses them.
@@ -157,9 +192,60 @@ class QdrantServerStore:
                     field_schema=schema,
                 )
         self._meta[name] = (model, dim)
+        self._sparse[name] = sparse
+
+    def enable_sparse(self, name: str, sparse: str) -> None:
+        from qdrant_client import models
+
+        self._meta.pop(name, None)  # re-read: another process may have done it
+        recorded = self._sparse_of(name)
+        if recorded == sparse:
+            return
+        if recorded is not None:
+            raise ModelMismatchError(
+                f"collection {name!r} holds sparse vectors of {recorded!r}, not {sparse!r}; "
+                "drop and re-ingest the collection to change the sparse encoder"
+            )
+        info = self._call(name, "get_collection", self._client.get_collection, name)
+        if SPARSE_NAME not in (info.config.params.sparse_vectors or {}):
+            config = models.SparseVectorNameConfig(
+                sparse=models.SparseVectorConfig(modifier=models.Modifier.IDF)
+            )
+            self._call(
+                name,
+                "create_vector_name",
+                self._client.create_vector_name,
+                name,
+                SPARSE_NAME,
+                config,
+            )
+        meta = dict(info.config.metadata or {})
+        meta["ctx_sparse"] = sparse
+        self._call(name, "update_collection", self._client.update_collection, name, metadata=meta)
+        self._sparse[name] = sparse
+
+    def set_sparse(self, name: str, points: Sequence[tuple[str, SparseVector]]) -> None:
+        from qdrant_client import models
+
+        if self._sparse_of(name) is None:
+            raise InvalidStoreRequestError(
+                f"collection {name!r} has no sparse vectors; enable_sparse() first"
+            )
+        batch: list[Any] = []
+        for pid, sv in points:
+            if not len(sv):
+                continue
+            vec = {SPARSE_NAME: SERVER.sparse_vector(sv)}
+            batch.append(models.PointVectors(id=check_point_id(pid), vector=vec))
+            if len(batch) >= _UPSERT_BATCH:
+                self._call(name, "update_vectors", self._client.update_vectors, name, batch)
+                batch = []
+        if batch:
+            self._call(name, "update_vectors", self._client.update_vectors, name, batch)
 
     def drop_collection(self, name: str) -> None:
         self._meta.pop(name, None)
+        self._sparse.pop(name, None)
         if self._call(name, "collection_exists", self._client.collection_exists, name):
             self._call(name, "delete_collection", self._client.delete_collection, name)
 
@@ -167,17 +253,26 @@ class QdrantServerStore:
         rec = self._recorded(name)
         if rec is None:
             return None
-        return CollectionInfo(name=name, dim=rec[1], model=rec[0], count=self.count(name))
+        return CollectionInfo(
+            name=name,
+            dim=rec[1],
+            model=rec[0],
+            count=self.count(name),
+            sparse=self._sparse.get(name),
+        )
 
     def upsert(self, name: str, points: Sequence[PointRecord]) -> None:
         from qdrant_client import models
 
         dim = self._dim(name)
+        has_sparse = self._sparse.get(name) is not None  # dense-only: sparse vectors ignored
         batch: list[Any] = []
         for p in points:
             if p.vector is None:
                 raise InvalidStoreRequestError(f"point {p.id} has no vector; upsert needs one")
-            vec = vector_list(p.vector, collection=name, dim=dim)
+            vec: Any = vector_list(p.vector, collection=name, dim=dim)
+            if has_sparse:
+                vec = SERVER.point_vector(vec, p.sparse)
             batch.append(
                 models.PointStruct(id=check_point_id(p.id), vector=vec, payload=dict(p.payload))
             )
@@ -214,8 +309,19 @@ class QdrantServerStore:
         limit: int = 3,
         filter: Filter | None = None,
         exact: bool = False,
+        mode: str = "dense",
+        fusion: str = "rrf",
+        sparse: SparseVector | None = None,
     ) -> list[Hit]:
+        check_mode(mode, fusion)
         vec = vector_list(vector, collection=name, dim=self._dim(name))
+        if mode != "dense" and self._sparse.get(name) is None:
+            warn_dense_only(name)
+            mode = "dense"
+        if mode != "dense" and sparse is not None and len(sparse):
+            return self._retrieve(
+                name, vec, sparse, parse_filter(filter), exact, mode, fusion, limit
+            )
         with warnings.catch_warnings():
             # The local mode is always exact and warns that search_params do nothing there.
             warnings.filterwarnings("ignore", message="Local mode performs exact")
@@ -230,7 +336,48 @@ class QdrantServerStore:
                 with_payload=True,
                 search_params=SERVER.search_params(exact),
             )
-        return [to_hit(p) for p in resp.points]
+        return [to_hit(p, r) for r, p in enumerate(resp.points, 1)]
+
+    def _retrieve(
+        self,
+        name: str,
+        vec: list[float],
+        sparse: SparseVector,
+        conditions: list[Any],
+        exact: bool,
+        mode: str,
+        fusion: str,
+        limit: int,
+    ) -> list[Hit]:
+        from qdrant_client import models
+
+        query_sparse = SERVER.sparse_vector(sparse)
+
+        def run(legs: list[Leg]) -> list[Rows]:
+            reqs = []
+            for leg in legs:
+                rescore = leg.ids is not None
+                dense = leg.kind == "dense"
+                reqs.append(
+                    models.QueryRequest(
+                        query=vec if dense else query_sparse,
+                        using=None if dense else SPARSE_NAME,
+                        filter=SERVER.filter(conditions, leg.ids),
+                        limit=leg.limit,
+                        with_payload=leg.payload,
+                        params=SERVER.search_params(exact or rescore) if dense else None,
+                    )
+                )
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Local mode performs exact")
+                got = self._call(
+                    name, "search", self._client.query_batch_points, name, requests=reqs
+                )
+            return [[(str(p.id), float(p.score), p.payload) for p in r.points] for r in got]
+
+        return retrieve(
+            run, mode=mode, limit=limit, fusion=fusion, weight=defaults.HYBRID_DENSE_WEIGHT
+        )
 
     def scroll(
         self,

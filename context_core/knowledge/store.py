@@ -14,6 +14,7 @@ Filter mini-language (all conditions must hold)::
 
 from __future__ import annotations
 
+import inspect
 import json
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -30,6 +31,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "PAYLOAD_INDEXES",
+    "RETRIEVAL_MODES",
+    "SPARSE_NAME",
     "AnyOf",
     "CollectionInfo",
     "Condition",
@@ -40,6 +43,7 @@ __all__ = [
     "PointRecord",
     "Range",
     "SearchQuery",
+    "SparseVector",
     "Vector",
     "VectorStore",
     "check_model",
@@ -82,20 +86,55 @@ def point_id(source: str, chunk_index: int) -> str:
     return str(uuid.uuid5(_POINT_NAMESPACE, f"{source}:{chunk_index}"))
 
 
+# The named sparse vector of a collection (next to the unnamed dense one), with Qdrant's IDF
+# modifier: the documents carry BM25 term weights, the engine supplies the IDF at query time.
+SPARSE_NAME = "sparse"
+# dense: cosine only (what every collection did before sparse vectors); sparse: BM25 only;
+# hybrid: both lists fused (context_core.knowledge._qdrant.fuse).
+RETRIEVAL_MODES = ("dense", "sparse", "hybrid")
+FUSIONS = ("rrf", "weighted")
+
+
+@dataclass(frozen=True, slots=True)
+class SparseVector:
+    """Lexical term weights: ``indices`` sorted, unique, in uint32 range; ``values`` > 0."""
+
+    indices: tuple[int, ...]
+    values: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.indices) != len(self.values):
+            raise InvalidStoreRequestError(
+                f"a sparse vector needs as many values as indices, got {len(self.indices)} "
+                f"indices and {len(self.values)} values"
+            )
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
 @dataclass(frozen=True, slots=True)
 class PointRecord:
     id: str
     vector: Vector | None
     payload: dict[str, Any] = field(default_factory=dict)
+    sparse: SparseVector | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Hit:
-    """One search result; ``score`` is cosine similarity in [-1, 1], higher is closer."""
+    """One search result; ``score`` is the dense cosine similarity in [-1, 1] in every
+    retrieval mode (for a hit found by the sparse search alone it is computed from the point's
+    dense vector). ``sparse_score`` is the raw BM25-style dot product (None: the sparse search
+    did not run), ``rank`` the 1-based position in the returned (fused) list, ``p_relevant``
+    filled by the router when a fitted relevance model exists."""
 
     id: str
     score: float
     payload: dict[str, Any]
+    sparse_score: float | None = None
+    rank: int | None = None
+    p_relevant: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +143,7 @@ class CollectionInfo:
     dim: int
     model: str
     count: int
+    sparse: str | None = None  # the sparse encoder the collection's sparse vectors came from
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,16 +266,37 @@ def vector_list(vector: Vector, *, collection: str, dim: int) -> list[float]:
 
 @dataclass(frozen=True, slots=True)
 class SearchQuery:
-    """One search of :func:`search_batch` (the vector is shared by the batch)."""
+    """One search of :func:`search_batch` (the vectors are shared by the batch).
+
+    ``mode`` is one of :data:`RETRIEVAL_MODES`; sparse and hybrid need the batch's sparse
+    vector and a collection with sparse vectors, otherwise they run as dense. ``fusion``
+    (hybrid only) is one of ``FUSIONS``.
+    """
 
     name: str
     limit: int = 3
     filter: Filter | None = None
     exact: bool = False
+    mode: str = "dense"
+    fusion: str = "rrf"
+
+
+def check_mode(mode: str, fusion: str = "rrf") -> None:
+    if mode not in RETRIEVAL_MODES:
+        raise InvalidStoreRequestError(
+            f"retrieval mode must be one of {', '.join(RETRIEVAL_MODES)}, got {mode!r}"
+        )
+    if fusion not in FUSIONS:
+        raise InvalidStoreRequestError(
+            f"hybrid fusion must be one of {', '.join(FUSIONS)}, got {fusion!r}"
+        )
 
 
 def search_batch(
-    store: Any, vector: Vector, queries: Sequence[SearchQuery]
+    store: Any,
+    vector: Vector,
+    queries: Sequence[SearchQuery],
+    sparse: SparseVector | None = None,
 ) -> list[list[Hit] | Exception]:
     """Run several searches with one vector; each answer is its hits or the error it raised.
 
@@ -244,23 +305,60 @@ def search_batch(
     """
     batch = getattr(store, "search_batch", None)
     if callable(batch):
-        return list(batch(vector, queries))
+        if sparse is None:  # what a store written before sparse vectors understands
+            return list(batch(vector, queries))
+        return list(batch(vector, queries, sparse=sparse))
     out: list[list[Hit] | Exception] = []
+    modes = _takes_mode(store)
     for q in queries:
         try:
-            extra = {"exact": True} if q.exact else {}
+            extra: dict[str, Any] = {"exact": True} if q.exact else {}
+            if q.mode != "dense" and modes:
+                extra.update(mode=q.mode, fusion=q.fusion, sparse=sparse)
             out.append(store.search(q.name, vector, limit=q.limit, filter=q.filter, **extra))
         except Exception as e:  # handed back to the caller, who decides per query
             out.append(e)
     return out
 
 
+_TAKES_MODE: dict[type, bool] = {}
+
+
+def _takes_mode(store: Any) -> bool:
+    """Does ``store.search`` take a retrieval mode? A store written before sparse vectors
+    existed (or a wrapper around one) is searched dense, as it always was. Known per class."""
+    known = _TAKES_MODE.get(type(store))
+    if known is not None:
+        return known
+    try:
+        params = inspect.signature(store.search).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False
+    takes = "mode" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    _TAKES_MODE[type(store)] = takes
+    return takes
+
+
 @runtime_checkable
 class VectorStore(Protocol):
     """What L3 needs from a vector database; scores are cosine similarity."""
 
-    def create_collection(self, name: str, *, dim: int, model: str) -> None:
-        """Idempotent; an existing collection with another model/dim -> ModelMismatchError."""
+    def create_collection(
+        self, name: str, *, dim: int, model: str, sparse: str | None = None
+    ) -> None:
+        """Idempotent; an existing collection with another model/dim -> ModelMismatchError.
+
+        ``sparse`` (the sparse encoder's name) gives a new collection a named sparse vector
+        with the IDF modifier next to the dense one; an existing collection is left as it is
+        (:meth:`enable_sparse` adds sparse vectors to it)."""
+        ...
+
+    def enable_sparse(self, name: str, sparse: str) -> None:
+        """Give an existing collection the sparse vector (idempotent; dense data untouched)."""
+        ...
+
+    def set_sparse(self, name: str, points: Sequence[tuple[str, SparseVector]]) -> None:
+        """Set the sparse vectors of existing points without touching their dense vectors."""
         ...
 
     def drop_collection(self, name: str) -> None:
@@ -283,8 +381,13 @@ class VectorStore(Protocol):
         limit: int = 3,
         filter: Filter | None = None,
         exact: bool = False,
+        mode: str = "dense",
+        fusion: str = "rrf",
+        sparse: SparseVector | None = None,
     ) -> list[Hit]:
-        """Top ``limit`` by cosine similarity; ``exact=True`` bypasses the HNSW graph."""
+        """Top ``limit`` by cosine similarity (mode dense), BM25 (sparse, with ``sparse`` the
+        query's sparse vector) or both fused (hybrid); ``exact=True`` bypasses the HNSW graph.
+        A collection without sparse vectors answers sparse and hybrid as dense."""
         ...
 
     def scroll(

@@ -166,6 +166,18 @@ def _retrieval_quality_rows(reports: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _mode_settings(mode: str) -> dict[str, Any]:
+    """``dense`` / ``sparse`` / ``hybrid[:<fusion>[:<feedback>]]`` -> the settings it means."""
+    base, _, variant = mode.partition(":")
+    out: dict[str, Any] = {"retrieval_mode": base}
+    if variant:
+        fusion, sep, feedback = variant.partition(":")
+        out["hybrid_fusion"] = fusion
+        if sep:
+            out["hybrid_feedback"] = int(feedback)
+    return out
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.route_latency",
@@ -181,7 +193,8 @@ def main(argv: list[str]) -> int:
         "--modes",
         default="dense,hybrid",
         help="retrieval modes timed for the cached route, comma-separated (the last one also "
-        "runs the uncached rows); default dense,hybrid",
+        "runs the uncached rows): dense, sparse, hybrid, or hybrid:<fusion>[:<feedback hits>] "
+        "(e.g. hybrid:weighted:0, without pseudo-relevance feedback); default dense,hybrid",
     )
     ap.add_argument("--redis-url", default=DEFAULT_REDIS, help=f"default {DEFAULT_REDIS}")
     ap.add_argument("--l3-timeout-ms", type=float, default=100.0, help="router L3 budget")
@@ -218,7 +231,7 @@ def main(argv: list[str]) -> int:
     )
     # one platform per retrieval mode over the same data dir (the Edge shard is shared per
     # process); the last mode's platform also serves the baselines and the uncached rows
-    platforms = {m: build_platform(get_settings(**common, retrieval_mode=m)) for m in modes}
+    platforms = {m: build_platform(get_settings(**common, **_mode_settings(m))) for m in modes}
     settings = platforms[modes[-1]].settings
     sid = f"bench-route-{uuid.uuid4().hex[:8]}"
     platform = platforms[modes[-1]]
@@ -229,7 +242,7 @@ def main(argv: list[str]) -> int:
     new_texts: list[str] = []
     try:
         info = store.info(settings.collection_main)
-        sparse = None if modes == ["dense"] else platform.knowledge.sparse
+        sparse = None if all(m == "dense" for m in modes) else platform.knowledge.sparse
         build_s = 0.0
         stale = info is not None and sparse is not None and info.sparse != sparse.name
         if info is None or info.count != args.points or stale:

@@ -28,7 +28,27 @@ class Settings(BaseSettings):
 
     # --- L2 working memory (Redis / Valkey) -------------------------------------------
     redis_url: str | None = Field(
-        None, description="redis://host:port/db of a Redis 7+/Valkey server; unset = embedded."
+        None,
+        description="redis://host:port/db of a Redis 7+/Valkey server; unset = embedded. A "
+        "Redis Cluster: redis+cluster://host:port (rediss+cluster:// with TLS), or a plain "
+        "redis:// URL of any cluster node (detected with INFO cluster); DB 0 only.",
+    )
+    redis_min_replicas: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="Opt-in durability of L2 and session writes: after each write, WAIT for "
+        "this many replicas to acknowledge it (at most CTX_REDIS_REPLICA_WAIT_MS) and fail "
+        "the write (503) when fewer did. 0 = off (Redis replication is asynchronous: a write "
+        "acknowledged by a master that dies before replicating it is lost on failover). The "
+        "write itself is not undone on failure: it may still be applied; retry it.",
+    )
+    redis_replica_wait_ms: int = Field(
+        100,
+        ge=1,
+        le=60_000,
+        description="How long a write waits for CTX_REDIS_MIN_REPLICAS acknowledgements; "
+        "below the clients' socket timeout (the service's: CTX_SERVICE_REDIS_TIMEOUT_S).",
     )
     wm_default_ttl_s: int = Field(D.WM_DEFAULT_TTL_S, gt=0, description="Default L2 TTL (15 min).")
     wm_series_window: int = Field(
@@ -99,6 +119,36 @@ class Settings(BaseSettings):
         description="Unix socket of a `context_core.knowledge.edge_server` that owns the "
         "embedded Qdrant Edge shards; set for several worker processes.",
     )
+    qdrant_shards: int = Field(
+        D.QDRANT_SHARDS,
+        ge=1,
+        description="shard_number of the collections the server backend creates (a Qdrant "
+        "cluster spreads them over its peers); embedded Qdrant Edge ignores it.",
+    )
+    qdrant_replication: int = Field(
+        D.QDRANT_REPLICATION,
+        ge=1,
+        description="replication_factor of the collections the server backend creates (copies "
+        "of each shard on different peers); embedded Qdrant Edge ignores it.",
+    )
+    qdrant_write_consistency: int = Field(
+        D.QDRANT_WRITE_CONSISTENCY,
+        ge=1,
+        description="write_consistency_factor of the collections the server backend creates "
+        "(replicas that must apply a write before it is acknowledged; at most "
+        "CTX_QDRANT_REPLICATION); embedded Qdrant Edge ignores it.",
+    )
+
+    @model_validator(mode="after")
+    def _qdrant_write_quorum(self) -> Settings:
+        if self.qdrant_write_consistency > self.qdrant_replication:
+            raise ValueError(
+                f"CTX_QDRANT_WRITE_CONSISTENCY={self.qdrant_write_consistency} exceeds "
+                f"CTX_QDRANT_REPLICATION={self.qdrant_replication}: a write cannot wait for "
+                "more replicas than a shard has"
+            )
+        return self
+
     collection_main: str = "knowledge_main"
     collection_hot: str = "hot_knowledge"
     hot_ttl_hours: float = Field(72.0, gt=0)
@@ -113,6 +163,13 @@ class Settings(BaseSettings):
         D.HYBRID_FUSION,
         description="How hybrid retrieval fuses the dense and sparse lists: reciprocal rank "
         "fusion, or a weighted sum of cosine and max-normalised BM25.",
+    )
+    hybrid_feedback: int = Field(
+        D.HYBRID_FEEDBACK,
+        ge=0,
+        le=20,
+        description="Pseudo-relevance feedback in hybrid retrieval: the dense leg runs again "
+        "with the query moved towards its first pass's best N chunks; 0 turns it off.",
     )
 
     # --- embeddings ---------------------------------------------------------------------

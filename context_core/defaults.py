@@ -16,6 +16,8 @@ __all__ = [
     "BUNDLE_MAX_FRAGMENTS",
     "CORRECTION_MIN_CONFIDENCE",
     "HYBRID_DENSE_WEIGHT",
+    "HYBRID_FEEDBACK",
+    "HYBRID_FEEDBACK_WEIGHT",
     "HYBRID_FUSION",
     "L1_MAX_TRACE_TOKENS",
     "L3_TIMEOUT_MS",
@@ -58,6 +60,22 @@ SKIP_THRESHOLD = 0.65
 RETRIEVAL_MODE: Literal["dense", "sparse", "hybrid"] = "hybrid"
 HYBRID_FUSION: Literal["rrf", "weighted"] = "weighted"
 HYBRID_DENSE_WEIGHT = 0.7
+# Pseudo-relevance feedback (CTX_HYBRID_FEEDBACK): hybrid retrieval runs its dense leg a second
+# time with the query vector moved towards the mean of its first pass's best N chunks
+# (Rocchio: q' = q + HYBRID_FEEDBACK_WEIGHT * mean(top N), normalised), then fuses again.
+# Hit.score stays the cosine to the query itself. 0 turns it off. Measured (minilm, Snowball
+# BM25, brute force over the same chunks), hybrid recall@10 without / with N=3: Cranfield 0.457
+# / 0.490, CMRC 2018 0.946 / 0.945 (nDCG@10 0.850 / 0.891); N=10 feeds back too much noise.
+HYBRID_FEEDBACK = 3
+HYBRID_FEEDBACK_WEIGHT = 1.0
+
+# Qdrant server collections (CTX_QDRANT_SHARDS, CTX_QDRANT_REPLICATION,
+# CTX_QDRANT_WRITE_CONSISTENCY): Qdrant's own defaults. A cluster spreads a collection over
+# SHARDS shards, each held by REPLICATION peers; a write is acknowledged once
+# WRITE_CONSISTENCY replicas applied it. Qdrant Edge ignores them (one local shard).
+QDRANT_SHARDS = 1
+QDRANT_REPLICATION = 1
+QDRANT_WRITE_CONSISTENCY = 1
 
 # gateway (CTX_MAX_RESPONSE_BYTES)
 MAX_RESPONSE_BYTES = 10 * 1024

@@ -16,10 +16,19 @@ Tokens (no model needed, so the router encodes a query in microseconds and the i
 depend on the embedding model):
 
 * Latin and other space-separated scripts: NFKC, lower case, runs of letters/digits; a short
-  English stop-word list and single letters (the "s" of "pump's") are dropped and a light
-  plural stemmer (``-ies`` -> ``-y``, ``-es`` -> ``-e``, ``-s``) folds plurals;
+  English stop-word list and single letters (the "s" of "pump's") are dropped and ASCII words
+  are reduced to their stem by the Snowball English stemmer (Porter 2: "compressible",
+  "compressibility" -> "compress"), so a query finds the other forms of its words;
 * Han, kana: each character and each pair of adjacent characters (unigrams + bigrams: Chinese
   has no spaces, and bigrams are the usual word approximation for it).
+
+**Versions.** The tokenizer is part of a collection's identity: a query must be cut into terms
+the same way as the documents were. ``bm25-crc32-v2`` (the default) stems with Snowball;
+``bm25-crc32-v1`` (collections written before it) folds plurals only. A collection records
+the name of the encoder that wrote it and :meth:`SparseEncoder.from_name` rebuilds that one, so
+an older collection keeps answering with its own tokenizer until it is re-ingested. On
+Cranfield the stemmer lifts sparse recall@10 from 0.391 to 0.392 and nDCG@10 from 0.362 to
+0.368 (one run, brute force over the same chunks); its gain is in hybrid (0.451 -> 0.457).
 
 A term's id is the CRC-32 of its UTF-8 bytes: stable across processes, machines and Python
 versions (``hash()`` is salted per process), in the uint32 range Qdrant takes. Collisions of
@@ -40,14 +49,20 @@ import re
 import unicodedata
 import zlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+import snowballstemmer
 
 from context_core.knowledge.store import SparseVector
 
-__all__ = ["SPARSE_ENCODER", "SparseEncoder", "tokenize"]
+__all__ = ["SPARSE_ENCODER", "VERSIONS", "SparseEncoder", "tokenize"]
 
 #: The name collections record for vectors made by :class:`SparseEncoder` with its defaults.
-SPARSE_ENCODER = "bm25-crc32-v1"
+SPARSE_ENCODER = "bm25-crc32-v2"
+#: Every tokenizer version :meth:`SparseEncoder.from_name` can rebuild: v1 folds plurals, v2
+#: stems with Snowball English.
+VERSIONS = ("v1", "v2")
+_NAME = re.compile(r"^bm25-crc32-(v[0-9]+)(?::([0-9.eE+-]+),([0-9.eE+-]+),([0-9.eE+-]+))?$")
 
 K1 = 1.2
 B = 0.75
@@ -70,8 +85,8 @@ _STOP_WORDS = """a about above after again against all am an and any are as at b
 _STOP = frozenset(_STOP_WORDS.split())
 
 
-def _stem(word: str) -> str:
-    """Fold English plurals (a conservative "S-stemmer"); other words pass unchanged."""
+def _plural(word: str) -> str:
+    """v1: fold English plurals (a conservative "S-stemmer"); other words pass unchanged."""
     if len(word) <= 3 or not word.isascii() or not word.isalpha():
         return word
     if word.endswith("ies") and not word.endswith(("eies", "aies")):
@@ -83,8 +98,23 @@ def _stem(word: str) -> str:
     return word
 
 
-def tokenize(text: str) -> list[str]:
+_SNOWBALL = snowballstemmer.stemmer("english")
+
+
+@functools.lru_cache(maxsize=1 << 16)  # a corpus has ~10^4-10^5 distinct words
+def _snowball(word: str) -> str:
+    """v2: the Snowball English stem of an ASCII word; other words pass unchanged."""
+    if len(word) <= 3 or not word.isascii() or not word.isalpha():
+        return word
+    return str(_SNOWBALL.stemWord(word))
+
+
+_STEMMERS: dict[str, Callable[[str], str]] = {"v1": _plural, "v2": _snowball}
+
+
+def tokenize(text: str, version: str = "v2") -> list[str]:
     """The terms of ``text`` in order (see the module doc); empty for no content."""
+    stem = _STEMMERS[version]
     out: list[str] = []
     for m in _TOKENS.finditer(unicodedata.normalize("NFKC", text).lower()):
         han, word = m.group(1), m.group(2)
@@ -92,7 +122,7 @@ def tokenize(text: str) -> list[str]:
             out.extend(han)
             out.extend(han[i : i + 2] for i in range(len(han) - 1))
         elif word not in _STOP and (len(word) > 1 or word.isdigit()):
-            out.append(_stem(word))
+            out.append(stem(word))
     return out
 
 
@@ -101,20 +131,40 @@ def _term_id(term: str) -> int:
 
 
 @functools.lru_cache(maxsize=4096)  # the router asks the same step queries again and again
-def _query_vector(text: str) -> SparseVector:
-    ids = sorted({_term_id(t) for t in tokenize(text)})
+def _query_vector(text: str, version: str) -> SparseVector:
+    ids = sorted({_term_id(t) for t in tokenize(text, version)})
     return SparseVector(tuple(ids), (1.0,) * len(ids))
 
 
 class SparseEncoder:
     """Texts -> :class:`SparseVector` of BM25 document weights (or unit query weights)."""
 
-    def __init__(self, *, k1: float = K1, b: float = B, avg_len: float = AVG_LEN) -> None:
+    def __init__(
+        self, *, k1: float = K1, b: float = B, avg_len: float = AVG_LEN, version: str = "v2"
+    ) -> None:
         if k1 < 0 or not 0.0 <= b <= 1.0 or avg_len <= 0:
             raise ValueError(f"BM25 needs k1 >= 0, 0 <= b <= 1, avg_len > 0: {k1}, {b}, {avg_len}")
-        self.k1, self.b, self.avg_len = k1, b, avg_len
+        if version not in VERSIONS:
+            raise ValueError(f"unknown sparse tokenizer version {version!r}; use one of {VERSIONS}")
+        self.k1, self.b, self.avg_len, self.version = k1, b, avg_len, version
+        base = f"bm25-crc32-{version}"
         defaults = (k1, b, avg_len) == (K1, B, AVG_LEN)
-        self.name = SPARSE_ENCODER if defaults else f"{SPARSE_ENCODER}:{k1},{b},{avg_len}"
+        self.name = base if defaults else f"{base}:{k1},{b},{avg_len}"
+
+    @classmethod
+    def from_name(cls, name: str) -> SparseEncoder:
+        """The encoder a collection recorded (``bm25-crc32-v1``, ``bm25-crc32-v2:1.2,0.75,120``
+        ...): queries against it must be cut into terms the way its documents were."""
+        m = _NAME.match(name.strip())
+        if m is None or m.group(1) not in VERSIONS:
+            raise ValueError(
+                f"unknown sparse encoder {name!r}: this version reads bm25-crc32-<version> "
+                f"with version one of {VERSIONS}; re-ingest the collection to rewrite it"
+            )
+        if m.group(2) is None:
+            return cls(version=m.group(1))
+        k1, b, avg = (float(m.group(i)) for i in (2, 3, 4))
+        return cls(k1=k1, b=b, avg_len=avg, version=m.group(1))
 
     def __repr__(self) -> str:
         return f"SparseEncoder(name={self.name!r})"
@@ -123,7 +173,7 @@ class SparseEncoder:
         return [self._document(t) for t in texts]
 
     def _document(self, text: str) -> SparseVector:
-        terms = tokenize(text)
+        terms = tokenize(text, self.version)
         if not terms:
             return SparseVector((), ())
         tf: Counter[int] = Counter(_term_id(t) for t in terms)
@@ -133,12 +183,12 @@ class SparseEncoder:
             tuple(ids), tuple(tf[i] * (self.k1 + 1.0) / (tf[i] + norm) for i in ids)
         )
 
-    @staticmethod
-    def encode_query(text: str) -> SparseVector:
+    def encode_query(self, text: str) -> SparseVector:
         """Each distinct query term with weight 1 (Qdrant applies the IDF); cached."""
-        return _query_vector(text)
+        return _query_vector(text, self.version)
 
     @staticmethod
     def query_length(text: str) -> int:
-        """Terms in the query (stop words dropped; Han unigrams and bigrams both count)."""
+        """Terms in the query (stop words dropped; Han unigrams and bigrams both count; the
+        same count in every version)."""
         return len(tokenize(text))

@@ -460,6 +460,7 @@ def calibrate_beir(
     collection = f"beir_{_safe_name(dataset.name)}"
     mode = str(mode or getattr(settings, "retrieval_mode", "dense"))
     fusion = str(getattr(settings, "hybrid_fusion", "rrf"))
+    feedback = int(getattr(settings, "hybrid_feedback", 0))  # as the router searches
     sparse_encoder = _sparse_encoder() if mode != "dense" else None
     if sparse_encoder is None:
         mode = "dense"
@@ -484,7 +485,7 @@ def calibrate_beir(
                     return store.search(collection, vec, limit=limit, exact=True)
                 return store.search(  # type: ignore[call-arg,unused-ignore]
                     collection, vec, limit=limit, exact=True, mode=mode, fusion=fusion,
-                    sparse=sparse_encoder.encode_query(text),
+                    sparse=sparse_encoder.encode_query(text), feedback=feedback,
                 )  # fmt: skip
 
             frame, stats = label_hits(

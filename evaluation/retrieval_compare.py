@@ -598,7 +598,8 @@ def compare_retrieval(
     if unknown or not modes:
         raise ValueError(
             f"unknown retrieval mode(s) {unknown}; choose from {', '.join(MODES)} (hybrid may "
-            f"name its fusion: {', '.join(f'hybrid:{f}' for f in FUSIONS)})"
+            f"name its fusion: {', '.join(f'hybrid:{f}' for f in FUSIONS)}, and its feedback "
+            "hits: hybrid:weighted:0)"
         )
     say = log or (lambda _msg: None)
     t_start = time.perf_counter()
@@ -633,12 +634,13 @@ def compare_retrieval(
         platforms: dict[str, Any] = {}
 
         def platform_for(mode: str) -> Any:
-            """One platform per hybrid fusion (the setting its L3 search reads)."""
-            fusion = mode.partition(":")[2]
-            if fusion not in platforms:
-                s = scratch.model_copy(update={"hybrid_fusion": fusion}) if fusion else scratch
-                platforms[fusion] = build_platform(s, embed_cache=False, ensure_collections=False)
-            return platforms[fusion]
+            """One platform per hybrid variant (the settings its L3 search reads)."""
+            variant = mode.partition(":")[2]
+            if variant not in platforms:
+                update = _variant_settings(variant)
+                s = scratch.model_copy(update=update) if update else scratch
+                platforms[variant] = build_platform(s, embed_cache=False, ensure_collections=False)
+            return platforms[variant]
 
         try:
             base = platform_for("")
@@ -759,8 +761,32 @@ def compare_retrieval(
 
 
 def _valid_mode(mode: str) -> bool:
-    base, sep, fusion = mode.partition(":")
-    return base in MODES and (not sep or (base == "hybrid" and fusion in FUSIONS))
+    """``dense``, ``sparse``, ``hybrid``, ``hybrid:<fusion>`` or ``hybrid:<fusion>:<N>`` (N
+    feedback hits, 0 = none)."""
+    base, sep, variant = mode.partition(":")
+    if base not in MODES or (sep and base != "hybrid"):
+        return False
+    try:
+        _variant_settings(variant)
+    except ValueError:
+        return False
+    return True
+
+
+def _variant_settings(variant: str) -> dict[str, Any]:
+    """The settings a hybrid variant (``<fusion>[:<feedback>]``) overrides; ValueError when it
+    names neither."""
+    if not variant:
+        return {}
+    fusion, sep, feedback = variant.partition(":")
+    if fusion not in FUSIONS:
+        raise ValueError(f"unknown fusion {fusion!r}")
+    update: dict[str, Any] = {"hybrid_fusion": fusion}
+    if sep:
+        if not feedback.isdigit() or int(feedback) > 20:
+            raise ValueError(f"feedback must be 0-20, got {feedback!r}")
+        update["hybrid_feedback"] = int(feedback)
+    return update
 
 
 def _retrieval_settings(settings: Settings, fetch: int, empty_sparse: int) -> dict[str, Any]:
@@ -768,7 +794,7 @@ def _retrieval_settings(settings: Settings, fetch: int, empty_sparse: int) -> di
         "chunk_hits_fetched_per_query": fetch,
         "queries_without_sparse_terms": empty_sparse,
     }
-    for name in ("retrieval_mode", "hybrid_fusion", "hybrid_dense_weight", "hybrid_prefetch"):
+    for name in ("retrieval_mode", "hybrid_fusion", "hybrid_feedback"):
         if hasattr(settings, name):
             out[name] = getattr(settings, name)
     return out

@@ -137,7 +137,7 @@ def test_sparse_terms_come_from_the_cleaned_text(km: KnowledgeMemory, encoder: E
     km.upsert_chunks(km.main, [rec])
     (stored,) = km.store.retrieve(km.main, [rec.id], with_vectors=True)
     assert stored.sparse is not None
-    secret = set(SparseEncoder.encode_query("Zz9abcSecret").indices)
+    secret = set(SparseEncoder().encode_query("Zz9abcSecret").indices)
     assert secret and not secret & set(stored.sparse.indices)
     assert "Zz9abcSecret" not in stored.payload["text"]
 
@@ -188,3 +188,62 @@ def test_old_dense_only_collection_gets_sparse_without_reembedding(
     assert info is not None and info.sparse == SPARSE_ENCODER
     hits = mem.search("mechanical seal leaks", limit=3, mode="hybrid")
     assert hits[0].payload["source"] == "sop-pump" and hits[0].sparse_score
+
+
+def test_a_v1_collection_keeps_its_tokenizer(
+    store: VectorStore, encoder: Encoder, settings: Settings, tmp_path: Path
+) -> None:
+    """A collection written before the Snowball stemmer keeps answering: its documents and
+    queries are cut by the plural-only v1 tokenizer it recorded, not by this version's."""
+    v1 = SparseEncoder.from_name("bm25-crc32-v1")
+    mem = _km(store, encoder, settings, tmp_path)
+    for name in (mem.main, mem.hot):
+        store.create_collection(name, dim=encoder.dim, model=encoder.name, sparse=v1.name)
+    mem.ensure_collections()  # existing collections stay as they are
+    mem.upsert_chunks(mem.main, _records(encoder))
+    fan = DOCS[2][2]
+    (stored,) = store.retrieve(mem.main, [point_id("sop-fan", 2)], with_vectors=True)
+    want = v1.encode_documents([fan])[0]
+    assert stored.sparse is not None and stored.sparse.indices == want.indices
+    assert stored.sparse.values == pytest.approx(want.values, rel=1e-6)  # stored as float32
+    hits = mem.search("bearing housing", limit=1, mode="sparse")
+    assert hits and hits[0].payload["source"] == "sop-fan" and hits[0].sparse_score
+    # the same query cut by v2 ("bear", "hous") shares no term with those documents
+    vec = encoder.encode_query("bearing housing")
+    v2_hits = store.search(
+        mem.main,
+        vec,
+        limit=1,
+        mode="sparse",
+        sparse=SparseEncoder().encode_query("bearing housing"),
+    )
+    assert not v2_hits or not v2_hits[0].sparse_score
+
+
+def test_feedback_moves_the_dense_query_and_keeps_the_cosine(
+    store: VectorStore, tmp_path: Path
+) -> None:
+    """Pseudo-relevance feedback: B, a neighbour of the best hit A, overtakes C, which is
+    closer to the query itself; every hit's score stays its cosine to the query."""
+    q = np.array([1.0, 0.0, 0.0])
+    vecs = {"A": [0.9, 0.436, 0.0], "B": [0.6, 0.8, 0.0], "C": [0.7, -0.714, 0.0]}
+    term = SparseEncoder().encode_query("pump")
+    store.create_collection("fb", dim=3, model="toy", sparse=SPARSE_ENCODER)
+    store.upsert(
+        "fb",
+        [PointRecord(point_id(k, 0), v, {"source": k}, sparse=term) for k, v in vecs.items()],
+    )
+    store.optimize("fb")
+
+    def run(feedback: int) -> list[tuple[str, float]]:
+        hits = store.search(
+            "fb", q, limit=3, mode="hybrid", fusion="weighted", sparse=term, feedback=feedback
+        )
+        return [(h.payload["source"], h.score) for h in hits]
+
+    plain, fed = run(0), run(1)
+    assert [s for s, _ in plain] == ["A", "C", "B"]
+    assert [s for s, _ in fed] == ["A", "B", "C"]
+    cos = {k: float(np.dot(q, v) / np.linalg.norm(v)) for k, v in vecs.items()}
+    for source, score in plain + fed:
+        assert score == pytest.approx(cos[source], abs=1e-4)

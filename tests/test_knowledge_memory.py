@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from qdrant_server import server_store
 
 from context_core.config import Settings, get_settings
 from context_core.embedding import Encoder, load_encoder
@@ -59,8 +60,11 @@ def encoder(tmp_path_factory: pytest.TempPathFactory) -> Encoder:
     return load_encoder(get_settings(data_dir=tmp_path_factory.mktemp("ctx")))
 
 
-@pytest.fixture(params=["edge", "server"])
+@pytest.fixture(params=["edge", "server", "qdrant-server"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[VectorStore]:
+    if request.param == "qdrant-server":  # a real server when one is given, else skipped
+        yield from server_store()
+        return
     s: VectorStore = (
         EdgeStore(tmp_path / "qdrant")
         if request.param == "edge"

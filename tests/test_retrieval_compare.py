@@ -371,6 +371,18 @@ def test_a_mode_the_library_lacks_is_skipped_with_its_reason(tmp_path: Path, mon
         rc.compare_retrieval(_tiny_beir(tmp_path / "x"), settings, modes=("bm25",))
 
 
+def test_hybrid_variants_name_fusion_and_feedback() -> None:
+    from evaluation import retrieval_compare as rc
+
+    assert rc._variant_settings("") == {}
+    assert rc._variant_settings("rrf") == {"hybrid_fusion": "rrf"}
+    assert rc._variant_settings("weighted:0") == {"hybrid_fusion": "weighted", "hybrid_feedback": 0}
+    for good in ("dense", "sparse", "hybrid", "hybrid:rrf", "hybrid:weighted:5"):
+        assert rc._valid_mode(good), good
+    for bad in ("bm25", "dense:rrf", "hybrid:max", "hybrid:rrf:x", "hybrid:rrf:99", "sparse:0"):
+        assert not rc._valid_mode(bad), bad
+
+
 def test_cli_help_explains_the_outputs() -> None:
     from typer.testing import CliRunner
 

@@ -11,8 +11,27 @@ import pytest
 from context_core.sparse import K1, SPARSE_ENCODER, SparseEncoder, tokenize
 
 
-def test_latin_words_lower_cased_without_stop_words() -> None:
+def test_latin_words_lower_cased_without_stop_words_and_stemmed() -> None:
     assert tokenize("The Pump's BEARING is worn, and PUMP-0042 vibrates.") == [
+        "pump",
+        "bear",
+        "worn",
+        "pump",
+        "0042",
+        "vibrat",
+    ]
+
+
+def test_snowball_folds_the_forms_of_a_word() -> None:
+    forms = ["compressible", "compressibility", "compressed", "compression", "compressing"]
+    assert {t for f in forms for t in tokenize(f)} == {"compress"}
+    assert tokenize("pumps") == tokenize("pump") == tokenize("pumping")
+    # non-ASCII words and numbers pass unstemmed; short words too
+    assert tokenize("Größen 1200 gas") == ["größen", "1200", "gas"]
+
+
+def test_v1_folds_plurals_only() -> None:
+    assert tokenize("The Pump's BEARING is worn, and PUMP-0042 vibrates.", "v1") == [
         "pump",
         "bearing",
         "worn",
@@ -20,10 +39,7 @@ def test_latin_words_lower_cased_without_stop_words() -> None:
         "0042",
         "vibrate",
     ]
-
-
-def test_plurals_fold_to_the_singular() -> None:
-    assert tokenize("pumps bearings batteries classes status gas") == [
+    assert tokenize("pumps bearings batteries classes status gas", "v1") == [
         "pump",
         "bearing",
         "battery",
@@ -31,7 +47,23 @@ def test_plurals_fold_to_the_singular() -> None:
         "status",
         "gas",
     ]
-    assert tokenize("pumps") == tokenize("pump")
+
+
+def test_encoder_rebuilt_from_a_recorded_name() -> None:
+    assert SparseEncoder().name == SPARSE_ENCODER == "bm25-crc32-v2"
+    old = SparseEncoder.from_name("bm25-crc32-v1")
+    assert old.name == "bm25-crc32-v1" and old.version == "v1"
+    # queries are cut the way the recorded version cut its documents
+    assert old.encode_query("bearings") == old.encode_query("bearing")
+    assert SparseEncoder().encode_query("bearing") != old.encode_query("bearing")
+    tuned = SparseEncoder.from_name("bm25-crc32-v2:0.9,0.5,100.0")
+    assert (tuned.k1, tuned.b, tuned.avg_len, tuned.version) == (0.9, 0.5, 100.0, "v2")
+    assert tuned.name == "bm25-crc32-v2:0.9,0.5,100.0"
+    for bad in ("bm25-crc32-v9", "splade-v3", "bm25-crc32-v1:1,2"):
+        with pytest.raises(ValueError, match="re-ingest"):
+            SparseEncoder.from_name(bad)
+    with pytest.raises(ValueError, match="version"):
+        SparseEncoder(version="v7")
 
 
 def test_han_text_gives_unigrams_and_bigrams() -> None:

@@ -1,5 +1,7 @@
 """One suite, three backends: Qdrant Edge on a temp dir, qdrant-client's local mode, and the
-Edge shards served over a Unix socket (an in-process ``EdgeServer`` + ``RemoteEdgeStore``).
+Edge shards served over a Unix socket (an in-process ``EdgeServer`` + ``RemoteEdgeStore``);
+a fourth, a real Qdrant server or cluster, when ``CTX_TEST_QDRANT_URL`` (or an empty
+``CTX_QDRANT_URL``) names one, skipped otherwise (``tests/qdrant_server.py``).
 Sparse vectors and the sparse/hybrid retrieval modes are checked the same way, against BM25
 and reciprocal rank fusion computed with numpy.
 
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from qdrant_server import server_store
 
 from context_core.errors import (
     CollectionNotFoundError,
@@ -68,8 +71,11 @@ def _records() -> list[PointRecord]:
     return [PointRecord(IDS[i], VECS[i], _payload(i)) for i in range(N)]
 
 
-@pytest.fixture(params=["edge", "server", "remote"])
+@pytest.fixture(params=["edge", "server", "remote", "qdrant-server"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[VectorStore]:
+    if request.param == "qdrant-server":
+        yield from server_store()
+        return
     edge_server: EdgeServer | None = None
     sock_dir: Path | None = None
     if request.param == "edge":
@@ -329,6 +335,77 @@ def test_open_store_picks_backend(tmp_path: Path) -> None:
         assert server.where == ":memory:"
     finally:
         server.close()
+
+
+class _RecordingClient:
+    """qdrant-client's real local mode, recording the keyword arguments of each
+    ``create_collection`` request (the local mode accepts the placement and ignores it)."""
+
+    def __init__(self) -> None:
+        from qdrant_client import QdrantClient
+
+        self._real = QdrantClient(":memory:")
+        self.created: dict[str, dict[str, object]] = {}
+
+    def create_collection(self, name: str, **kwargs: object) -> bool:
+        self.created[name] = kwargs
+        return bool(self._real.create_collection(name, **kwargs))
+
+    def __getattr__(self, attr: str) -> object:
+        return getattr(self._real, attr)
+
+
+def test_server_collections_carry_the_cluster_placement_from_settings(tmp_path: Path) -> None:
+    from context_core.config import get_settings
+    from context_core.knowledge.server import collection_placement
+    from context_core.knowledge.store import open_store
+
+    settings = get_settings(
+        data_dir=tmp_path / "ctx",
+        qdrant_url=":memory:",
+        qdrant_shards=3,
+        qdrant_replication=2,
+        qdrant_write_consistency=2,
+    )
+    opened = open_store(settings)
+    assert isinstance(opened, QdrantServerStore)
+    want = {"shard_number": 3, "replication_factor": 2, "write_consistency_factor": 2}
+    assert opened.placement == want
+    opened.close()
+
+    client = _RecordingClient()
+    store = QdrantServerStore(
+        client, where="recorder", shards=3, replication=2, write_consistency=2
+    )
+    store.create_collection("knowledge_main", dim=DIM, model="test-16d", sparse="bm25")
+    sent = client.created["knowledge_main"]
+    assert {k: sent[k] for k in want} == want
+    store.upsert("knowledge_main", _records()[:20])  # the collection works all the same
+    assert store.count("knowledge_main") == 20
+    store.create_collection("knowledge_main", dim=DIM, model="test-16d")  # exists: no request
+    assert list(client.created) == ["knowledge_main"]
+    store.close()
+
+    # defaults: Qdrant's own (one shard, no replica); Edge has no such parameters at all
+    default = QdrantServerStore.connect(":memory:")
+    assert (
+        default.placement
+        == collection_placement(1, 1, 1)
+        == {
+            "shard_number": 1,
+            "replication_factor": 1,
+            "write_consistency_factor": 1,
+        }
+    )
+    default.close()
+    with pytest.raises(InvalidStoreRequestError, match="exceeds the replication factor 1"):
+        collection_placement(1, 1, 2)
+    from context_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="CTX_QDRANT_WRITE_CONSISTENCY=3 exceeds"):
+        get_settings(qdrant_replication=2, qdrant_write_consistency=3)
+    with pytest.raises(ConfigError, match="CTX_QDRANT_SHARDS"):
+        get_settings(qdrant_shards=0)
 
 
 def test_server_unreachable_names_the_url() -> None:

@@ -16,14 +16,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import redis
-
 from context_app.service.metrics import ServiceMetrics
 from context_app.service.owners import AgentQuotas, OwnerBinding
 from context_core.auth import KeyStore
 from context_core.errors import BackendUnavailableError, SessionExistsError, UnknownSessionError
 from context_core.knowledge.store import search_batch
 from context_core.platform import Platform, build_platform, fail_fast_client
+from context_core.redis_conn import REDIS_ERRORS, RedisClient
 
 if TYPE_CHECKING:
     from context_core.auth import AgentKey
@@ -63,7 +62,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 STATE_KEY = "svc:state-signing-key"
-RedisClient = redis.Redis  # alias: the Services field named ``redis`` shadows the module
 
 
 class SlowStore:
@@ -85,6 +83,7 @@ class SlowStore:
         mode: str = "dense",
         fusion: str = "rrf",
         sparse: SparseVector | None = None,
+        feedback: int = 0,
     ) -> list[Hit]:
         time.sleep(self.delay_s)
         return self._inner.search(
@@ -96,6 +95,7 @@ class SlowStore:
             mode=mode,
             fusion=fusion,
             sparse=sparse,
+            feedback=feedback,
         )
 
     def search_batch(
@@ -156,12 +156,12 @@ class SlowStore:
         self._inner.close()
 
 
-def load_state_key(client: redis.Redis) -> bytes:
+def load_state_key(client: RedisClient) -> bytes:
     """The HMAC key signing L1 on the wire, shared by every instance through Redis."""
     try:
         client.set(STATE_KEY, secrets.token_hex(32), nx=True)
         raw = client.get(STATE_KEY)
-    except redis.RedisError as e:
+    except REDIS_ERRORS as e:
         raise BackendUnavailableError(
             f"could not read the state-signing key from Redis ({e}); check CTX_REDIS_URL"
         ) from e
@@ -272,7 +272,12 @@ def build_services(settings: Settings, *, echo_dev_key: bool = True) -> Services
             platform=platform,
             keys=keys,
             # a session's identity lives as long as its task contract can
-            owners=OwnerBinding(client, ttl_s=_session_ttl_s(settings)),
+            owners=OwnerBinding(
+                client,
+                ttl_s=_session_ttl_s(settings),
+                min_replicas=settings.redis_min_replicas,
+                replica_wait_ms=settings.redis_replica_wait_ms,
+            ),
             metrics=metrics,
             state_key=state_key,
             quotas=AgentQuotas(
@@ -324,7 +329,7 @@ def sync_grants(
     return sync
 
 
-def restore_state_key(client: redis.Redis, key: bytes) -> None:
+def restore_state_key(client: RedisClient, key: bytes) -> None:
     """After Redis lost its data: put this instance's state-signing key back (SET NX), so
     instances sharing the server keep agreeing on it; warn when another one won the race."""
     client.set(STATE_KEY, key.decode(), nx=True)

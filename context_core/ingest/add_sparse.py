@@ -51,9 +51,11 @@ def add_sparse_vectors(
     batch: int = 512,
 ) -> SparseMigration:
     """Add sparse vectors to every point of ``collection`` that lacks one (idempotent)."""
-    encoder = encoder or SparseEncoder()
-    if store.info(collection) is None:
+    info = store.info(collection)
+    if info is None:
         raise CollectionNotFoundError(f"collection {collection!r} does not exist; nothing to add")
+    if encoder is None:  # a collection that has sparse vectors keeps its own tokenizer
+        encoder = SparseEncoder.from_name(info.sparse) if info.sparse else SparseEncoder()
     store.enable_sparse(collection, encoder.name)
     seen = written = already = 0
     pending: list[tuple[str, str]] = []

@@ -220,9 +220,13 @@ def merge_hot(
             payload["merged_at"] = datetime.fromtimestamp(cutoff, UTC).isoformat()
             payload["trust"] = REVIEWED
             pid = merged_point_id(str(p.get("source", "")), str(p.get("content_hash") or rec.id))
-            sparse = rec.sparse  # the hot point's own; made from its text if it has none
+            # the hot point's own sparse vector when both collections cut terms the same way;
+            # else (or when it has none) made from its text with main's encoder
+            main_sparse = knowledge.sparse_for(main)
+            same = knowledge.sparse_for(hot).name == main_sparse.name
+            sparse = rec.sparse if same else None
             if sparse is None and isinstance(p.get("text"), str):
-                sparse = knowledge.sparse.encode_documents([p["text"]])[0]
+                sparse = main_sparse.encode_documents([p["text"]])[0]
             store.upsert(main, [PointRecord(pid, rec.vector, payload, sparse)])
             merged += 1
         leave.append(rec.id)

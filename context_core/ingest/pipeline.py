@@ -177,7 +177,10 @@ def apply_refresh(
                     plan.collection, dim=encoder.dim, model=encoder.name, sparse=sparse.name
                 )
                 info = store.info(plan.collection)
-                if info is not None and info.sparse is None:
+                if info is not None and info.sparse is not None:
+                    # an existing collection keeps the tokenizer its points were written with
+                    sparse = SparseEncoder.from_name(info.sparse)
+                elif info is not None:
                     # built before sparse vectors: add them to the stored points first (no
                     # re-embedding), so every point of the collection has both
                     add_sparse_vectors(store, plan.collection, sparse)

@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from context_core.knowledge.store import (
     PAYLOAD_INDEXES,
     QUANT_OVERSAMPLING,
@@ -159,22 +161,44 @@ def to_record(r: Any, with_vectors: bool) -> PointRecord:
 @dataclass(frozen=True, slots=True)
 class Leg:
     """One plain query of a retrieval: the dense or the sparse vector, the caller's filter,
-    restricted to ``ids`` when given (rescoring known points: exact)."""
+    restricted to ``ids`` when given (rescoring known points: exact). ``query`` replaces the
+    dense query vector (the feedback pass); ``vectors`` asks for the points' dense vectors."""
 
     kind: str  # "dense" | "sparse"
     limit: int
     ids: tuple[Any, ...] | None = None
     payload: bool = False
+    query: tuple[float, ...] | None = None
+    vectors: bool = False
 
 
-# (id, score, payload or None) per point, best first; one list per leg, in order. The id is
-# the driver's own (a UUID object from Edge: turning hundreds into strings per query costs more
-# than the searches), made a string only for the returned hits.
-Rows = list[tuple[Any, float, dict[str, Any] | None]]
+# (id, score, payload or None, dense vector or None) per point, best first; one list per leg,
+# in order. The id is the driver's own (a UUID object from Edge: turning hundreds into strings
+# per query costs more than the searches), made a string only for the returned hits.
+Row = tuple[Any, float, dict[str, Any] | None, Any]
+Rows = list[Row]
 RunLegs = Callable[[list[Leg]], list[Rows]]
 
 
-def retrieve(run: RunLegs, *, mode: str, limit: int, fusion: str, weight: float) -> list[Hit]:
+def dense_of(vector: Any) -> list[float] | None:
+    """The dense part of a point's vector as either driver returns it (a list, or the named
+    form with the default vector under ``""``)."""
+    if isinstance(vector, dict):
+        vector = vector.get("")
+    return None if vector is None else [float(v) for v in vector]
+
+
+def retrieve(
+    run: RunLegs,
+    *,
+    mode: str,
+    limit: int,
+    fusion: str,
+    weight: float,
+    query: Sequence[float] | None = None,
+    feedback: int = 0,
+    feedback_weight: float = 1.0,
+) -> list[Hit]:
     """Sparse or hybrid retrieval over a backend's batched query runner ``run``.
 
     Every hit gets ``score`` = its dense cosine, ``sparse_score`` = its BM25 dot product (0.0
@@ -186,6 +210,15 @@ def retrieve(run: RunLegs, *, mode: str, limit: int, fusion: str, weight: float)
     hybrid + ``rrf``: sum of 1 / (RRF_K + rank) over the two candidate lists.
     hybrid + ``weighted``: ``weight`` * cosine + (1 - ``weight``) * sparse / max sparse of
     the candidates (every candidate's both scores fetched first).
+
+    hybrid + ``feedback`` > 0 (pseudo-relevance feedback, with ``query`` the dense query
+    vector): the first pass ranks the two candidate lists as they came (a score a list did
+    not return counts as that list's lowest: no completion batch), and the dense vectors of its
+    best ``feedback`` points, fetched in the same batch as the lists (each list's top
+    ``2 * feedback`` with vectors), move the query: ``q' = q/|q| + feedback_weight *
+    mean(v/|v|)``. The dense leg runs again with ``q'`` and the lists are fused again, exactly
+    as above, ranked by the cosine to ``q'``. ``Hit.score`` stays the cosine to ``q`` (the
+    confidence thresholds are calibrated on it). Costs one engine batch more than without.
     """
     if mode == "sparse":
         rows = run([Leg("sparse", limit)])[0]
@@ -194,25 +227,105 @@ def retrieve(run: RunLegs, *, mode: str, limit: int, fusion: str, weight: float)
         cos: dict[Any, float] = {}
     else:
         n = max(limit * HYBRID_CANDIDATES, HYBRID_MIN_CANDIDATES)
-        dense_rows, sparse_rows = run([Leg("dense", n), Leg("sparse", n)])
-        cos, sparse = _scores(dense_rows), _scores(sparse_rows)
-        if fusion == "weighted":
-            union = list(dict.fromkeys([*_ids(dense_rows), *_ids(sparse_rows)]))
-            _complete(run, union, cos, sparse)
-            top = max((sparse[i] for i in union), default=0.0) or 1.0
-            fused = {i: weight * cos[i] + (1.0 - weight) * sparse[i] / top for i in union}
-            wanted = sorted(union, key=lambda i: (-fused[i], -cos[i], i))[:limit]
+        if feedback > 0 and query is not None:
+            k = 2 * feedback
+            dense_rows, sparse_rows, dense_top, sparse_top = run(
+                [Leg("dense", n), Leg("sparse", n), Leg("dense", k, vectors=True),
+                 Leg("sparse", k, vectors=True)]
+            )  # fmt: skip
+            cos, sparse = _scores(dense_rows), _scores(sparse_rows)
+            first = _rough_fuse(dense_rows, sparse_rows, fusion, weight, feedback)
+            vectors = {r[0]: r[3] for r in (*dense_top, *sparse_top) if r[3] is not None}
+            moved = _feedback_query(run, query, first, vectors, feedback_weight)
         else:
-            rrf: dict[Any, float] = {}
-            for lst in (dense_rows, sparse_rows):
-                for r, (i, _, _) in enumerate(lst, 1):
-                    rrf[i] = rrf.get(i, 0.0) + 1.0 / (RRF_K + r)
-            wanted = sorted(rrf, key=lambda i: (-rrf[i], -cos.get(i, -2.0), i))[:limit]
+            dense_rows, sparse_rows = run([Leg("dense", n), Leg("sparse", n)])
+            cos, sparse = _scores(dense_rows), _scores(sparse_rows)
+            moved = None
+        if moved is None:
+            wanted = _fuse(run, dense_rows, sparse_rows, cos, sparse, fusion, weight, limit)
+        else:
+            dense2 = run([Leg("dense", n, query=moved)])[0]
+            cos2 = _scores(dense2)
+            wanted = _fuse(
+                run, dense2, sparse_rows, cos2, sparse, fusion, weight, limit, query=moved
+            )
     payloads = _complete(run, wanted, cos, sparse, payloads=True)
     return [
         Hit(id=str(i), score=cos[i], payload=payloads.get(i, {}), sparse_score=sparse[i], rank=r)
         for r, i in enumerate(wanted, 1)
     ]
+
+
+def _rough_fuse(
+    dense_rows: Rows, sparse_rows: Rows, fusion: str, weight: float, limit: int
+) -> list[Any]:
+    """The best ``limit`` ids of the two lists with no completion batch: a score a list did
+    not return counts as that list's lowest (an upper bound for the cosine, a near-zero BM25).
+    Good enough to pick feedback points; the final ranking is :func:`_fuse`'s."""
+    if fusion != "weighted":
+        return _fuse(lambda _legs: [], dense_rows, sparse_rows, {}, {}, fusion, weight, limit)
+    cos, sparse = _scores(dense_rows), _scores(sparse_rows)
+    low_cos = min(cos.values(), default=0.0)
+    low_sparse = min(sparse.values(), default=0.0)
+    top = max(sparse.values(), default=0.0) or 1.0
+    union = list(dict.fromkeys([*_ids(dense_rows), *_ids(sparse_rows)]))
+    fused = {
+        i: weight * cos.get(i, low_cos) + (1.0 - weight) * sparse.get(i, low_sparse) / top
+        for i in union
+    }
+    return sorted(union, key=lambda i: (-fused[i], i))[:limit]
+
+
+def _fuse(
+    run: RunLegs,
+    dense_rows: Rows,
+    sparse_rows: Rows,
+    cos: dict[Any, float],
+    sparse: dict[Any, float],
+    fusion: str,
+    weight: float,
+    limit: int,
+    *,
+    query: tuple[float, ...] | None = None,
+) -> list[Any]:
+    """The best ``limit`` ids of two candidate lists; ``cos``/``sparse`` gain the scores
+    fetched on the way (``cos`` holds the cosine to ``query`` when given)."""
+    if fusion == "weighted":
+        union = list(dict.fromkeys([*_ids(dense_rows), *_ids(sparse_rows)]))
+        _complete(run, union, cos, sparse, query=query)
+        top = max((sparse[i] for i in union), default=0.0) or 1.0
+        fused = {i: weight * cos[i] + (1.0 - weight) * sparse[i] / top for i in union}
+        return sorted(union, key=lambda i: (-fused[i], -cos[i], i))[:limit]
+    rrf: dict[Any, float] = {}
+    for lst in (dense_rows, sparse_rows):
+        for r, row in enumerate(lst, 1):
+            rrf[row[0]] = rrf.get(row[0], 0.0) + 1.0 / (RRF_K + r)
+    return sorted(rrf, key=lambda i: (-rrf[i], -cos.get(i, -2.0), i))[:limit]
+
+
+def _feedback_query(
+    run: RunLegs,
+    query: Sequence[float],
+    top: list[Any],
+    vectors: dict[Any, Any],
+    weight: float,
+) -> tuple[float, ...] | None:
+    """Rocchio: the query moved towards the mean of the ``top`` points' unit vectors (taken
+    from ``vectors``; the few missing there fetched in one batch)."""
+    missing = tuple(i for i in top if i not in vectors)
+    if missing:
+        rows = run([Leg("dense", len(missing), missing, vectors=True)])[0]
+        vectors = {**vectors, **{r[0]: r[3] for r in rows}}
+    vecs = [v for v in (dense_of(vectors.get(i)) for i in top) if v]
+    q = np.asarray(query, dtype=np.float64)
+    qn = float(np.linalg.norm(q))
+    if not vecs or qn == 0.0:
+        return None
+    m = np.asarray(vecs, dtype=np.float64)
+    m /= np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-12)
+    moved = q / qn + weight * m.mean(axis=0)
+    norm = float(np.linalg.norm(moved))
+    return None if norm == 0.0 else tuple(float(v) for v in moved / norm)
 
 
 def _complete(
@@ -222,19 +335,20 @@ def _complete(
     sparse: dict[Any, float],
     *,
     payloads: bool = False,
+    query: tuple[float, ...] | None = None,
 ) -> dict[Any, dict[str, Any]]:
     """Fetch the dense/sparse scores of ``ids`` that the candidate lists did not carry; with
     ``payloads``, also every one's payload (through an exact dense leg over all of them)."""
     need_cos = tuple(i for i in ids if i not in cos) if not payloads else tuple(ids)
     need_sparse = tuple(i for i in ids if i not in sparse)
-    legs = [Leg("dense", len(need_cos), need_cos, payloads)] if need_cos else []
+    legs = [Leg("dense", len(need_cos), need_cos, payloads, query=query)] if need_cos else []
     legs += [Leg("sparse", len(need_sparse), need_sparse)] if need_sparse else []
     out: dict[Any, dict[str, Any]] = {}
     if legs:
         for leg, rows in zip(legs, run(legs), strict=True):
             (cos if leg.kind == "dense" else sparse).update(_scores(rows))
             if leg.payload:
-                out = {i: p or {} for i, _, p in rows}
+                out = {r[0]: r[2] or {} for r in rows}
     for i in need_cos:
         cos.setdefault(i, 0.0)  # a point without a dense vector: cannot happen in upsert
     for i in need_sparse:
@@ -243,11 +357,11 @@ def _complete(
 
 
 def _scores(rows: Rows) -> dict[Any, float]:
-    return {i: s for i, s, _ in rows}
+    return {r[0]: r[1] for r in rows}
 
 
 def _ids(rows: Rows) -> tuple[Any, ...]:
-    return tuple(i for i, _, _ in rows)
+    return tuple(r[0] for r in rows)
 
 
 _WARNED_DENSE_ONLY: set[str] = set()

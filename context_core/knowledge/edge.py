@@ -23,6 +23,10 @@ A shard directory can be opened once per process (the WAL is locked), so open sh
 shared process-wide by path and reference-counted: two ``EdgeStore`` objects on one data dir
 (the router and an ingestion run in one process) use the same shard. The shard's read and
 update calls are safe from several threads; opening and closing are serialised by a lock.
+
+Cluster placement settings (``CTX_QDRANT_SHARDS``, ``CTX_QDRANT_REPLICATION``,
+``CTX_QDRANT_WRITE_CONSISTENCY``) do not apply here and are ignored: each collection is one
+local shard with no replicas. Only the server backend (:mod:`.server`) passes them on.
 """
 
 from __future__ import annotations
@@ -428,6 +432,7 @@ class EdgeStore:
         mode: str = "dense",
         fusion: str = "rrf",
         sparse: SparseVector | None = None,
+        feedback: int = 0,
     ) -> list[Hit]:
         import qdrant_edge as qe
 
@@ -459,7 +464,14 @@ class EdgeStore:
             for n, leg in enumerate(legs):
                 key = None
                 if cacheable and leg.kind == "sparse" and not leg.payload:
-                    key = (sparse.indices, sparse.values, tuple(conditions), leg.limit, leg.ids)
+                    key = (
+                        sparse.indices,
+                        sparse.values,
+                        tuple(conditions),
+                        leg.limit,
+                        leg.ids,
+                        leg.vectors,
+                    )
                     out[n], gen = entry.cached(key)
                     if out[n] is not None:
                         continue
@@ -477,7 +489,14 @@ class EdgeStore:
             return [rows or [] for rows in out]
 
         return retrieve(
-            run, mode=mode, limit=limit, fusion=fusion, weight=defaults.HYBRID_DENSE_WEIGHT
+            run,
+            mode=mode,
+            limit=limit,
+            fusion=fusion,
+            weight=defaults.HYBRID_DENSE_WEIGHT,
+            query=vec,
+            feedback=feedback,
+            feedback_weight=defaults.HYBRID_FEEDBACK_WEIGHT,
         )
 
     def _run_legs(
@@ -497,7 +516,8 @@ class EdgeStore:
         for leg in legs:
             rescore = leg.ids is not None
             if leg.kind == "dense":
-                q, params = qe.Query.Nearest(vec), EDGE.search_params(exact or rescore)
+                dense = list(leg.query) if leg.query is not None else vec
+                q, params = qe.Query.Nearest(dense), EDGE.search_params(exact or rescore)
             else:
                 q, params = query_sparse, None
             reqs.append(
@@ -506,11 +526,15 @@ class EdgeStore:
                     query=q,
                     filter=EDGE.filter(conditions, leg.ids),
                     with_payload=leg.payload,
+                    with_vector=leg.vectors or None,
                     params=params,
                 )
             )
         got = self._call(name, "search", shard.query_batch, qe.QueryBatchRequest(reqs))
-        return [[(p.id, p.score, p.payload) for p in pts] for pts in got]
+        return [
+            [(p.id, p.score, p.payload, p.vector if leg.vectors else None) for p in pts]
+            for leg, pts in zip(legs, got, strict=True)
+        ]
 
     def scroll(
         self,

@@ -615,6 +615,7 @@ class EdgeServer:
             mode=a.get("mode", "dense"),
             fusion=a.get("fusion", "rrf"),
             sparse=_sparse_in(a.get("sparse")),
+            feedback=int(a.get("feedback", 0)),
         )
         return [_hit_out(h) for h in hits]
 
@@ -635,6 +636,7 @@ class EdgeServer:
                     mode=q.get("mode", "dense"),
                     fusion=q.get("fusion", "rrf"),
                     sparse=sparse,
+                    feedback=int(q.get("feedback", 0)),
                 )
             except Exception as e:
                 out.append({"error": {"type": type(e).__name__, "message": str(e)}})
@@ -896,6 +898,7 @@ class RemoteEdgeStore:
         mode: str = "dense",
         fusion: str = "rrf",
         sparse: SparseVector | None = None,
+        feedback: int = 0,
     ) -> list[Hit]:
         _check_filter(filter)
         args = {
@@ -907,6 +910,7 @@ class RemoteEdgeStore:
             "mode": mode,
             "fusion": fusion,
             "sparse": _sparse_out(sparse),
+            "feedback": feedback,
         }
         return [_hit_in(r) for r in self._call("search", args)]
 
@@ -930,6 +934,7 @@ class RemoteEdgeStore:
                     "exact": q.exact,
                     "mode": q.mode,
                     "fusion": q.fusion,
+                    "feedback": q.feedback,
                 }
                 for q in queries
             ],

@@ -261,7 +261,10 @@ class KnowledgeMemory:
     ) -> None:
         self.store = store
         self.encoder = encoder
+        # the encoder for collections this process creates; an existing collection is read
+        # and written with the one it recorded (sparse_for)
         self.sparse = sparse or SparseEncoder()
+        self._sparse_of: dict[str, SparseEncoder] = {}
         self.settings = settings
         self.gateway = gateway
         self.main = settings.collection_main
@@ -275,6 +278,32 @@ class KnowledgeMemory:
             self.store.create_collection(
                 name, dim=self.encoder.dim, model=self.encoder.name, sparse=self.sparse.name
             )
+
+    def sparse_for(self, collection: str) -> SparseEncoder:
+        """The sparse encoder ``collection`` was written with (the tokenizer is part of its
+        identity: a query cut differently would share few terms with it); this memory's own
+        for a collection without a record. Read once per collection and process."""
+        enc = self._sparse_of.get(collection)
+        if enc is None:
+            try:
+                info = self.store.info(collection)
+            except Exception:  # unreachable now: decide on the next call
+                return self.sparse
+            recorded = info.sparse if info is not None else None
+            if recorded is None or recorded == self.sparse.name:
+                enc = self.sparse
+            else:
+                enc = SparseEncoder.from_name(recorded)
+                log.info(
+                    "collection %r keeps its sparse encoder %s (this version writes %s to new "
+                    "collections; re-ingest it to move)",
+                    collection,
+                    recorded,
+                    self.sparse.name,
+                )
+            if recorded is not None:  # none yet: ``ctx add-sparse`` may record one later
+                self._sparse_of[collection] = enc
+        return enc
 
     # --- reading ---------------------------------------------------------------------------
     def search(
@@ -338,21 +367,33 @@ class KnowledgeMemory:
             raise InvalidStoreRequestError(f"search limit must be > 0, got {k}")
         mode = mode or self.settings.retrieval_mode
         fusion = self.settings.hybrid_fusion
+        feedback = self.settings.hybrid_feedback
         check_mode(mode, fusion)
+        main = collection or self.main
         if mode != "dense" and sparse is None and query is not None:
-            sparse = self.sparse.encode_query(query)
+            sparse = self.sparse_for(main).encode_query(query)
         if sparse is None or not len(sparse):
             mode = "dense"
-        main = collection or self.main
         base: dict[str, Any] = {"section": section} if section else {}
         queries: list[SearchQuery] = []
         if main != self.hot:
-            queries.append(SearchQuery(main, k, base or None, mode=mode, fusion=fusion))
+            queries.append(
+                SearchQuery(main, k, base or None, mode=mode, fusion=fusion, feedback=feedback)
+            )
         if (include_hot or main == self.hot) and (hot_scopes is None or hot_scopes):
             hot_filter: Filter = {**base, "expires_at": {"gt": self._clock()}}
             if hot_scopes is not None:
                 hot_filter = {**hot_filter, "namespace": list(hot_scopes)}
-            queries.append(SearchQuery(self.hot, k, hot_filter, mode=mode, fusion=fusion))
+            hot_mode = mode
+            if (
+                mode != "dense"
+                and main != self.hot
+                and self.sparse_for(self.hot).name != self.sparse_for(main).name
+            ):
+                hot_mode = "dense"  # one query vector per batch: its terms fit main only
+            # no feedback on the hot collection: a few hundred short answers, where a second
+            # dense pass costs as much as on main and its neighbours add little
+            queries.append(SearchQuery(self.hot, k, hot_filter, mode=hot_mode, fusion=fusion))
         hits: list[Hit] = []
         # main and hot in one batch (one round trip through the edge server)
         answers = search_batch(
@@ -453,7 +494,7 @@ class KnowledgeMemory:
         refuse_session_data(payload, where=f"hot upsert for source {source!r}")
         pid = hot_point_id(stored_source, content_hash)
         vector = self.encoder.encode([clean_text])[0]
-        sparse = self.sparse.encode_documents([clean_text])[0]
+        sparse = self.sparse_for(self.hot).encode_documents([clean_text])[0]
         self.store.upsert(self.hot, [PointRecord(pid, vector, payload, sparse)])
         return pid
 
@@ -465,13 +506,14 @@ class KnowledgeMemory:
         ``optimize`` builds the HNSW graph afterwards (Qdrant Edge does not do it by itself).
         """
         where = f"l3:{collection}"
+        encoder = self.sparse_for(collection)
         cleaned: list[PointRecord] = []
         for r in records:
             refuse_session_data(r.payload, where=f"point {r.id} for {collection!r}")
             payload = self.gateway.clean(r.payload, where=where)
             # the sparse terms come from the cleaned text: a redacted secret leaves no term
             text = payload.get("text")
-            sparse = self.sparse.encode_documents([text])[0] if isinstance(text, str) else None
+            sparse = encoder.encode_documents([text])[0] if isinstance(text, str) else None
             cleaned.append(PointRecord(r.id, r.vector, payload, sparse))
         self.store.upsert(collection, cleaned)
         if optimize and cleaned:

@@ -10,6 +10,13 @@ The collection's embedding model and dimension are recorded in the collection's 
 record travels with the collection in snapshots and needs no reserved point. ``ctx_sparse``
 names the sparse encoder when the collection has the named sparse vector (IDF modifier); a
 dense-only collection gains it in place (``create_vector_name``, then ``update_vectors``).
+
+**Placement** (a cluster): the collections this store creates get ``shard_number``,
+``replication_factor`` and ``write_consistency_factor`` from ``CTX_QDRANT_SHARDS``,
+``CTX_QDRANT_REPLICATION`` and ``CTX_QDRANT_WRITE_CONSISTENCY`` (Qdrant's defaults, 1, unless
+set). They are fixed at creation: an existing collection keeps its own (re-shard it with
+Qdrant's tools, or drop it and let the refresh job rebuild it). The local ``:memory:`` mode
+accepts and ignores them; so does the Edge backend, which has one local shard per collection.
 """
 
 from __future__ import annotations
@@ -55,18 +62,45 @@ from context_core.knowledge.store import (
     vector_list,
 )
 
-__all__ = ["QdrantServerStore"]
+__all__ = ["QdrantServerStore", "collection_placement"]
 
 T = TypeVar("T")
 _UPSERT_BATCH = 512
 
 
+def collection_placement(shards: int, replication: int, write_consistency: int) -> dict[str, int]:
+    """The ``create_collection`` arguments that place a collection on a cluster's peers."""
+    if shards < 1 or replication < 1 or write_consistency < 1:
+        raise InvalidStoreRequestError(
+            f"shards ({shards}), replication ({replication}) and write consistency "
+            f"({write_consistency}) must each be at least 1"
+        )
+    if write_consistency > replication:
+        raise InvalidStoreRequestError(
+            f"write consistency {write_consistency} exceeds the replication factor {replication}"
+        )
+    return {
+        "shard_number": shards,
+        "replication_factor": replication,
+        "write_consistency_factor": write_consistency,
+    }
+
+
 class QdrantServerStore:
     """:class:`~context_core.knowledge.store.VectorStore` over a ``QdrantClient``."""
 
-    def __init__(self, client: Any, *, where: str | None = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        *,
+        where: str | None = None,
+        shards: int = defaults.QDRANT_SHARDS,
+        replication: int = defaults.QDRANT_REPLICATION,
+        write_consistency: int = defaults.QDRANT_WRITE_CONSISTENCY,
+    ) -> None:
         self._client = client
         self.where = where or "a Qdrant client"
+        self.placement = collection_placement(shards, replication, write_consistency)
         self._meta: dict[str, tuple[str, int]] = {}
         self._sparse: dict[str, str | None] = {}
 
@@ -78,16 +112,26 @@ class QdrantServerStore:
         api_key: str | None = None,
         timeout: int = 10,
         check_compatibility: bool = True,
+        shards: int = defaults.QDRANT_SHARDS,
+        replication: int = defaults.QDRANT_REPLICATION,
+        write_consistency: int = defaults.QDRANT_WRITE_CONSISTENCY,
     ) -> QdrantServerStore:
-        """``url`` of a server/cluster, or ":memory:" for qdrant-client's local mode."""
+        """``url`` of a server/cluster, or ":memory:" for qdrant-client's local mode.
+        ``shards`` / ``replication`` / ``write_consistency``: the placement of the
+        collections this store creates (see the module docstring)."""
         from qdrant_client import QdrantClient
 
+        placement = {
+            "shards": shards,
+            "replication": replication,
+            "write_consistency": write_consistency,
+        }
         if url == ":memory:":
-            return cls(QdrantClient(":memory:"), where=":memory:")
+            return cls(QdrantClient(":memory:"), where=":memory:", **placement)
         client = QdrantClient(
             url=url, api_key=api_key, timeout=timeout, check_compatibility=check_compatibility
         )
-        return cls(client, where=url)
+        return cls(client, where=url, **placement)
 
     def _call(self, name: str, what: str, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         try:
@@ -178,6 +222,7 @@ class QdrantServerStore:
                 "distance": "cosine",
                 **({"ctx_sparse": sparse} if sparse is not None else {}),
             },
+            **self.placement,
         )
         with warnings.catch_warnings():
             # The local (":memory:") mode warns that it ignores payload indexes; a server uses them.
@@ -312,6 +357,7 @@ class QdrantServerStore:
         mode: str = "dense",
         fusion: str = "rrf",
         sparse: SparseVector | None = None,
+        feedback: int = 0,
     ) -> list[Hit]:
         check_mode(mode, fusion)
         vec = vector_list(vector, collection=name, dim=self._dim(name))
@@ -320,7 +366,7 @@ class QdrantServerStore:
             mode = "dense"
         if mode != "dense" and sparse is not None and len(sparse):
             return self._retrieve(
-                name, vec, sparse, parse_filter(filter), exact, mode, fusion, limit
+                name, vec, sparse, parse_filter(filter), exact, mode, fusion, limit, feedback
             )
         with warnings.catch_warnings():
             # The local mode is always exact and warns that search_params do nothing there.
@@ -348,6 +394,7 @@ class QdrantServerStore:
         mode: str,
         fusion: str,
         limit: int,
+        feedback: int = 0,
     ) -> list[Hit]:
         from qdrant_client import models
 
@@ -358,13 +405,15 @@ class QdrantServerStore:
             for leg in legs:
                 rescore = leg.ids is not None
                 dense = leg.kind == "dense"
+                q_dense = list(leg.query) if leg.query is not None else vec
                 reqs.append(
                     models.QueryRequest(
-                        query=vec if dense else query_sparse,
+                        query=q_dense if dense else query_sparse,
                         using=None if dense else SPARSE_NAME,
                         filter=SERVER.filter(conditions, leg.ids),
                         limit=leg.limit,
                         with_payload=leg.payload,
+                        with_vector=leg.vectors,
                         params=SERVER.search_params(exact or rescore) if dense else None,
                     )
                 )
@@ -373,10 +422,23 @@ class QdrantServerStore:
                 got = self._call(
                     name, "search", self._client.query_batch_points, name, requests=reqs
                 )
-            return [[(str(p.id), float(p.score), p.payload) for p in r.points] for r in got]
+            return [
+                [
+                    (str(p.id), float(p.score), p.payload, p.vector if leg.vectors else None)
+                    for p in r.points
+                ]
+                for leg, r in zip(legs, got, strict=True)
+            ]
 
         return retrieve(
-            run, mode=mode, limit=limit, fusion=fusion, weight=defaults.HYBRID_DENSE_WEIGHT
+            run,
+            mode=mode,
+            limit=limit,
+            fusion=fusion,
+            weight=defaults.HYBRID_DENSE_WEIGHT,
+            query=vec,
+            feedback=feedback,
+            feedback_weight=defaults.HYBRID_FEEDBACK_WEIGHT,
         )
 
     def scroll(

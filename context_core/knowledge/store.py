@@ -270,7 +270,8 @@ class SearchQuery:
 
     ``mode`` is one of :data:`RETRIEVAL_MODES`; sparse and hybrid need the batch's sparse
     vector and a collection with sparse vectors, otherwise they run as dense. ``fusion``
-    (hybrid only) is one of ``FUSIONS``.
+    (hybrid only) is one of ``FUSIONS``; ``feedback`` (hybrid only) is the number of
+    first-pass hits whose vectors move the dense query (pseudo-relevance feedback, 0: none).
     """
 
     name: str
@@ -279,6 +280,7 @@ class SearchQuery:
     exact: bool = False
     mode: str = "dense"
     fusion: str = "rrf"
+    feedback: int = 0
 
 
 def check_mode(mode: str, fusion: str = "rrf") -> None:
@@ -315,6 +317,8 @@ def search_batch(
             extra: dict[str, Any] = {"exact": True} if q.exact else {}
             if q.mode != "dense" and modes:
                 extra.update(mode=q.mode, fusion=q.fusion, sparse=sparse)
+                if q.feedback:
+                    extra["feedback"] = q.feedback
             out.append(store.search(q.name, vector, limit=q.limit, filter=q.filter, **extra))
         except Exception as e:  # handed back to the caller, who decides per query
             out.append(e)
@@ -384,10 +388,12 @@ class VectorStore(Protocol):
         mode: str = "dense",
         fusion: str = "rrf",
         sparse: SparseVector | None = None,
+        feedback: int = 0,
     ) -> list[Hit]:
         """Top ``limit`` by cosine similarity (mode dense), BM25 (sparse, with ``sparse`` the
-        query's sparse vector) or both fused (hybrid); ``exact=True`` bypasses the HNSW graph.
-        A collection without sparse vectors answers sparse and hybrid as dense."""
+        query's sparse vector) or both fused (hybrid, with ``feedback`` first-pass hits moving
+        the dense query); ``exact=True`` bypasses the HNSW graph. A collection without sparse
+        vectors answers sparse and hybrid as dense."""
         ...
 
     def scroll(
@@ -435,7 +441,13 @@ def open_store(settings: Settings) -> VectorStore:
         from context_core.knowledge.server import QdrantServerStore
 
         key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
-        return QdrantServerStore.connect(settings.qdrant_url, api_key=key)
+        return QdrantServerStore.connect(
+            settings.qdrant_url,
+            api_key=key,
+            shards=settings.qdrant_shards,
+            replication=settings.qdrant_replication,
+            write_consistency=settings.qdrant_write_consistency,
+        )
     if settings.edge_socket is not None:
         from context_core.knowledge.edge_server import RemoteEdgeStore
 

@@ -6,7 +6,9 @@ Four measurements, each with a baseline from the same run:
    result hash and one API response of the session from L2, as one pipelined round trip
    (``SessionMemory.fetch_bundle``) and as two separate calls. Baseline: a bare PING on the
    same connection (the loopback floor), and the reference design's 22 ms figure; target
-   p99 <= 1 ms. Rows for the system Redis and for the embedded Valkey.
+   p99 <= 1 ms. Rows for the system Redis and for the embedded Valkey, and for a Redis
+   Cluster when ``--cluster-url`` names one (``redis+cluster://host:port``, e.g. the one
+   ``python tests/redis_cluster.py DIR`` starts): the same code through the cluster client.
 2. **Step write under a stored plan** (``SessionMemory.put_step_result``: one Lua call that
    reads the session's plan and writes the hash with the plan's TTL) against the write it
    replaced: gateway clean + MULTI of DEL, HSET, EXPIRE with a TTL from an in-process plan.
@@ -16,7 +18,8 @@ Four measurements, each with a baseline from the same run:
 4. **Series window**: ZADD + ZREMRANGEBYRANK against LPUSH + LTRIM, both in one MULTI per
    point, keeping a 1,000-point window on the same connection.
 
-Run: ``python -m benchmarks.l2_latency [--iterations N] [--redis-url URL] [--no-valkey]``.
+Run: ``python -m benchmarks.l2_latency [--iterations N] [--redis-url URL] [--no-valkey]
+[--cluster-url redis+cluster://HOST:PORT] [--report PATH]``.
 """
 
 from __future__ import annotations
@@ -36,7 +39,14 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from benchmarks._common import markdown_table, print_table, summarize_ms, time_calls, write_section
+from benchmarks._common import (
+    REPORT,
+    markdown_table,
+    print_table,
+    summarize_ms,
+    time_calls,
+    write_section,
+)
 
 if TYPE_CHECKING:
     from context_core.platform import Platform
@@ -157,7 +167,8 @@ def _write_rows(label: str, url: str, iterations: int) -> list[dict[str, Any]]:
             mapping["_stored_at"] = repr(time.time())
             ttl = ttl_from_plan("diagnose", plan, default_ttl_s=900)
             pipe = client.pipeline(transaction=True)
-            pipe.delete(old_key).hset(old_key, mapping=mapping).expire(old_key, ttl)
+            pipe.delete(old_key)  # not chained: a cluster pipeline's delete() returns None
+            pipe.hset(old_key, mapping=mapping).expire(old_key, ttl)
             pipe.execute()
 
         def lua_stored_plan() -> None:
@@ -260,8 +271,20 @@ def _memory_rows(n: int) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------------------
 
 
+def _client(url: str, **kwargs: Any) -> Any:
+    """A plain client, or a cluster client for ``redis+cluster://`` URLs."""
+    from redis.cluster import RedisCluster
+
+    from context_core.redis_conn import split_cluster_url
+
+    plain, cluster = split_cluster_url(url)
+    return (
+        RedisCluster.from_url(plain, **kwargs) if cluster else redis.Redis.from_url(url, **kwargs)
+    )
+
+
 def _series_rows(label: str, url: str, ops: int, window: int) -> list[dict[str, Any]]:
-    client = redis.Redis.from_url(url, decode_responses=True)
+    client = _client(url, decode_responses=True)
     tag = uuid.uuid4().hex[:10]
     zkey, lkey = f"wm:{{bench-{tag}}}:series:z", f"wm:{{bench-{tag}}}:series:l"
     try:
@@ -338,6 +361,16 @@ def _servers(args: argparse.Namespace, stack: list[Any]) -> list[tuple[str, str]
         )
         stack.append(valkey)
         servers.append(("Valkey (embedded)", valkey.provider.url))
+    if args.cluster_url:
+        try:
+            c = _client(args.cluster_url, socket_connect_timeout=1.0)
+            info = c.info("server")
+            masters = len(c.get_primaries())
+            c.close()
+            label = f"Redis {info.get('redis_version', '?')} Cluster ({masters} masters)"
+            servers.append((label, args.cluster_url))
+        except (redis.RedisError, redis.exceptions.RedisClusterException) as e:
+            print(f"skipping {args.cluster_url}: {e}", file=sys.stderr)
     return servers
 
 
@@ -352,6 +385,14 @@ def main(argv: list[str]) -> int:
         help=f"system Redis to measure (default {DEFAULT_REDIS})",
     )
     ap.add_argument("--no-valkey", action="store_true", help="skip the embedded Valkey rows")
+    ap.add_argument(
+        "--cluster-url",
+        default=os.environ.get("CTX_BENCH_CLUSTER_URL"),
+        help="also measure this Redis Cluster (redis+cluster://host:port)",
+    )
+    ap.add_argument(
+        "--report", type=Path, default=REPORT, help=f"markdown report to update (default {REPORT})"
+    )
     args = ap.parse_args(argv)
 
     stack: list[Any] = []
@@ -388,7 +429,9 @@ def main(argv: list[str]) -> int:
         + f"\nSeries window writes, {args.series_ops:,} points per row, same connection:\n\n"
         + markdown_table(series)
     )
-    write_section("l2", "L2 working memory: bundle latency, L1 size, series window", body)
+    write_section(
+        "l2", "L2 working memory: bundle latency, L1 size, series window", body, report=args.report
+    )
     return 0
 
 

@@ -50,7 +50,9 @@ if args.get("dag_id"):
         raise SystemExit(f"no DAG {args['dag_id']!r} in {args['dags_folder']}")
     dr = dag.test(run_conf=args.get("conf"))
     out["run"] = {"state": str(dr.state), "run_id": dr.run_id,
-                  "tasks": {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}}
+                  "tasks": {ti.task_id: str(ti.state) for ti in dr.get_task_instances()},
+                  "seconds": (dr.end_date - dr.start_date).total_seconds()
+                  if dr.start_date and dr.end_date else None}
 print("@@AIRFLOW@@" + json.dumps(out), flush=True)
 """
 
@@ -134,7 +136,8 @@ class LocalAirflow:
     ) -> dict[str, Any]:
         """Parse every DAG and, given ``dag_id``, ``dag.test()`` it once.
 
-        Returns ``{"import_errors", "dags": {id: {...}}, "run": {"state", "run_id", "tasks"}}``.
+        Returns ``{"import_errors", "dags": {id: {...}}, "run": {"state", "run_id", "tasks",
+        "seconds"}}`` (``seconds``: the run's start to end, as Airflow recorded them).
         Airflow's own output goes to ``log_path`` when given. Raises :class:`AirflowRunError`
         with the tail of the output when the interpreter crashes.
         """

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import redis
 
 from context_core.config import Settings
 from context_core.errors import ConfigError, ModelLoadError
+from context_core.redis_conn import REDIS_ERRORS, RedisClient
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; the real import is lazy (torch is heavy)
     from sentence_transformers import SentenceTransformer
@@ -155,7 +155,7 @@ class Encoder:
         spec: ModelSpec,
         model: SentenceTransformer,
         *,
-        redis_client: redis.Redis | None = None,
+        redis_client: RedisClient | None = None,
         cache_ttl_s: int = 86_400,
         batch_size: int = 64,
     ) -> None:
@@ -265,7 +265,7 @@ class Encoder:
             return np.frombuffer(local, dtype=np.float32).copy()
         try:
             raw = self._redis.get(key)
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             log.warning("embedding cache read failed (%s); embedding without cache", e)
             uncached: np.ndarray = self.encode([text])[0]
             return uncached
@@ -275,7 +275,7 @@ class Encoder:
         vec: np.ndarray = self.encode([text])[0]
         try:
             self._redis.set(key, vec.tobytes(), ex=self._ttl)
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             log.warning("embedding cache write failed (%s)", e)
         self._remember(key, vec.astype(np.float32).tobytes())
         return vec
@@ -288,7 +288,7 @@ class Encoder:
                 self._recent.popitem(last=False)
 
 
-def load_encoder(settings: Settings, *, redis_client: redis.Redis | None = None) -> Encoder:
+def load_encoder(settings: Settings, *, redis_client: RedisClient | None = None) -> Encoder:
     """The encoder named by ``CTX_EMBED_MODEL``; the weights are loaded once per process.
 
     ``redis_client`` must return bytes (``RedisProvider.client(decode_responses=False)``):

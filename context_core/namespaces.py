@@ -13,6 +13,12 @@ Redis layout (the ``{<name>}`` hash tag keeps a namespace in one cluster slot):
 * ``ns:{<name>}:kv:<key>`` - JSON ``{"v": value, "stored_at": epoch}``, expiring after the
   namespace's TTL (or a per-write TTL).
 
+On a Redis Cluster: :meth:`NamespaceRegistry.create`'s MULTI touches only ``meta`` and
+``acl`` of one namespace (one slot); :meth:`NamespaceRegistry.drop` SCANs every master (the
+cluster client's ``scan_iter`` walks each primary) and deletes keys of that one slot; the ACL
+marker is a key of its own. Namespace writes are not waited for by ``CTX_REDIS_MIN_REPLICAS``
+(shared context, re-written by its owners; L2 and the service's session records are).
+
 Every write passes the sanitize gateway. Every denial raises :class:`AccessDeniedError` *and*
 appends an audit line to ``<data_dir>/audit/access.jsonl`` (agent, purpose, namespace, key,
 reason; never the value), so a misbehaving agent leaves evidence even if it swallows errors.
@@ -38,14 +44,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from context_core.errors import (
     AccessDeniedError,
     BackendUnavailableError,
     ConfigError,
     ContextMissError,
 )
+from context_core.redis_conn import REDIS_ERRORS, RedisClient
 
 if TYPE_CHECKING:
     from context_core.config import Settings
@@ -119,7 +124,7 @@ class NamespaceRegistry:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: RedisClient,
         gateway: Gateway,
         *,
         audit_path: Path | None = None,
@@ -192,7 +197,7 @@ class NamespaceRegistry:
             for agent, grant in (acl or {}).items():
                 pipe.hset(self._acl_key(name), agent, grant.to_json())
             pipe.execute()
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             raise BackendUnavailableError(f"could not create namespace {name!r}: {e}") from e
 
     def grant(
@@ -273,7 +278,7 @@ class NamespaceRegistry:
         doc = json.dumps({"v": clean, "stored_at": time.time()}, ensure_ascii=False)
         try:
             self._r.set(rkey, doc, ex=ttl)
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             raise BackendUnavailableError(f"could not write {rkey}: {e}") from e
         return rkey
 
@@ -286,7 +291,7 @@ class NamespaceRegistry:
             pipe.get(rkey)
             pipe.pttl(rkey)
             raw, pttl = pipe.execute()
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             raise BackendUnavailableError(f"could not read {rkey}: {e}") from e
         if raw is None:
             raise ContextMissError(rkey, f"shared namespace {name!r} has no (live) key {key!r}")
@@ -412,7 +417,7 @@ class AclSync:
                     len(self.grants),
                 )
                 self.sync()
-            except (redis.RedisError, BackendUnavailableError) as e:
+            except (*REDIS_ERRORS, BackendUnavailableError) as e:
                 self._next = 0.0  # check again on the next call
                 log.debug("namespace ACL check failed: %s", e)
                 return False

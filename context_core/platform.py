@@ -20,14 +20,13 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from context_core.config import Settings
 from context_core.errors import BackendUnavailableError
+from context_core.redis_conn import REDIS_ERRORS, RedisClient, make_client, split_cluster_url
 
 if TYPE_CHECKING:
     from context_core.confidence import PolicySource
@@ -48,25 +47,25 @@ __all__ = ["Platform", "build_platform", "fail_fast_client"]
 log = logging.getLogger(__name__)
 
 WARM_UP_TEXT = "warm-up"
-RedisClient = redis.Redis  # alias: the Platform property named ``redis`` shadows the module
 
 
 def fail_fast_client(
     url: str, *, decode_responses: bool = True, timeout_s: float, connect_timeout_s: float
-) -> redis.Redis:
+) -> RedisClient:
     """A client for a request path: every command gives up after ``timeout_s``.
 
     A broken connection (reset by a restarted server) is retried once, immediately, on a new
     connection; a timeout is not retried, since a hung server would just cost the time twice.
+    A ``redis+cluster://`` URL gives a cluster client (:func:`context_core.redis_conn.make_client`);
+    the platform itself asks its provider, which also detects a cluster behind a plain URL.
     """
-    return redis.Redis.from_url(
+    return make_client(
         url,
+        cluster=split_cluster_url(url)[1],
         decode_responses=decode_responses,
-        socket_connect_timeout=connect_timeout_s,
         socket_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
-        retry_on_error=[redis.ConnectionError],
-        health_check_interval=0,
+        socket_connect_timeout=connect_timeout_s,
+        fail_fast=True,
     )
 
 
@@ -162,27 +161,38 @@ class Platform:
         if not self.fail_fast_redis:
             return self.provider.client(decode_responses=decode_responses)  # provider closes it
         provider = self.provider
-        client = fail_fast_client(
-            provider.url,
-            decode_responses=decode_responses,
-            timeout_s=self.settings.service_redis_timeout_s,
-            connect_timeout_s=self.settings.service_redis_connect_timeout_s,
-        )
+        try:  # a cluster client already asks a node for the slot map here
+            client = provider.new_client(
+                decode_responses=decode_responses,
+                socket_timeout=self.settings.service_redis_timeout_s,
+                socket_connect_timeout=self.settings.service_redis_connect_timeout_s,
+                fail_fast=True,
+            )
+        except REDIS_ERRORS as e:
+            raise BackendUnavailableError(
+                f"Redis at {provider.safe_url} did not answer PING ({e}); fix CTX_REDIS_URL"
+            ) from e
         what = "redis client" if decode_responses else "redis client (bytes)"
         self._track(what, client.close)
         if decode_responses:
             try:
                 client.ping()
-            except redis.RedisError as e:
+            except REDIS_ERRORS as e:
                 raise BackendUnavailableError(
                     f"Redis at {provider.safe_url} did not answer PING ({e}); fix CTX_REDIS_URL"
                 ) from e
         return client
 
     @cached_property
-    def redis(self) -> RedisClient:
-        """The text client (``decode_responses=True``): L2, namespaces, owners."""
-        return self._client(decode_responses=True)
+    def redis(self) -> redis.Redis:
+        """The text client (``decode_responses=True``): L2, namespaces, owners.
+
+        A :class:`redis.cluster.RedisCluster` when the server is a Redis Cluster (see
+        :mod:`context_core.redis_conn`); it answers the same command methods. Typed as
+        ``redis.Redis`` only for callers outside the library still annotated so
+        (``evaluation/health.py``); the library's own parts take ``RedisClient``.
+        """
+        return cast(redis.Redis, self._client(decode_responses=True))
 
     @cached_property
     def redis_bin(self) -> RedisClient:

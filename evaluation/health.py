@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from context_core.fsutil import atomic_write_text
+from context_core.redis_conn import is_cluster_client
 
 if TYPE_CHECKING:
     import redis
@@ -215,14 +216,26 @@ def sample_l2(
         (p, c, statistics.fmean(idle[p]) if idle.get(p) else None)
         for p, c in sorted(counts.items(), key=lambda pc: (-pc[1], pc[0]))[:top]
     )
-    info = client.info("stats")
-    server = client.info("server")
+    if is_cluster_client(client):  # every primary's figures: one node holds a third
+        from redis.cluster import RedisCluster
+
+        primaries = RedisCluster.PRIMARIES
+        stats = client.info("stats", target_nodes=primaries)
+        servers = client.info("server", target_nodes=primaries)
+        dbsize = int(client.dbsize(target_nodes=primaries))
+        expired = sum(int(i.get("expired_keys", 0)) for i in stats.values())
+        run_id = ",".join(str(servers[n].get("run_id", "")) for n in sorted(servers))
+    else:
+        info = client.info("stats")
+        dbsize = int(client.dbsize())
+        expired = int(info.get("expired_keys", 0))
+        run_id = str(client.info("server").get("run_id", ""))
     return L2Stats(
-        dbsize=int(client.dbsize()),
+        dbsize=dbsize,
         wm_keys=wm,
         wm_keys_exact=exact,
-        expired_keys_total=int(info.get("expired_keys", 0)),
-        run_id=str(server.get("run_id", "")),
+        expired_keys_total=expired,
+        run_id=run_id,
         sampled=len(sample),
         hot_patterns=hot,
     )

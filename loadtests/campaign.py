@@ -4,6 +4,12 @@ Everything runs on loopback and is bounded in time. The campaign owns every serv
 (an embedded Valkey on a free port, the service as a uvicorn subprocess) and stops them all,
 also on errors; a fault drill only ever restarts the Valkey it started itself.
 
+Locust runs as one process, or (``locust_workers`` > 0) as Locust's own master plus that many
+worker processes on this machine: the master binds a free loopback port, runs the shape, the
+sampler and the verdict; the workers run the users. The campaign stops every worker when the
+master ends, also on errors. Load generators on other machines join a plain Locust master
+instead (see ``loadtests/locustfile.py``): a campaign's service listens on loopback only.
+
 When it starts the service, it compresses the service's TTLs with the sessions
 (:func:`loadtests.shapes.scaled_ttls` by ``RunPlan.ttl_factor``, passed as ``CTX_*``
 variables to the subprocess) and tells Locust the factor, so the expired-keys gate counts
@@ -62,6 +68,7 @@ class CampaignConfig:
     sample_every_s: float = 2.0
     seed_knowledge: bool = True
     service_workers: int = 1  # > 1: uvicorn workers + an edge server owning the Edge shards
+    locust_workers: int = 0  # > 0: a Locust master + this many worker processes
 
 
 @dataclass
@@ -111,6 +118,83 @@ def _stop_service(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=5)
 
 
+def _stop_process(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM a process still running, SIGKILL after ``grace_s``."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
+def _run_locust(
+    cmd: list[str],
+    workers: int,
+    run_dir: Path,
+    timeout_s: float,
+    procs: list[subprocess.Popen[bytes]],
+    notes: list[str],
+    say: Callable[[str], None],
+) -> int:
+    """Run Locust to the end and return the exit code of the process holding the verdict.
+
+    ``workers`` > 0: ``cmd`` becomes a master bound to a free loopback port that waits (at
+    most 60 s) for that many ``--worker`` processes, started next to it with their own logs
+    (``locust-worker-<i>.log``). The workers quit when the master tells them (after their
+    final stats report); any still running 15 s after the master ended are stopped. Every
+    process started is appended to ``procs`` first, so the caller's cleanup reaches it.
+    """
+    worker_cmds: list[list[str]] = []
+    if workers > 0:
+        port = _free_port()
+        cmd = [
+            *cmd, "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
+            "--expect-workers", str(workers), "--expect-workers-max-wait", "60",
+        ]  # fmt: skip
+        worker = [
+            sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--worker",
+            "--master-host", "127.0.0.1", "--master-port", str(port), "--loglevel", "WARNING",
+        ]  # fmt: skip
+        worker_cmds = [list(worker) for _ in range(workers)]
+    logs = []
+    try:
+        logs.append((run_dir / "locust.log").open("wb"))
+        master = subprocess.Popen(cmd, stdout=logs[0], stderr=subprocess.STDOUT)
+        procs.append(master)
+        wprocs: list[subprocess.Popen[bytes]] = []
+        for i, wcmd in enumerate(worker_cmds):
+            logs.append((run_dir / f"locust-worker-{i}.log").open("wb"))
+            wprocs.append(subprocess.Popen(wcmd, stdout=logs[-1], stderr=subprocess.STDOUT))
+            procs.append(wprocs[-1])
+        if worker_cmds:
+            say(f"locust master on 127.0.0.1:{port}, {workers} workers (logs in {run_dir})")
+        try:
+            rc = master.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop_process(master, grace_s=10.0)
+            rc = 124
+            notes.append("Locust did not finish within duration + 120 s and was killed")
+        deadline = time.monotonic() + 15.0
+        for i, proc in enumerate(wprocs):
+            try:
+                wrc = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _stop_process(proc, grace_s=5.0)
+                notes.append(f"Locust worker {i} still ran after the master ended; stopped")
+                continue
+            if wrc != 0:
+                tail = (run_dir / f"locust-worker-{i}.log").read_text(errors="replace")
+                last = " / ".join(tail.strip().splitlines()[-3:])
+                notes.append(f"Locust worker {i} exited with code {wrc}: {last}")
+        return rc
+    finally:
+        for fh in logs:
+            fh.close()
+
+
 def _wait_ready(url: str, proc: subprocess.Popen[bytes] | None, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     last = "no answer"
@@ -137,11 +221,15 @@ def validate(cfg: CampaignConfig) -> None:
             "server given with --redis-url. Drop --redis-url."
         )
     if cfg.service_workers < 1:
-        raise ConfigError(f"--workers must be at least 1, got {cfg.service_workers}")
+        raise ConfigError(f"--service-workers must be at least 1, got {cfg.service_workers}")
+    if cfg.locust_workers < 0:
+        raise ConfigError(f"--workers (Locust) must be 0 or more, got {cfg.locust_workers}")
     if cfg.service_url:
         _check_loopback(cfg.service_url, "--service-url")
         if cfg.service_workers > 1:
-            raise ConfigError("--workers sizes the service the campaign starts; drop --service-url")
+            raise ConfigError(
+                "--service-workers sizes the service the campaign starts; drop --service-url"
+            )
         if cfg.fault is not None:
             raise ConfigError("--fault needs the campaign to start the service; drop --service-url")
         if cfg.keys_file is None:
@@ -186,6 +274,7 @@ def run_campaign(
     valkey: Any = None
     edge: subprocess.Popen[bytes] | None = None
     service: subprocess.Popen[bytes] | None = None
+    locust_procs: list[subprocess.Popen[bytes]] = []
     drill: RedisRestartDrill | None = None
     fault_checks: list[FaultCheck] = []
     canary_before: dict[str, Any] | None = None
@@ -303,15 +392,11 @@ def run_campaign(
         say(
             f"locust: {cfg.profile} for {run_plan.duration_s:.0f} s, time x{run_plan.time_scale:g}"
             f", rate x{cfg.rate_scale:g} (peak {_peak(run_plan):.1f} req/s)"
+            + (f", master + {cfg.locust_workers} workers" if cfg.locust_workers else "")
         )
-        with (run_dir / "locust.log").open("wb") as lfh:
-            try:
-                locust_rc = subprocess.run(
-                    cmd, stdout=lfh, stderr=subprocess.STDOUT, timeout=run_plan.duration_s + 120
-                ).returncode
-            except subprocess.TimeoutExpired:
-                locust_rc = 124
-                notes.append("Locust did not finish within duration + 120 s and was killed")
+        locust_rc = _run_locust(
+            cmd, cfg.locust_workers, run_dir, run_plan.duration_s + 120, locust_procs, notes, say
+        )
         if locust_rc not in (0, 1):
             tail = (run_dir / "locust.log").read_text(errors="replace").strip().splitlines()[-3:]
             notes.append(f"Locust exited with code {locust_rc}: " + " / ".join(tail))
@@ -327,6 +412,8 @@ def run_campaign(
             assert canary_before is not None
             fault_checks = drill.checks(canary_before, after)
     finally:
+        for proc in locust_procs:  # on errors; after a normal end they have exited already
+            _stop_process(proc, grace_s=5.0)
         if drill is not None:
             drill.join(timeout=5)
         if service is not None:

@@ -6,6 +6,22 @@
 ``ctx loadtest PROFILE`` runs this for you (service, Valkey, keys, report). Every option can
 also come from the environment (``LOCUST_CTX_PROFILE``, ``LOCUST_RATE_SCALE``, ...), which is how
 the docker-compose master gets its settings.
+
+**Distributed** (Locust's own master and workers; ``ctx loadtest --workers N`` starts
+them on this machine)::
+
+    locust -f loadtests/locustfile.py --master --headless --expect-workers 2 \
+        --host http://SERVICE:8080 --ctx-profile short_sessions ... --samples-out s.json
+    locust -f loadtests/locustfile.py --worker --master-host MASTER   # on each load machine
+
+Workers need only the locustfile: the master hands them its options (profile, rate, keys
+file path: the keys file must exist at that path on every worker machine) with each spawn
+message. The shape ticks on the master; the sampler and the verdict run there too. Before
+each sample the master asks every worker to flush its stats (the ``ctx_flush_stats`` custom
+message, answered by an immediate stats report tagged with the request's number) and waits
+for all of them, so a sample's counters and histograms stop at the same instant on every
+worker; a sample some worker did not answer in time is marked ``stats_synced=False`` and
+never ends a gate's window (:func:`loadtests.slo.held_samples`).
 """
 
 from __future__ import annotations
@@ -17,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import gevent
+import gevent.event
 from locust import LoadTestShape, events
-from locust.runners import WorkerRunner
+from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
 if __package__ in (None, ""):  # run as a file by locust: make `loadtests` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -29,10 +46,95 @@ from loadtests.shapes import PROFILES
 from loadtests.slo import GATES, evaluate
 from loadtests.user import RUN_STARTED, ContextAgent, plan_from_options
 
-__all__ = ["ContextAgent", "ProfileShape"]
+__all__ = ["ContextAgent", "ProfileShape", "StatsFlush"]
 
 log = logging.getLogger("loadtests")
 _state: dict[str, Any] = {}
+
+#: Custom message master -> workers: "report your stats now" (data: {"seq": n}).
+FLUSH_MESSAGE = "ctx_flush_stats"
+#: Key of the report_to_master payload carrying the last flush request a worker received.
+FLUSH_SEQ = "ctx_flush_seq"
+#: How long the master waits for every worker's flushed report before sampling anyway.
+FLUSH_TIMEOUT_S = 2.0
+
+
+class StatsFlush:
+    """Master side of the stats flush: ask every worker for a report, wait for all of them.
+
+    Called by the sampler before each sample; returns ``(workers answered, all answered)``.
+    A worker tags each report with the number of the last flush request it received
+    (:data:`FLUSH_SEQ`), and a report built after the request holds every request the worker
+    completed before it, so once every worker has answered request ``n`` the master's summed
+    stats stop at (nearly) the same instant everywhere. No worker connected, or the master
+    already quit (the workers sent their final reports, nothing more can arrive): ``(0, True)``.
+    """
+
+    def __init__(self, runner: MasterRunner, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+        self.runner = runner
+        self.timeout_s = timeout_s
+        self.seq = 0
+        self.acked: dict[str, int] = {}
+        self._event = gevent.event.Event()
+        self.closed = False  # set when the master quits: its message loop is gone
+
+    def on_report(self, client_id: str, data: dict[str, Any], **_kw: Any) -> None:
+        seq = data.get(FLUSH_SEQ)
+        if isinstance(seq, int):
+            self.acked[client_id] = max(seq, self.acked.get(client_id, 0))
+            self._event.set()
+
+    def _pending(self, seq: int) -> list[str]:
+        live = [c.id for c in self.runner.clients.all if c.state != STATE_MISSING]
+        return [c for c in live if self.acked.get(c, 0) < seq]
+
+    def __call__(self) -> tuple[int, bool]:
+        live = [c.id for c in self.runner.clients.all if c.state != STATE_MISSING]
+        if not live or self.closed:
+            return 0, True
+        self.seq += 1
+        seq = self.seq
+        try:
+            self.runner.send_message(FLUSH_MESSAGE, {"seq": seq})
+        except Exception as e:  # the master's socket is gone: the sample is not in step
+            log.warning("stats flush %d not sent: %s", seq, e)
+            return 0, False
+        deadline = time.monotonic() + self.timeout_s
+        while self._pending(seq):
+            self._event.clear()
+            if not self._pending(seq):
+                break
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._event.wait(left):
+                break
+        pending = self._pending(seq)
+        if pending:
+            log.warning("stats flush %d: no answer from worker(s) %s", seq, ", ".join(pending))
+        return len(live) - len(pending), not pending
+
+
+@events.init.add_listener
+def _distributed(environment: Any, runner: Any = None, **_kwargs: Any) -> None:
+    """Wire the stats flush: the master listens for tagged reports (registered here, after
+    the runner's own listener that sums the report into its stats), a worker answers the
+    master's flush request with an immediate report."""
+    if isinstance(runner, MasterRunner):
+        flush = StatsFlush(runner)
+        _state["flush"] = flush
+        environment.events.worker_report.add_listener(flush.on_report)
+    elif isinstance(runner, WorkerRunner):
+
+        def flush_now(environment: Any, msg: Any, **_kw: Any) -> None:
+            _state["flush_seq"] = int(msg.data["seq"])
+            runner._send_stats()  # what the worker's 3-s reporter calls, now
+
+        runner.register_message(FLUSH_MESSAGE, flush_now)
+
+
+@events.report_to_master.add_listener
+def _tag_report(client_id: str, data: dict[str, Any], **_kwargs: Any) -> None:
+    if "flush_seq" in _state:
+        data[FLUSH_SEQ] = _state["flush_seq"]
 
 
 @events.init_command_line_parser.add_listener
@@ -118,7 +220,14 @@ class ProfileShape(LoadTestShape):
 def _start_sampler(environment: Any, **_kwargs: Any) -> None:
     RUN_STARTED[:] = [time.perf_counter()]
     runner = environment.runner
-    if runner is None or isinstance(runner, WorkerRunner) or "sampler" in _state:
+    if isinstance(runner, WorkerRunner):
+        # A worker holds a shape instance too (never ticked, its clock started when the
+        # locustfile was loaded): restart it with the test, so the users' run time (pacing,
+        # the initial spawn's random phase) matches the master's.
+        if environment.shape_class is not None:
+            environment.shape_class.reset_time()
+        return
+    if runner is None or "sampler" in _state:
         return
     opts = environment.parsed_options
     run_plan = plan_from_options(opts)
@@ -132,6 +241,7 @@ def _start_sampler(environment: Any, **_kwargs: Any) -> None:
         users=lambda: runner.user_count,
         every_s=opts.sample_every,
         target_requests=run_plan.target_requests,
+        sync=_state.get("flush"),
     )
     _state["sampler"] = sampler
     _state["greenlet"] = gevent.spawn(sampler.run)
@@ -142,6 +252,8 @@ def _verdict(environment: Any, **_kwargs: Any) -> None:
     sampler: Sampler | None = _state.get("sampler")
     if sampler is None:
         return
+    if "flush" in _state:  # the master quit before this listener (quitting fires in reverse)
+        _state["flush"].closed = True
     sampler.stop()
     if "greenlet" in _state:
         _state["greenlet"].kill(block=False)
@@ -175,6 +287,7 @@ def _verdict(environment: Any, **_kwargs: Any) -> None:
                 "run_session_s": run_plan.run_session_s,
                 "profile_session_s": run_plan.profile.session_s,
                 "ttl_factor": opts.ttl_factor,
+                "locust_workers": sampler.max_workers,  # 0: one process
             },
             verdict=verdict.to_dict(),
         )

@@ -316,6 +316,13 @@ def write_report(
             f"{plan.get('abandon_share', 0):.0%} of sessions abandoned (no close)."
         )
         L.append("")
+        if plan.get("locust_workers"):
+            L.append(
+                f"Load generators: a Locust master and {plan['locust_workers']} worker "
+                "processes; the master's stats sum the workers' reports, flushed by every "
+                "worker before each sample."
+            )
+            L.append("")
         L += _ttl_lines(plan)
         if held:
             L.append(

@@ -6,6 +6,10 @@ so far, the service's ``/metrics`` (L3 search histogram, load failures, degraded
 misses, process RSS and allocated Python blocks) and Redis ``INFO`` (``expired_keys``, keys
 held). A source that does not answer leaves ``None`` in the sample, which is itself
 information (Redis down during a fault drill).
+
+In a distributed run the sampler lives on the Locust master, whose stats sum the workers'
+reports; ``sync`` (the locustfile's :class:`~loadtests.locustfile.StatsFlush`) makes every
+worker report just before a sample is read, and says whether all of them did.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from loadtests.slo import Hist, Sample, parse_redis_info, parse_service_metrics
 
@@ -36,6 +41,11 @@ def histogram_of(entry: Any) -> Hist | None:
 log = logging.getLogger(__name__)
 
 
+def _url_db(url: str) -> int:
+    path = urlsplit(url).path.strip("/")
+    return int(path) if path.isdigit() else 0
+
+
 class Sampler:
     def __init__(
         self,
@@ -48,6 +58,7 @@ class Sampler:
         users: Callable[[], int],
         every_s: float = 2.0,
         target_requests: Callable[[float, float], float] | None = None,
+        sync: Callable[[], tuple[int, bool]] | None = None,
     ) -> None:
         self.service_url = service_url.rstrip("/")
         self.redis_url = redis_url
@@ -59,23 +70,39 @@ class Sampler:
         self.samples: list[Sample] = []
         self.baseline: Sample | None = None
         self._redis: Any = None
+        self._cluster = False
         self._db = 0
         self._running = False
         self._prev: tuple[float, int] | None = None
         self.target_requests = target_requests
         self._target_total = (0.0, 0.0)  # (t, requests the target asked for from 0 to t)
+        self.sync = sync
+        self.max_workers = 0
 
     def _redis_figures(self) -> tuple[int | None, int | None]:
         if not self.redis_url:
             return None, None
         try:
             if self._redis is None:
-                import redis
+                from context_core.redis_conn import cluster_enabled, make_client, split_cluster_url
 
-                self._redis = redis.Redis.from_url(
-                    self.redis_url, socket_connect_timeout=1.0, socket_timeout=1.0
+                plain, named = split_cluster_url(self.redis_url)
+                cluster = named or cluster_enabled(plain, connect_timeout=1.0, timeout=1.0)
+                self._redis = make_client(
+                    self.redis_url,
+                    cluster=cluster,
+                    decode_responses=False,
+                    socket_timeout=1.0,
+                    socket_connect_timeout=1.0,
                 )
-                self._db = int(self._redis.connection_pool.connection_kwargs.get("db", 0))
+                self._db = 0 if cluster else _url_db(plain)
+                self._cluster = cluster
+            if self._cluster:  # every primary's own figures, summed
+                from redis.cluster import RedisCluster
+
+                per_node = self._redis.info(target_nodes=RedisCluster.PRIMARIES)
+                figures = [parse_redis_info(i, db=0) for i in per_node.values()]
+                return sum(e for e, _ in figures), sum(k for _, k in figures)
             return parse_redis_info(self._redis.info(), db=self._db)
         except Exception as e:  # Redis down (fault drill) or not reachable from here
             log.debug("redis INFO failed: %s", e)
@@ -90,6 +117,11 @@ class Sampler:
             return {}
 
     def take(self) -> Sample:
+        workers: int | None = None
+        synced = True
+        if self.sync is not None:  # distributed: the workers' stats, flushed up to now
+            workers, synced = self.sync()
+            self.max_workers = max(self.max_workers, workers)
         total = self.stats.total
         t = self.run_time()
         expired, keys = self._redis_figures()
@@ -134,6 +166,8 @@ class Sampler:
             endpoints=endpoints,
             rss_bytes=svc.get("rss_bytes"),
             py_blocks=svc.get("py_blocks"),
+            workers=workers,
+            stats_synced=synced,
         )
 
     def run(self) -> None:

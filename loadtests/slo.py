@@ -9,8 +9,10 @@ unit-tested on hand-made samples.
 the first sample at or after the warm-up, ``max(3 s, 10 % of the run)`` (users spawning, the
 first sessions opening), to the last sample taken while the shape still ran (target > 0 and
 ``t <= run_s``); the sample taken after the shape stopped (users stopping, in-flight requests
-draining) is left out. Window figures are differences of cumulative counters between the
-first (``a``) and the last (``b``) held sample, never Locust's trailing ``current_rps``.
+draining) is left out, and so is a sample whose Locust counters were not in step
+(``stats_synced`` False: in a distributed run, a worker did not flush its stats for it).
+Window figures are differences of cumulative counters between the first (``a``) and the last
+(``b``) held sample, never Locust's trailing ``current_rps``.
 
 Gates (thresholds in :class:`SloThresholds`):
 
@@ -32,6 +34,14 @@ Gates (thresholds in :class:`SloThresholds`):
 
 A gate without data fails: a campaign that could not measure an SLO has not shown that it
 holds.
+
+**Distributed runs** (a Locust master and workers): the sampler runs on the master, whose
+stats are the workers' reports summed. Workers report every 3 s on their own clocks, so
+before each sample the master asks every worker to flush its stats and waits for all of them
+(``loadtests/locustfile.py``); a sample then counts every request completed up to the same
+instant on every worker, and a sample where some worker did not answer in time is marked
+``stats_synced=False`` and never ends a rate or latency window. The service's ``/metrics`` and
+Redis ``INFO`` are read by the master directly, as in a single-process run.
 """
 
 from __future__ import annotations
@@ -135,6 +145,8 @@ class Sample:
     rss_bytes: float | None = None
     py_blocks: float | None = None
     shed: float | None = None  # requests the service answered 503 + Retry-After (cumulative)
+    workers: int | None = None  # Locust workers whose stats this sample holds; None: one process
+    stats_synced: bool = True  # False: some worker's stats lag behind ``t`` (see held_samples)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -261,7 +273,8 @@ def held_samples(
 
     ``run_s`` is the shape's length; None takes the time of the last sample with a target.
     The warm-up is ``max(th.warmup_min_s, th.warmup_share x run_s)``: 3 s for runs up to
-    30 s, then 10 %. Empty when fewer than two samples fall in (no window to judge).
+    30 s, then 10 %. Samples with ``stats_synced`` False are skipped. Empty when fewer than
+    two samples fall in (no window to judge).
     """
     th = th or SloThresholds()
     if run_s is None:
@@ -270,7 +283,7 @@ def held_samples(
             return []
         run_s = max(running)
     warmup = max(th.warmup_min_s, th.warmup_share * run_s)
-    held = [s for s in samples if warmup <= s.t <= run_s and s.target_rps > 0]
+    held = [s for s in samples if warmup <= s.t <= run_s and s.target_rps > 0 and s.stats_synced]
     return held if len(held) >= 2 else []
 
 
@@ -456,11 +469,16 @@ NO_WINDOW = "fewer than two samples in the held part"
 
 
 def _p99_gate(
-    name: str, held: Sequence[Sample], attr: str, limit_ms: float, what: str
+    name: str,
+    held: Sequence[Sample],
+    attr: str,
+    limit_ms: float,
+    what: str,
+    no_window: str = NO_WINDOW,
 ) -> SloResult:
     target = f"< {limit_ms:.0f} ms"
     if not held:
-        return SloResult(name, target, None, False, NO_WINDOW)
+        return SloResult(name, target, None, False, no_window)
     a, b = getattr(held[0], attr), getattr(held[-1], attr)
     if b is None:
         return SloResult(name, target, None, False, f"no {what} histogram sampled")
@@ -491,6 +509,10 @@ def evaluate(
     th = thresholds or SloThresholds()
     series = ([baseline] if baseline is not None else []) + list(samples)
     held = held_samples(samples, run_s, th)
+    unsynced = sum(1 for s in samples if not s.stats_synced)
+    no_window = NO_WINDOW + (
+        f" ({unsynced} samples left out: Locust workers' stats not flushed)" if unsynced else ""
+    )
     results: list[SloResult] = []
 
     share_target = f">= {th.min_achieved_share:.0%} of target"
@@ -502,7 +524,7 @@ def evaluate(
                 share_target,
                 None,
                 False,
-                NO_WINDOW if not held else "no target in the held part",
+                no_window if not held else "no target in the held part",
             )
         )
     else:
@@ -517,16 +539,20 @@ def evaluate(
                 f"{held[0].t:.0f}-{held[-1].t:.0f} s",
             )
         )
-    results.append(_p99_gate("request_p99", held, "rt_all", th.request_p99_ms, "request"))
     results.append(
-        _p99_gate("context_p99", held, "rt_context", th.context_p99_ms, "POST /v1/context")
+        _p99_gate("request_p99", held, "rt_all", th.request_p99_ms, "request", no_window)
+    )
+    results.append(
+        _p99_gate(
+            "context_p99", held, "rt_context", th.context_p99_ms, "POST /v1/context", no_window
+        )
     )
 
     growth = expired_growth_per_min(held, ttl_factor, th.expired_window_s)
     if growth is not None:
         expired_note = f"held part, TTLs scaled 1/{ttl_factor:.4g}"
     else:
-        expired_note = NO_WINDOW if not held else "Redis INFO never read twice"
+        expired_note = no_window if not held else "Redis INFO never read twice"
     results.append(
         SloResult(
             "expired_keys_growth",

@@ -2,9 +2,18 @@
 
 * ``redis_url``: Redis 7 at 127.0.0.1:6379 (DB 13, reserved for tests) when reachable,
   else an embedded Valkey started for the session.
-* ``any_redis``: parametrised over *both* servers, for suites that must pass on each
-  (the L2 suite). The embedded Valkey is always available; the system Redis param skips,
-  saying why, when nothing listens on 6379.
+* ``any_redis``: parametrised over the three server kinds, for suites that must pass on
+  each (the L2 suite): the system Redis 7, the embedded Valkey, and a Redis Cluster. The
+  embedded Valkey is always available; the system Redis param skips, saying why, when
+  nothing listens on 6379.
+* ``cluster_redis_url``: a private Redis Cluster (3 masters + 3 replicas, Debian's
+  ``redis-server``) started once per session on free loopback ports and killed at the end
+  (``tests/redis_cluster.py``), or the one ``CTX_TEST_REDIS_CLUSTER_URL`` names
+  (``redis+cluster://host:port``). Skips, saying why, only when no ``redis-server`` binary
+  exists. Its URL is ``redis+cluster://...``: build test clients with
+  :func:`redis_client`, which gives a cluster client for it.
+* ``redis_or_cluster``: ``redis_url`` and then the cluster (module scope); a module runs on
+  both by overriding ``redis_url`` with it (the service, router and namespace suites).
 * ``settings``: ``Settings`` on a per-test temp data dir, pointed at ``redis_url``.
 * ``shared_data``: path to ``../shared/data`` or a skip naming the missing folder.
 """
@@ -20,26 +29,35 @@ from typing import TypeVar
 
 import pytest
 import redis
+from redis.cluster import RedisCluster
+from redis_cluster import LocalCluster, cluster_binaries, redis_client
 
 from context_app.airflow_local import LocalAirflow as AirflowHome
 from context_core.config import Settings, get_settings
+from context_core.redis_conn import split_cluster_url
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 SYSTEM_REDIS_URL = os.environ.get("CTX_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
+CLUSTER_REDIS_URL = os.environ.get("CTX_TEST_REDIS_CLUSTER_URL")
 REPO_ROOT = Path(__file__).resolve().parents[1]
+TESTS_DIR = str(Path(__file__).resolve().parent)  # for child processes importing helpers
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 T = TypeVar("T")
 
 
+def is_cluster_url(url: str) -> bool:
+    return split_cluster_url(url)[1]
+
+
 def _reachable(url: str) -> bool:
     try:
-        c = redis.Redis.from_url(url, socket_connect_timeout=0.5)
+        c = redis_client(url, socket_connect_timeout=0.5)
         ok = bool(c.ping())
         c.close()
         return ok
-    except (redis.RedisError, OSError):
+    except (redis.RedisError, redis.exceptions.RedisClusterException, OSError):
         return False
 
 
@@ -63,18 +81,63 @@ def system_redis_url() -> str:
 
 
 @pytest.fixture(scope="session")
-def redis_url(request: pytest.FixtureRequest) -> str:
+def default_redis_url(request: pytest.FixtureRequest) -> str:
     """The system Redis when reachable, else the embedded Valkey."""
     if _reachable(SYSTEM_REDIS_URL):
         return SYSTEM_REDIS_URL
     return str(request.getfixturevalue("embedded_valkey_url"))
 
 
-@pytest.fixture(params=["redis7", "valkey"])
+@pytest.fixture(scope="session")
+def redis_url(default_redis_url: str) -> str:
+    """The system Redis when reachable, else the embedded Valkey (modules running on the
+    cluster too override this with ``redis_or_cluster``)."""
+    return default_redis_url
+
+
+@pytest.fixture(scope="session")
+def cluster_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real Redis Cluster: ``CTX_TEST_REDIS_CLUSTER_URL`` when set (it must answer), else a
+    private 3-master + 3-replica cluster started now and killed at the session's end."""
+    if CLUSTER_REDIS_URL:
+        if not is_cluster_url(CLUSTER_REDIS_URL):
+            pytest.fail(
+                f"CTX_TEST_REDIS_CLUSTER_URL must be redis+cluster://, got {CLUSTER_REDIS_URL}"
+            )
+        if not _reachable(CLUSTER_REDIS_URL):
+            pytest.fail(f"CTX_TEST_REDIS_CLUSTER_URL={CLUSTER_REDIS_URL} does not answer")
+        yield CLUSTER_REDIS_URL
+        return
+    if cluster_binaries() is None:
+        pytest.skip(
+            "no redis-server/redis-cli binary to start a Redis Cluster (apt install "
+            "redis-server, set CTX_REDIS_SERVER, or CTX_TEST_REDIS_CLUSTER_URL)"
+        )
+    cluster = LocalCluster(tmp_path_factory.mktemp("redis-cluster")).start()
+    try:
+        yield cluster.url
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module", params=["redis", "cluster"])
+def redis_or_cluster(request: pytest.FixtureRequest) -> str:
+    """``redis_url`` (the system Redis, else the embedded Valkey), then the Redis Cluster: a
+    module that overrides ``redis_url`` with this runs all its tests once per deployment kind
+    (module scope, so module-scoped services start once per kind)."""
+    if request.param == "cluster":
+        return str(request.getfixturevalue("cluster_redis_url"))
+    return str(request.getfixturevalue("default_redis_url"))
+
+
+@pytest.fixture(params=["redis7", "valkey", "cluster"])
 def any_redis(request: pytest.FixtureRequest) -> str:
-    """Each L2 test runs once per real server kind."""
+    """Each L2 test runs once per real server kind (the cluster's URL is
+    ``redis+cluster://``: use :func:`redis_client` for a test's own client)."""
     if request.param == "redis7":
         return str(request.getfixturevalue("system_redis_url"))
+    if request.param == "cluster":
+        return str(request.getfixturevalue("cluster_redis_url"))
     return str(request.getfixturevalue("embedded_valkey_url"))
 
 
@@ -100,10 +163,16 @@ class CrowdedRedis:
     n_keys: int
 
     def scan_calls(self) -> int:
-        """Server-wide SCAN calls so far (INFO commandstats ``cmdstat_scan``)."""
-        c = redis.Redis.from_url(self.url)
+        """Server-wide SCAN calls so far (INFO commandstats ``cmdstat_scan``), summed over
+        every master of a cluster."""
+        c = redis_client(self.url)
         try:
-            return int(c.info("commandstats").get("cmdstat_scan", {}).get("calls", 0))
+            if isinstance(c, RedisCluster):
+                per_node = c.info("commandstats", target_nodes=RedisCluster.PRIMARIES)
+                stats = list(per_node.values())
+            else:
+                stats = [c.info("commandstats")]
+            return sum(int(s.get("cmdstat_scan", {}).get("calls", 0)) for s in stats)
         finally:
             c.close()
 
@@ -132,7 +201,7 @@ def crowded_redis(any_redis: str) -> Iterator[CrowdedRedis]:
     name afterwards: no SCAN in set-up or teardown, so the counter only moves for the test."""
     prefix = f"t-crowd-{uuid.uuid4().hex[:10]}:"
     names = [f"{prefix}{i}" for i in range(20_000)]
-    c = redis.Redis.from_url(any_redis)
+    c = redis_client(any_redis)
     try:
         for start in range(0, len(names), 2_000):
             pipe = c.pipeline(transaction=False)
@@ -147,8 +216,9 @@ def crowded_redis(any_redis: str) -> Iterator[CrowdedRedis]:
 
 
 def cleanup_keys(url: str, pattern: str) -> None:
-    """Delete test keys by SCAN (never KEYS *)."""
-    c = redis.Redis.from_url(url)
+    """Delete test keys by SCAN (never KEYS *); on a cluster the SCAN walks every master and
+    the DEL is split per slot by the client."""
+    c = redis_client(url)
     try:
         batch = list(c.scan_iter(match=pattern, count=500))
         if batch:

@@ -29,7 +29,15 @@ EXPECTED = {
     "context-service",
     "locust-master",
     "locust-worker",
+    # profile qdrant-cluster
+    "qdrant-node-1",
+    "qdrant-node-2",
+    "qdrant-node-3",
+    "context-service-cluster",
 }
+CLUSTER_PROFILE = "qdrant-cluster"
+CLUSTER = {"qdrant-node-1", "qdrant-node-2", "qdrant-node-3", "context-service-cluster"}
+LOCUSTFILE = "/app/loadtests/locustfile.py"
 ONE_SHOT = {"airflow-init", "ctx-keys"}
 # Long-running services may go without a healthcheck only if nothing waits on them.
 NO_HEALTHCHECK_OK = {"locust-worker"}
@@ -67,6 +75,74 @@ def test_service_settings_values_parse(compose: dict[str, Any]) -> None:
     assert s.redis_url == "redis://valkey:6379/0"
     assert s.qdrant_url == "http://qdrant:6333"
     assert s.service_port == 8080
+
+
+def test_locust_master_and_workers_run_the_campaign_entry(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    master, worker = services["locust-master"], services["locust-worker"]
+    m_cmd, w_cmd = master["command"], worker["command"]
+    # the same locustfile (shape, sampler, gates) on both sides, Locust's own distributed mode
+    assert m_cmd[:3] == w_cmd[:3] == ["locust", "-f", LOCUSTFILE]
+    assert "--master" in m_cmd and "--worker" not in m_cmd
+    assert "--worker" in w_cmd and "--master" not in w_cmd
+    assert w_cmd[w_cmd.index("--master-host") + 1] == "locust-master"
+    # the master starts the campaign by itself once the workers joined, then quits: its exit
+    # code is the verdict
+    assert "--autostart" in m_cmd and int(m_cmd[m_cmd.index("--autoquit") + 1]) > 0
+    assert m_cmd[m_cmd.index("--host") + 1] == "http://context-service:8080"
+    m_env, w_env = _env(master), _env(worker)
+    assert m_env["LOCUST_EXPECT_WORKERS"] == "${LOCUST_EXPECT_WORKERS:-2}"
+    assert worker["deploy"]["replicas"] == 2  # = the default of LOCUST_EXPECT_WORKERS
+    for key in ("LOCUST_SAMPLES_OUT", "LOCUST_CSV", "LOCUST_HTML"):
+        assert m_env[key].startswith("/var/lib/ctx/reports/"), key
+        assert key not in w_env, f"workers must not write {key} (their stats are deltas)"
+    assert "ctx-data:/var/lib/ctx" in master["volumes"]
+    for key in ("LOCUST_CTX_PROFILE", "LOCUST_KEYS_FILE", "LOCUST_REDIS_URL"):
+        assert m_env[key] == w_env[key], key
+    # the keys file the master names is where the workers read it
+    assert "ctx-keys:/keys:ro" in master["volumes"] and "ctx-keys:/keys:ro" in worker["volumes"]
+    assert worker["depends_on"]["locust-master"]["condition"] == "service_healthy"
+
+
+def test_qdrant_cluster_profile(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    profiled = {n for n, svc in services.items() if CLUSTER_PROFILE in svc.get("profiles", [])}
+    assert profiled == CLUSTER, "only the cluster's services belong to the profile"
+    assert not any(svc.get("profiles") for n, svc in services.items() if n not in CLUSTER)
+    nodes = [services[f"qdrant-node-{i}"] for i in (1, 2, 3)]
+    for i, node in enumerate(nodes, start=1):
+        assert node["image"] == services["qdrant"]["image"]
+        assert _env(node)["QDRANT__CLUSTER__ENABLED"] == "true"
+        cmd = node["command"]
+        assert cmd[cmd.index("--uri") + 1] == f"http://qdrant-node-{i}:6335"
+        if i == 1:
+            assert "--bootstrap" not in cmd
+        else:
+            assert cmd[cmd.index("--bootstrap") + 1] == "http://qdrant-node-1:6335"
+            assert node["depends_on"]["qdrant-node-1"]["condition"] == "service_healthy"
+        assert f"qdrant-node-{i}:/qdrant/storage" in node["volumes"]
+        # the p2p port accepts writes: never published
+        assert not any("6335" in str(p) for p in node.get("ports", []))
+    app = services["context-service-cluster"]
+    env = {k: v for k, v in _env(app).items() if k.startswith("CTX_")}
+    s = Settings(**{k[4:].lower(): v for k, v in env.items()})
+    assert s.qdrant_url == "http://qdrant-node-1:6333"
+    assert (s.qdrant_shards, s.qdrant_replication) == (3, 2)
+    assert s.collection_main == "knowledge_main"
+    assert s.qdrant_write_consistency <= s.qdrant_replication
+    for i in (1, 2, 3):
+        assert app["depends_on"][f"qdrant-node-{i}"]["condition"] == "service_healthy"
+    # the default stack keeps one Qdrant and Qdrant's defaults (one shard, no replica)
+    default = Settings(
+        **{
+            k[4:].lower(): v
+            for k, v in _env(services["context-service"]).items()
+            if k.startswith("CTX_")
+        }
+    )
+    assert (default.qdrant_shards, default.qdrant_replication) == (1, 1)
+    published = [p for svc in services.values() for p in svc.get("ports", [])]
+    assert len(published) == len(set(published)), "two services publish the same port"
 
 
 def test_images_are_pinned_and_built_images_have_dockerfiles(compose: dict[str, Any]) -> None:
@@ -130,6 +206,16 @@ def test_docker_compose_config_accepts_the_file() -> None:
     assert out.returncode == 0, out.stderr
     resolved = yaml.safe_load(out.stdout)
     assert set(resolved["services"]) == EXPECTED
+    assert resolved["services"]["locust-master"]["environment"]["LOCUST_EXPECT_WORKERS"] == "2"
+    assert resolved["services"]["locust-worker"]["deploy"]["replicas"] == 2
+    cluster_app = resolved["services"]["context-service-cluster"]
+    assert cluster_app["profiles"] == [CLUSTER_PROFILE]
+    assert cluster_app["environment"]["CTX_QDRANT_SHARDS"] == "3"
+    assert cluster_app["environment"]["CTX_QDRANT_REPLICATION"] == "2"
+    assert cluster_app["environment"]["CTX_REDIS_URL"] == "redis://valkey:6379/0"  # merged
+    node2 = resolved["services"]["qdrant-node-2"]
+    assert node2["environment"]["QDRANT__CLUSTER__ENABLED"] == "true"
+    assert node2["profiles"] == [CLUSTER_PROFILE]
     # anchors and merges resolved: the scheduler inherits the CTX_* block
     assert resolved["services"]["airflow-scheduler"]["environment"]["CTX_REDIS_URL"] == (
         "redis://valkey:6379/0"

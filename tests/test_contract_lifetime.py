@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import CrowdedRedis
+from conftest import TESTS_DIR, CrowdedRedis, redis_client
+from redis.cluster import RedisCluster
 from redis.crc import key_slot
 from test_working_memory import _Clock
 
@@ -27,7 +28,7 @@ from context_core.config import get_settings
 from context_core.errors import AccessDeniedError, ConfigError, ContextError
 from context_core.gateway import Gateway
 from context_core.lifecycle import LifecycleManager
-from context_core.redis_conn import RedisProvider
+from context_core.redis_conn import RedisProvider, split_cluster_url
 from context_core.session import SessionState
 from context_core.working_memory import WorkingMemory
 from context_core.working_memory.keys import check_kind
@@ -40,7 +41,7 @@ class _Env:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.client: Any = redis.Redis.from_url(url, decode_responses=True)
+        self.client: Any = redis_client(url, decode_responses=True)
         self.gateway = Gateway()
         self.sessions: list[str] = []
         self.users: list[str] = []
@@ -316,7 +317,7 @@ def _wait_gone(client: Any, key: str) -> None:
 def test_key_expired_across_instances_processes_and_sweeps(env: _Env) -> None:
     sid = env.sid()
     a = env.wm().session(sid)
-    other = redis.Redis.from_url(env.url, decode_responses=True)  # a second client
+    other = redis_client(env.url, decode_responses=True)  # a second client
     try:
         b = WorkingMemory(other, Gateway()).session(sid)
         gone = a.put_api_response("/blip", {}, {"v": 1})
@@ -331,7 +332,9 @@ def test_key_expired_across_instances_processes_and_sweeps(env: _Env) -> None:
             "import redis, sys\n"
             "from context_core.gateway import Gateway\n"
             "from context_core.working_memory import WorkingMemory\n"
-            "c = redis.Redis.from_url(sys.argv[1], decode_responses=True)\n"
+            f"sys.path.insert(0, {TESTS_DIR!r})\n"
+            "from redis_cluster import redis_client\n"
+            "c = redis_client(sys.argv[1], decode_responses=True)\n"
             "sm = WorkingMemory(c, Gateway()).session(sys.argv[2])\n"
             "print(sm.key_expired(sys.argv[3]), sm.key_expired(sys.argv[4]))\n"
         )
@@ -463,6 +466,14 @@ class _SlotCheckingRedis(redis.Redis):
         )
 
 
+class _SlotCheckingCluster(RedisCluster):
+    """The same check on the cluster client (its pipeline refuses scripts outright)."""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        _check_script_call(args)
+        return super().execute_command(*args, **options)
+
+
 _SCRIPT_CALLS: list[tuple[str, list[str]]] = []
 
 
@@ -480,8 +491,11 @@ def _check_script_call(args: Any) -> None:
 def test_every_script_keeps_to_one_slot_over_a_whole_session(env: _Env) -> None:
     """Redis Cluster comes later, but nothing here may stop it: each Lua call declares keys
     of one hash slot only (the session's or the user's), and the global activity Set is
-    written by a plain command, never inside a script."""
-    client = _SlotCheckingRedis.from_url(env.url, decode_responses=True)
+    written by a plain command, never inside a script. On the cluster param the server
+    enforces it as well (a cross-slot script is refused with CROSSSLOT)."""
+    plain, cluster = split_cluster_url(env.url)
+    checking = _SlotCheckingCluster if cluster else _SlotCheckingRedis
+    client: Any = checking.from_url(plain, decode_responses=True)
     _SCRIPT_CALLS.clear()
     try:
         gw = Gateway()

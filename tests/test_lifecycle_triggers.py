@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
-from conftest import cleanup_keys
+from conftest import cleanup_keys, redis_client
 
 from context_core.config import get_settings
 from context_core.embedding import Encoder, load_encoder
@@ -72,7 +71,7 @@ class Env:
 
 @pytest.fixture
 def env(any_redis: str) -> Iterator[Env]:
-    client = redis.Redis.from_url(any_redis, decode_responses=True)
+    client = redis_client(any_redis, decode_responses=True)
     e = Env(any_redis, client, Gateway(), f"t-activity:{uuid.uuid4().hex[:10]}")
     try:
         yield e

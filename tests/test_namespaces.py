@@ -8,12 +8,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
-from conftest import cleanup_keys
+from conftest import cleanup_keys, redis_client
 
 from context_core.errors import AccessDeniedError, ConfigError, ContextMissError
 from context_core.gateway import Gateway
 from context_core.namespaces import Grant, NamespaceRegistry
+
+
+@pytest.fixture(scope="module")
+def redis_url(redis_or_cluster: str) -> str:
+    """This module runs once on the system Redis (or embedded Valkey), once on a Redis Cluster."""
+    return redis_or_cluster
 
 
 @pytest.fixture
@@ -23,7 +28,7 @@ def ns_name() -> str:
 
 @pytest.fixture
 def registry(redis_url: str, tmp_path: Path, ns_name: str) -> Iterator[NamespaceRegistry]:
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client = redis_client(redis_url, decode_responses=True)
     reg = NamespaceRegistry(client, Gateway(), audit_path=tmp_path / "audit" / "access.jsonl")
     reg.create(
         ns_name,
@@ -53,7 +58,7 @@ def test_write_read_with_ttl_and_hash_tag(
     assert entry.redis_key == key
     assert entry.ttl_s is not None and 100 < entry.ttl_s <= 120
     assert registry.read(ns_name, "baseline:PUMP", "ops-agent", "anything") == {"rms_mm_s": 2.1}
-    c = redis.Redis.from_url(redis_url)
+    c = redis_client(redis_url)
     assert 100 < c.ttl(key) <= 120
     assert c.ttl(f"ns:{{{ns_name}}}:acl") == -1  # the ACL is configuration: no expiry
     c.close()
@@ -68,7 +73,7 @@ def test_writes_pass_the_gateway(registry: NamespaceRegistry, ns_name: str, redi
         agent_id="diag-agent",
         purpose="diagnostics",
     )
-    raw = redis.Redis.from_url(redis_url).get(f"ns:{{{ns_name}}}:kv:creds")
+    raw = redis_client(redis_url).get(f"ns:{{{ns_name}}}:kv:creds")
     assert raw is not None and secret.encode() not in raw
     assert json.loads(raw)["v"]["api_key"] == "[REDACTED]"
 
@@ -142,4 +147,4 @@ def test_drop_removes_everything(registry: NamespaceRegistry, ns_name: str, redi
     registry.write(ns_name, "b", 2, agent_id="diag-agent", purpose="diagnostics")
     assert registry.drop(ns_name) == 4  # meta, acl, two values
     assert not registry.exists(ns_name)
-    assert list(redis.Redis.from_url(redis_url).scan_iter(match=f"ns:{{{ns_name}}}:*")) == []
+    assert list(redis_client(redis_url).scan_iter(match=f"ns:{{{ns_name}}}:*")) == []

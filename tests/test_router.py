@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import cleanup_keys
+from conftest import cleanup_keys, redis_client
 
 from context_core.confidence import ConfidencePolicy
 from context_core.config import Settings, get_settings
@@ -76,6 +76,12 @@ KNOWLEDGE: list[tuple[str, str, str]] = [
         "parts used, sign-off.",
     ),
 ]
+
+
+@pytest.fixture(scope="module")
+def redis_url(redis_or_cluster: str) -> str:
+    """This module runs once on the system Redis (or embedded Valkey), once on a Redis Cluster."""
+    return redis_or_cluster
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +178,7 @@ def env(tmp_path: Path, redis_url: str, session_id: str, encoder: Encoder) -> It
         data_dir=tmp_path / "ctx", reports_dir=tmp_path / "reports", redis_url=redis_url
     )
     gw = Gateway()
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client = redis_client(redis_url, decode_responses=True)
     store = EdgeStore(settings.qdrant_dir)
     km = KnowledgeMemory(store, encoder, settings, gw)
     km.ensure_collections()
@@ -585,7 +591,7 @@ def test_expired_key_is_traced_as_expired(env: Env) -> None:
         with pytest.raises(ContextMissError):
             router.route(env.state(), "generate_report")
     other = ContextRouter(
-        wm=WorkingMemory(redis.Redis.from_url(env.redis_url, decode_responses=True), env.gateway),
+        wm=WorkingMemory(redis_client(env.redis_url, decode_responses=True), env.gateway),
         knowledge=None,
         policy=ConfidencePolicy(),
         tracer=env.tracer,

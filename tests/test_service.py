@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from conftest import cleanup_keys
+from conftest import cleanup_keys, redis_client
 
 from context_app.service import create_app
 from context_core.auth import generate_keys, hash_key, new_key
@@ -96,6 +96,12 @@ def cleanup_service_keys(redis_url: str) -> None:
     cleanup_keys(redis_url, "wm:{t-*")
     for agent in AGENTS:  # per-agent quota counters (live sessions, bytes per minute)
         cleanup_keys(redis_url, f"svc:agent:{{{agent}}}:*")
+
+
+@pytest.fixture(scope="module")
+def redis_url(redis_or_cluster: str) -> str:
+    """This module runs once on the system Redis (or embedded Valkey), once on a Redis Cluster."""
+    return redis_or_cluster
 
 
 @pytest.fixture(scope="module")
@@ -449,12 +455,11 @@ def test_redis_down_gives_a_fast_503_then_recovers(tmp_path: Path, session_id: s
 def test_keys_file_grants_reach_the_namespace_acl(
     client: httpx.Client, session_id: str, svc: dict[str, Any], redis_url: str
 ) -> None:
-    import redis as redis_lib
 
     from context_core.gateway import Gateway
     from context_core.namespaces import NamespaceRegistry
 
-    r = redis_lib.Redis.from_url(redis_url, decode_responses=True)
+    r = redis_client(redis_url, decode_responses=True)
     ns = NamespaceRegistry(r, Gateway())
     writer = f"writer-{uuid.uuid4().hex[:8]}"
     assert ns.acl("fleet")["agent-a"].purposes == frozenset({"diagnostics", "reporting"})

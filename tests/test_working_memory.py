@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import CrowdedRedis
+from conftest import TESTS_DIR, CrowdedRedis, redis_client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -62,7 +62,7 @@ class _Env:
     def __init__(self, url: str) -> None:
         self.url = url
         # Any: redis-py's stubs type replies as bytes | str whatever decode_responses says.
-        self.client: Any = redis.Redis.from_url(url, decode_responses=True)
+        self.client: Any = redis_client(url, decode_responses=True)
         self.gateway = Gateway()
         self.clock = _Clock()
         self.wm = WorkingMemory(self.client, self.gateway, now=self.clock)
@@ -127,7 +127,7 @@ def test_bad_idents_and_kinds_rejected(env: _Env, bad: str) -> None:
 
 
 def test_client_must_decode(any_redis: str) -> None:
-    raw = redis.Redis.from_url(any_redis)
+    raw = redis_client(any_redis)
     try:
         with pytest.raises(ConfigError, match="decode_responses"):
             WorkingMemory(raw, Gateway())
@@ -272,7 +272,7 @@ def test_plan_governs_writes_through_fresh_views_and_clients(env: _Env) -> None:
     env.wm.session(sid).put_step_result("s1", {"out": "fresh view"})
     assert 1198 <= _step_ttl(env, sid, "s1") <= 1200
     # ... and so does a second WorkingMemory on its own client (another service process).
-    other_client = redis.Redis.from_url(env.url, decode_responses=True)
+    other_client = redis_client(env.url, decode_responses=True)
     try:
         other = WorkingMemory(other_client, Gateway(), now=env.clock).session(sid)
         other.put_step_result("s2", {"out": "other client"})
@@ -300,7 +300,9 @@ def test_plan_governs_a_write_from_another_process(env: _Env) -> None:
         "import sys, redis\n"
         "from context_core.gateway import Gateway\n"
         "from context_core.working_memory import WorkingMemory\n"
-        "c = redis.Redis.from_url(sys.argv[1], decode_responses=True)\n"
+        f"sys.path.insert(0, {TESTS_DIR!r})\n"
+        "from redis_cluster import redis_client\n"
+        "c = redis_client(sys.argv[1], decode_responses=True)\n"
         "WorkingMemory(c, Gateway()).session(sys.argv[2]).put_step_result('s1', {'by': 'p2'})\n"
     )
     proc = subprocess.run(
@@ -381,7 +383,7 @@ def test_ttl_floor_from_settings_keeps_an_overdue_input(
 
 
 def test_min_ttl_must_be_positive(any_redis: str) -> None:
-    c = redis.Redis.from_url(any_redis, decode_responses=True)
+    c = redis_client(any_redis, decode_responses=True)
     try:
         with pytest.raises(ConfigError, match="CTX_WM_MIN_TTL_S"):
             WorkingMemory(c, Gateway(), min_ttl_s=0)
@@ -526,7 +528,7 @@ def test_fifty_concurrent_writers_lose_nothing(env: _Env) -> None:
     start = threading.Barrier(50)
 
     def writer(i: int) -> None:
-        client = redis.Redis.from_url(env.url, decode_responses=True)  # own connection
+        client = redis_client(env.url, decode_responses=True)  # own connection
         try:
             mine = WorkingMemory(client, env.gateway).session(s.session_id)
             start.wait(timeout=30)
@@ -613,7 +615,7 @@ def test_preferences_round_trip(env: _Env) -> None:
 
 def _raw_dump(url: str, patterns: list[str]) -> str:
     """Every byte stored under ``patterns``, read by a separate, non-decoding client."""
-    c: Any = redis.Redis.from_url(url)  # stubs type replies bytes | str
+    c: Any = redis_client(url)  # stubs type replies bytes | str
     out: list[bytes] = []
     try:
         for pat in patterns:
@@ -921,23 +923,29 @@ def test_writes_racing_clear_leave_no_unlisted_key(env: _Env) -> None:
     s = env.session()
     stop = threading.Event()
     errors: list[BaseException] = []
+    writing = threading.Semaphore(0)  # one release per writer, after its first write
 
     def writer(i: int) -> None:
-        client = redis.Redis.from_url(env.url, decode_responses=True)
+        client = redis_client(env.url, decode_responses=True)
         try:
             mine = WorkingMemory(client, env.gateway).session(s.session_id)
             n = 0
             while not stop.is_set():
                 mine.put_api_response("/w", {"w": i, "n": n}, {"v": n})
+                if n == 0:
+                    writing.release()
                 n += 1
         except BaseException as e:  # surfaced below
             errors.append(e)
+            writing.release()
         finally:
             client.close()
 
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
+    for _ in threads:  # a cluster client takes a moment to learn the slot map
+        assert writing.acquire(timeout=30), "a writer never wrote"
     cleared = 0
     try:
         for _ in range(30):

@@ -234,12 +234,21 @@ def loadtest(
     no_seed: bool = typer.Option(
         False, "--no-seed", help="Do not index the sample export for L3 first."
     ),
-    workers: int = typer.Option(
+    locust_workers: int = typer.Option(
         0,
         "--workers",
         min=0,
-        help="Service worker processes; 0 = one per CPU plus one (an edge server then owns "
-        "the Qdrant Edge shards). One process is bound by the GIL near 650 req/s here.",
+        help="Locust worker processes; 0 = one Locust process. N > 0: Locust's master (the "
+        "shape, the sampler, the verdict; on a free loopback port) + N workers running the "
+        "users, all on this machine. Workers on other machines join a plain Locust master: "
+        "locust -f loadtests/locustfile.py --worker --master-host HOST.",
+    ),
+    service_workers: int = typer.Option(
+        0,
+        "--service-workers",
+        min=0,
+        help="Service (uvicorn) worker processes; 0 = one per CPU plus one (an edge server "
+        "then owns the Qdrant Edge shards). One process is bound by the GIL near 650 req/s.",
     ),
 ) -> None:
     """Run a load-test campaign on this machine and exit 0 (SLOs held) or 1 (breached).
@@ -247,6 +256,8 @@ def loadtest(
     Starts a Valkey and the service on free loopback ports (unless given), runs Locust
     headless with the profile's shape, samples the service's /metrics and Redis INFO, and
     writes reports/loadtest_<profile>[_fault-<f>].{md,png,html} plus Locust's CSV files.
+    With --workers N the load comes from N Locust worker processes under a master
+    that gates on their summed stats (flushed by every worker before each sample).
     """
     from rich.console import Console
     from rich.table import Table
@@ -271,7 +282,8 @@ def loadtest(
         keys_file=Path(keys_file) if keys_file else None,
         fault=fault,
         seed_knowledge=not no_seed,
-        service_workers=workers or auto_workers(),
+        service_workers=service_workers or auto_workers(),
+        locust_workers=locust_workers,
     )
     try:
         with console.status(f"[bold]load test {profile}[/] running ({duration})..."):

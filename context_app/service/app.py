@@ -25,7 +25,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import redis
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -39,6 +38,7 @@ from context_app.service.middleware import BodyLimit, LoadGauge, LoadShed, Reque
 from context_app.service.models import HealthResponse, IntentOut, ReadyResponse
 from context_app.service.sessions_api import install_session_routes
 from context_core.config import Settings, get_settings
+from context_core.redis_conn import REDIS_ERRORS
 
 __all__ = ["create_app", "json_response", "validation_body"]
 
@@ -139,7 +139,7 @@ def _install_routes(app: FastAPI) -> None:
             sync = getattr(svc.namespaces, "acl_sync", None)
             if sync is not None:  # Redis restarted empty or flushed: grants come back here
                 checks["acl"] = "resynced" if sync.check(force=True) else "ok"
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             ok = False
             checks["redis"] = f"unreachable: {type(e).__name__}: {e}"
         try:

@@ -20,8 +20,10 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from redis.exceptions import RedisClusterException
 
 from context_core.errors import BackendUnavailableError, ContextError
+from context_core.redis_conn import REDIS_ERRORS
 
 __all__ = ["error_response", "install_handlers", "json_response", "validation_body"]
 
@@ -143,7 +145,7 @@ def error_response(exc: ContextError) -> JSONResponse:
 def _backend_down(request: Request, exc: Exception) -> JSONResponse:
     """503 for an unreachable Redis/vector store; counted per backend. The detail names the
     backend and the error type only (driver messages may carry addresses)."""
-    is_redis = isinstance(exc, redis.RedisError) or "redis" in str(exc).lower()
+    is_redis = isinstance(exc, REDIS_ERRORS) or "redis" in str(exc).lower()
     backend = "redis" if is_redis else "backend"
     svc = getattr(request.app.state, "services", None)
     if svc is not None:
@@ -172,6 +174,12 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(redis.RedisError)
     async def _redis_down(request: Request, exc: redis.RedisError) -> JSONResponse:
+        return _backend_down(request, exc)
+
+    @app.exception_handler(RedisClusterException)
+    async def _cluster_down(request: Request, exc: RedisClusterException) -> JSONResponse:
+        # redis-py's cluster client: no node answered the slot-map refresh, or no node
+        # serves the key's slot (mid-failover); not a RedisError, still a 503
         return _backend_down(request, exc)
 
     @app.exception_handler(RecursionError)

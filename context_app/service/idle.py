@@ -25,12 +25,11 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import redis
-
 from context_app.service.metrics import ServiceMetrics
 from context_app.service.owners import OwnerBinding
 from context_core.gateway import Gateway
 from context_core.lifecycle import LifecycleManager
+from context_core.redis_conn import REDIS_ERRORS, RedisClient
 from context_core.session import ANONYMOUS
 from context_core.wire import WireState
 
@@ -58,7 +57,7 @@ class SweepParts(Protocol):
     and ``ctx sweep-idle`` builds a :class:`IdleSweepParts` from a platform."""
 
     @property
-    def redis(self) -> redis.Redis: ...
+    def redis(self) -> RedisClient: ...
     @property
     def gateway(self) -> Gateway: ...
     @property
@@ -75,7 +74,7 @@ class SweepParts(Protocol):
 class IdleSweepParts:
     """The sweep's parts outside the service (``ctx sweep-idle``)."""
 
-    redis: redis.Redis
+    redis: RedisClient
     gateway: Gateway
     owners: OwnerBinding
     state_key: bytes
@@ -127,7 +126,7 @@ def sweep_idle_once(
     finally:
         try:
             r.eval(_RELEASE_LUA, 1, IDLE_LOCK_KEY, token)
-        except redis.RedisError as e:  # it expires on its own
+        except REDIS_ERRORS as e:  # it expires on its own
             log.warning("idle sweep: could not release the lock: %s", e)
     if timed_out:
         svc.metrics.idle_timeouts.inc(len(timed_out))

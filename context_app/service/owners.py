@@ -37,8 +37,6 @@ import secrets
 import time
 from typing import Any
 
-import redis
-
 from context_core.errors import (
     AccessDeniedError,
     BackendUnavailableError,
@@ -47,6 +45,7 @@ from context_core.errors import (
     StaleStateError,
     UnknownSessionError,
 )
+from context_core.redis_conn import REDIS_ERRORS, RedisClient, call_script
 from context_core.working_memory.index import FIXED_KEYS, index_key
 from context_core.working_memory.keys import session_prefix
 
@@ -116,6 +115,13 @@ redis.call('SET', KEYS[2], ARGV[4], 'EX', ARGV[5])
 return 'ok'
 """
 
+# KEYS: 1 latest state.  ARGV: 1 state JSON, 2 ttl s.  (A script so that a durable write,
+# CTX_REDIS_MIN_REPLICAS, can WAIT on the connection that wrote it.)
+PUBLISH_LUA = """
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return 1
+"""
+
 # KEYS: 1 lease.  ARGV: 1 token.
 ABORT_LUA = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
@@ -140,12 +146,30 @@ class Lease:
 
 
 class OwnerBinding:
-    """Owner, incarnation and latest version of each service session (see the module doc)."""
+    """Owner, incarnation and latest version of each service session (see the module doc).
 
-    def __init__(self, client: redis.Redis, ttl_s: int, lease_ms: int = LEASE_MS) -> None:
+    ``min_replicas`` (``CTX_REDIS_MIN_REPLICAS``): creating a session, publishing its first
+    state and committing an event's state each wait for that many replicas
+    (:func:`context_core.redis_conn.call_script`), so an answer the agent received survives
+    the loss of the master that gave it; the lease itself is not waited for (a lost lease
+    only lets the same state be applied again).
+    """
+
+    def __init__(
+        self,
+        client: RedisClient,
+        ttl_s: int,
+        lease_ms: int = LEASE_MS,
+        *,
+        min_replicas: int = 0,
+        replica_wait_ms: int = 100,
+    ) -> None:
         self._r = client
         self.ttl_s = int(ttl_s)
         self.lease_ms = int(lease_ms)
+        self.min_replicas = int(min_replicas)
+        self.replica_wait_ms = int(replica_wait_ms)
+        self._publish = client.register_script(PUBLISH_LUA)
         self._claim = client.register_script(CLAIM_LUA)
         self._access = client.register_script(ACCESS_LUA)
         self._commit = client.register_script(COMMIT_LUA)
@@ -168,10 +192,19 @@ class OwnerBinding:
     def _keys(self, session_id: str) -> list[str]:
         return [self.key(session_id), self.state_key(session_id), self.lease_key(session_id)]
 
-    def _run(self, what: str, script: Any, keys: list[str], args: list[Any]) -> Any:
+    def _run(
+        self, what: str, script: Any, keys: list[str], args: list[Any], *, durable: bool = False
+    ) -> Any:
         try:
-            return script(keys=keys, args=args)
-        except redis.RedisError as e:
+            return call_script(
+                self._r,
+                script,
+                keys,
+                args,
+                min_replicas=self.min_replicas if durable else 0,
+                wait_ms=self.replica_wait_ms,
+            )
+        except REDIS_ERRORS as e:
             raise BackendUnavailableError(f"Redis failed while {what}: {e}") from e
 
     # --- lifecycle of a binding ----------------------------------------------------------
@@ -190,6 +223,7 @@ class OwnerBinding:
             self._claim,
             [*self._keys(session_id), *wm_keys],
             [agent_id, self.ttl_s, nonce],
+            durable=True,
         )
         if status == "exists":
             raise SessionExistsError(session_id)
@@ -209,7 +243,7 @@ class OwnerBinding:
             if ok:
                 self._r.hset(self.key(session_id), mapping={"inc": nonce, "ver": "0"})
                 self._r.expire(self.key(session_id), self.ttl_s)
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             raise BackendUnavailableError(f"Redis failed while adopting a session: {e}") from e
         if not ok:
             raise AccessDeniedError(f"session {session_id!r} already has an owner")
@@ -218,7 +252,7 @@ class OwnerBinding:
     def release(self, session_id: str) -> None:
         try:
             self._r.delete(*self._keys(session_id))
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             raise BackendUnavailableError(f"Redis failed while closing session: {e}") from e
 
     # --- per request -----------------------------------------------------------------------
@@ -282,6 +316,7 @@ class OwnerBinding:
             self._commit,
             self._keys(lease.session_id),
             [lease.token, lease.nonce, lease.version, new, state_json, self.ttl_s],
+            durable=True,
         )
         if status != "ok":
             raise StaleStateError(
@@ -295,22 +330,25 @@ class OwnerBinding:
 
     def abort(self, lease: Lease) -> None:
         """Give the lease back after a failed event (best effort: it expires anyway)."""
-        with contextlib.suppress(redis.RedisError):
+        with contextlib.suppress(*REDIS_ERRORS):
             self._abort(keys=[self.lease_key(lease.session_id)], args=[lease.token])
 
     def publish_initial(self, session_id: str, state_json: str) -> None:
         """Store a new session's version-0 state for re-fetching."""
-        try:
-            self._r.set(self.state_key(session_id), state_json, ex=self.ttl_s)
-        except redis.RedisError as e:
-            raise BackendUnavailableError(f"Redis failed while creating session: {e}") from e
+        self._run(
+            "creating session",
+            self._publish,
+            [self.state_key(session_id)],
+            [state_json, self.ttl_s],
+            durable=True,
+        )
 
     def server_state(self, session_id: str) -> str | None:
         """The latest signed state of a session whoever owns it (server-side jobs only, such
         as the idle sweep); ``None`` when the session has none."""
         try:
             raw = self._r.get(self.state_key(session_id))
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             raise BackendUnavailableError(f"Redis failed while reading the state: {e}") from e
         if raw is None:
             return None
@@ -329,6 +367,7 @@ class OwnerBinding:
                 self._replace,
                 self._keys(session_id),
                 [nonce, expected_version, expected_version + 1, state_json, self.ttl_s],
+                durable=True,
             )
         )
 
@@ -337,7 +376,7 @@ class OwnerBinding:
         self.check(session_id, agent_id)
         try:
             raw = self._r.get(self.state_key(session_id))
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             raise BackendUnavailableError(f"Redis failed while reading the state: {e}") from e
         if raw is None:
             raise UnknownSessionError(session_id)
@@ -378,7 +417,7 @@ class AgentQuotas:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: RedisClient,
         *,
         max_sessions: int,
         max_bytes_per_min: int,
@@ -419,7 +458,7 @@ class AgentQuotas:
                     self.max_bytes_per_min,
                 ],
             )
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             raise BackendUnavailableError(f"Redis failed while checking quotas: {e}") from e
         if status == "sessions":
             raise QuotaExceededError(
@@ -444,5 +483,5 @@ class AgentQuotas:
         """The session is closed: it no longer counts as live."""
         try:
             self._r.zrem(self.sessions_key(agent_id), session_id)
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             raise BackendUnavailableError(f"Redis failed while closing session: {e}") from e

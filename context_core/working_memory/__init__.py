@@ -31,7 +31,7 @@ lists them; every write adds its key inside the same Lua script as the write, an
 lives at least as long as its longest member (no TTL while pending tasks exist).
 :meth:`SessionMemory.keys`, :meth:`~SessionMemory.expire_all` (used by the lifecycle events)
 and :meth:`~SessionMemory.clear` work from it, so their cost is O(keys of that session),
-never a SCAN of the keyspace (which on Redis Cluster would also walk one node only).
+never a SCAN of the keyspace (which on Redis Cluster would have to walk every master).
 Details and invariants: :mod:`.index`.
 
 Why the task contract does not decay like the rest: it is what the user asked for, and a

@@ -3,9 +3,9 @@
 Why: closing a session (``clear``), a timeout, a context overflow and a reached goal all act
 on "every key of this session". Finding them by ``SCAN MATCH wm:{<sid>}:*`` costs O(keys in
 the whole database) per call — ruinous at 100k live sessions — and on Redis Cluster a SCAN
-walks one node only. Instead each session keeps a Set ``wm:{<sid>}:index`` of its key names.
-The hash tag puts it in the same slot as the keys it lists, so every script below is a legal
-single-slot call on a cluster.
+covers one node only (a client must walk every master). Instead each session keeps a Set
+``wm:{<sid>}:index`` of its key names. The hash tag puts it in the same slot as the keys it
+lists, so every script below is a legal single-slot call on a cluster.
 
 Invariants (kept by the Lua in this module, which every write path embeds):
 
@@ -343,7 +343,8 @@ class IndexOps(SessionBase):
                 members = self._r.smembers(self._idx)
                 own = {m for m in members if m.startswith(self._prefix) and m not in bookkeeping}
                 snapshot = sorted(own.union(fixed))
-                payload, unlisted = self.wm._sweep_script(
+                payload, unlisted = self.wm._write(
+                    self.wm._sweep_script,
                     keys=[self._idx, self._exp, *snapshot],
                     args=[op, self._prefix, self.wm.contract_ttl_s, encoded],
                 )

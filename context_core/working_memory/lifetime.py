@@ -29,6 +29,7 @@ from typing import Any
 
 import redis
 
+from context_core.redis_conn import is_cluster_client
 from context_core.working_memory.contract import ContractOps
 from context_core.working_memory.index import INDEX_ADD_LUA, IndexOps
 
@@ -90,7 +91,8 @@ class LifetimeOps(IndexOps, ContractOps):
         is still known as written while the session is active), and
         ``ZADD ctx:activity <now> <sid>``. The ZADD is a separate command in the same
         pipeline, not part of the script: its key is global, the script's keys are all in
-        this session's slot. The Set is ``wm.activity_key`` (``ctx:activity`` unless
+        this session's slot (on a Redis Cluster, two calls: the slots are on different
+        nodes anyway). The Set is ``wm.activity_key`` (``ctx:activity`` unless
         configured).
         """
         wm = self.wm
@@ -99,6 +101,12 @@ class LifetimeOps(IndexOps, ContractOps):
         now = wm.now()
         args: list[Any] = [wm.contract_ttl_s, wm.contract_history_ttl_s, repr(now)]
         with wm._guard(f"touch {self._sid}"):
+            if is_cluster_client(self._r):
+                # The script's keys and the activity Set live on different slots (nodes), and
+                # redis-py's cluster pipeline refuses EVALSHA: two calls, the same order.
+                wm._touch_script(keys=keys, args=args)
+                self._r.zadd(wm.activity_key, {self._sid: now})
+                return
             for attempt in (1, 2):
                 pipe = self._r.pipeline(transaction=False)
                 pipe.evalsha(wm._touch_script.sha, len(keys), *keys, *args)

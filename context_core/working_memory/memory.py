@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import redis
+from redis.commands.core import Script
 
 from context_core import defaults
 from context_core.config import Settings
@@ -51,7 +51,14 @@ from context_core.errors import (
     ContextMissError,
 )
 from context_core.gateway import Gateway
-from context_core.redis_conn import RedisProvider
+from context_core.redis_conn import (
+    REDIS_ERRORS,
+    RedisClient,
+    RedisProvider,
+    call_script,
+    client_location,
+    connection_kwargs,
+)
 from context_core.working_memory.contract import CONTRACT_LUA, CONTRACT_STATUS_LUA, LOCK_LUA
 from context_core.working_memory.index import (
     API_PUT_LUA,
@@ -108,11 +115,21 @@ class WorkingMemory:
     activity before the idle sweep times it out, ``activity_key`` the Sorted Set recording
     activity (``ctx:activity``; another name keeps a test's or a tenant's sweep to its own
     sessions) (:mod:`.lifetime`).
+
+    The client may be a :class:`redis.cluster.RedisCluster`: every script declares keys of one
+    session (one ``{<sid>}`` hash tag, so one slot) or one user (``{<uid>}``), and the global
+    activity Set is only ever written by a command of its own. ``min_replicas`` /
+    ``replica_wait_ms`` (``CTX_REDIS_MIN_REPLICAS`` / ``CTX_REDIS_REPLICA_WAIT_MS``): every
+    write script is followed by ``WAIT`` and fails
+    (:class:`~context_core.redis_conn.ReplicaAckError`, a 503 in the service) when fewer
+    replicas acknowledged it; :func:`context_core.redis_conn.call_script` says what that does
+    and does not guarantee. The activity ZADD of :meth:`SessionMemory.touch` is not waited
+    for (every request sends it again).
     """
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: RedisClient,
         gateway: Gateway,
         *,
         default_ttl_s: int = defaults.WM_DEFAULT_TTL_S,
@@ -124,8 +141,10 @@ class WorkingMemory:
         contract_history_ttl_s: int = DEFAULT_CONTRACT_HISTORY_TTL_S,
         idle_s: float = DEFAULT_IDLE_S,
         activity_key: str = ACTIVITY_KEY,
+        min_replicas: int = 0,
+        replica_wait_ms: int = 100,
     ) -> None:
-        if not client.connection_pool.connection_kwargs.get("decode_responses"):
+        if not connection_kwargs(client).get("decode_responses"):
             raise ConfigError(
                 "WorkingMemory needs a redis client with decode_responses=True "
                 "(RedisProvider.client() returns one)"
@@ -177,9 +196,14 @@ class WorkingMemory:
         self._key_expired_script = reg(KEY_EXPIRED_LUA)
         self._pref_set_script = reg(PREF_SET_LUA)
         self._pref_delete_script = reg(PREF_DELETE_LUA)
-        kw = client.connection_pool.connection_kwargs
-        where = kw.get("path") or f"{kw.get('host', '?')}:{kw.get('port', '?')}"
-        self.url = f"redis://{where}/{kw.get('db', 0)}"  # no password, safe to show
+        if min_replicas < 0 or replica_wait_ms <= 0:
+            raise ConfigError(
+                "CTX_REDIS_MIN_REPLICAS must be >= 0 and CTX_REDIS_REPLICA_WAIT_MS positive, "
+                f"got {min_replicas} and {replica_wait_ms}"
+            )
+        self.min_replicas = int(min_replicas)
+        self.replica_wait_ms = int(replica_wait_ms)
+        self.url = client_location(client)  # no password, safe to show
 
     @classmethod
     def from_settings(
@@ -203,6 +227,8 @@ class WorkingMemory:
             "contract_ttl_s": settings.wm_contract_ttl_s,
             "contract_history_ttl_s": settings.wm_contract_history_ttl_s,
             "idle_s": settings.session_idle_s,
+            "min_replicas": settings.redis_min_replicas,
+            "replica_wait_ms": settings.redis_replica_wait_ms,
         }
 
     def now(self) -> float:
@@ -239,11 +265,23 @@ class WorkingMemory:
         with self._guard(f"ZREM {self.activity_key}"):
             self._client.zrem(self.activity_key, session_id)
 
+    def _write(self, script: Script, *, keys: list[str], args: list[Any]) -> Any:
+        """Run a write script, then ``WAIT`` for ``min_replicas`` when set (see the class
+        doc); call inside :meth:`_guard`."""
+        return call_script(
+            self._client,
+            script,
+            keys,
+            args,
+            min_replicas=self.min_replicas,
+            wait_ms=self.replica_wait_ms,
+        )
+
     @contextmanager
     def _guard(self, op: str) -> Iterator[None]:
         try:
             yield
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             raise BackendUnavailableError(
                 f"Redis at {self.url} failed during {op}: {e}; check the server is up and "
                 "CTX_REDIS_URL points at it"
@@ -276,7 +314,9 @@ class SessionMemory(LifetimeOps):
         data = self._gw.clean_response(response, where=f"L2.api {endpoint}")
         body = canonical({"stored_at": self.wm._now(), "data": data})
         with self.wm._guard(f"SET {key}"):
-            self.wm._api_put_script(keys=[key, self._idx], args=[body, self._ttl(ttl_s)])
+            self.wm._write(
+                self.wm._api_put_script, keys=[key, self._idx], args=[body, self._ttl(ttl_s)]
+            )
         return key
 
     def put_call_result(
@@ -289,7 +329,9 @@ class SessionMemory(LifetimeOps):
         body = canonical({"stored_at": self.wm._now(), "data": cleaned})
         check_size(f"tool result {call_id!r}", len(body.encode()), max_bytes, "BODY")
         with self.wm._guard(f"SET {key}"):
-            self.wm._api_put_script(keys=[key, self._idx], args=[body, self._ttl(ttl_s)])
+            self.wm._write(
+                self.wm._api_put_script, keys=[key, self._idx], args=[body, self._ttl(ttl_s)]
+            )
         return key
 
     def get_api_response(self, endpoint: str, params: Mapping[str, Any]) -> Loaded:
@@ -337,7 +379,9 @@ class SessionMemory(LifetimeOps):
         for field, value in mapping.items():
             args += [field, value]
         with self.wm._guard(f"HSET {key}"):
-            self.wm._step_put_script(keys=[key, self._plan_key(), self._idx], args=args)
+            self.wm._write(
+                self.wm._step_put_script, keys=[key, self._plan_key(), self._idx], args=args
+            )
         return key
 
     def get_step_result(self, step_id: str) -> Loaded:
@@ -444,7 +488,7 @@ class SessionMemory(LifetimeOps):
         for ts_f, val_f in cleaned:
             args += [repr(ts_f), f"{ts_f!r}|{val_f!r}"]
         with self.wm._guard(f"ZADD {key}"):
-            self.wm._series_add_script(keys=[key, self._idx], args=args)
+            self.wm._write(self.wm._series_add_script, keys=[key, self._idx], args=args)
 
     def series(self, series: str, since: float | None = None) -> list[tuple[float, float]]:
         """Points ``(ts, value)`` oldest first, optionally from ``since`` (inclusive)."""
@@ -465,7 +509,7 @@ class SessionMemory(LifetimeOps):
         key = self.key("pending", "tasks")
         member = self._pending_member(task_id)
         with self.wm._guard(f"SADD {key}"):
-            self.wm._pending_add_script(keys=[key, self._idx], args=[member])
+            self.wm._write(self.wm._pending_add_script, keys=[key, self._idx], args=[member])
 
     def remove_pending(self, task_id: str) -> bool:
         """Forget a task id. When the last one goes the Set is gone, and the key index,
@@ -473,7 +517,9 @@ class SessionMemory(LifetimeOps):
         key = self.key("pending", "tasks")
         member = self._pending_member(task_id)
         with self.wm._guard(f"SREM {key}"):
-            removed, still_there = self.wm._pending_remove_script(keys=[key], args=[member])
+            removed, still_there = self.wm._write(
+                self.wm._pending_remove_script, keys=[key], args=[member]
+            )
         if removed and not still_there:
             self._sweep("refit")
         return bool(removed)
@@ -517,7 +563,9 @@ class SessionMemory(LifetimeOps):
         for field, value in stored.items():
             args += [field, value]
         with self.wm._guard(f"apply_plan {plan_key}"):
-            done = self.wm._plan_apply_script(keys=[plan_key, self._idx, *keys.values()], args=args)
+            done = self.wm._write(
+                self.wm._plan_apply_script, keys=[plan_key, self._idx, *keys.values()], args=args
+            )
         return {s: ttls[s] for s, ok in zip(keys, done, strict=True) if ok}
 
     def current_plan(self) -> AnchoredPlan | None:

@@ -96,7 +96,8 @@ class Preferences:
         encoded = canonical(cleaned)
         now = self._wm._now()
         with self._wm._guard(f"HSET {key}"):
-            self._wm._pref_set_script(
+            self._wm._write(
+                self._wm._pref_set_script,
                 keys=[key, self._index],
                 args=[pref_type, encoded, repr(float(confidence)), repr(now)],
             )
@@ -123,7 +124,11 @@ class Preferences:
     def delete(self, pref_type: str) -> bool:
         key = self.key(pref_type)
         with self._wm._guard(f"DEL {key}"):
-            return bool(self._wm._pref_delete_script(keys=[key, self._index], args=[pref_type]))
+            return bool(
+                self._wm._write(
+                    self._wm._pref_delete_script, keys=[key, self._index], args=[pref_type]
+                )
+            )
 
 
 def _valid(pref_type: str) -> bool:

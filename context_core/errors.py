@@ -96,10 +96,28 @@ class ContextMissError(ContextError, KeyError):
 
 
 class VersionConflictError(ContextError):
-    """An optimistic-lock write was based on a stale version of a task contract."""
+    """An optimistic-lock write was based on a stale version of a task contract.
+
+    ``current_version`` is the version the contract is at now (re-read, merge, retry on it);
+    both versions go into the HTTP error body when known."""
 
     http_status: ClassVar[int] = 409
     error_code: ClassVar[str] = "version_conflict"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        current_version: int | None = None,
+        expected_version: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.current_version = current_version
+        self.expected_version = expected_version
+
+    def details(self) -> dict[str, Any]:
+        out = {"current_version": self.current_version, "expected_version": self.expected_version}
+        return {k: v for k, v in out.items() if v is not None}
 
 
 class ContractLockedError(ContextError):

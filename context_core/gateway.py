@@ -48,7 +48,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -232,6 +232,28 @@ class Gateway:
         elif out == text and type(text) is str and len(text) <= KNOWN_CLEAN_TEXT_MAX_LEN:
             remember_clean(text)
         return out
+
+    def clean_text_with_findings(self, text: str, *, where: str) -> tuple[str, tuple[Finding, ...]]:
+        """:meth:`clean_text` that also says what it found (kinds and keyed hashes, never
+        values), for a caller that reports the removals (the output sanitizer)."""
+        if type(text) is str and text in KNOWN_CLEAN:
+            return text, ()
+        findings: list[Finding] = []
+        out = self._guarded(self._clean_str, text, findings)
+        if findings:
+            self._audit(where, findings)
+        return out, tuple(findings)
+
+    def audit(self, where: str, findings: Sequence[Finding]) -> None:
+        """Append a record of another part's removals (built with :meth:`hash_value`) to this
+        gateway's audit trail: the same file, lock and tail as its own records."""
+        if findings:
+            self._audit(where, list(findings))
+
+    def hash_value(self, raw: str | bytes) -> str:
+        """The audit hash of a removed value: HMAC-SHA-256 with ``CTX_AUDIT_HMAC_KEY`` when
+        set, else SHA-256; 16 hex characters."""
+        return self._hash(raw)
 
     def clean_response(self, payload: Any, *, where: str) -> Any:
         """Clean, then cap: a JSON encoding over ``max_response_bytes`` UTF-8 bytes is replaced.

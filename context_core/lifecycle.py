@@ -383,6 +383,7 @@ class LifecycleManager:
         current = sm.contract()
         fields = {"goal": new.user_query, **dict(contract or {})}
         c = sm.update_contract(fields, expected_version=current.version)
+        new = new.advance(shared_state_ref=c.version)  # the contract version this L1 acted on
         return EventResult(
             LifecycleEvent.SESSION_START, new, {"contract_version": c.version, "contract": c.fields}
         )
@@ -437,6 +438,7 @@ class LifecycleManager:
         c = sm.update_contract(fields, expected_version=current.version, corrected=True)
         before = state.trace_pairs
         new = state.drop_last_trace_items(self.correction_drop_pairs)
+        new = new.advance(shared_state_ref=c.version)
         if user_query:
             new = new.advance(user_query=user_query)
         return EventResult(

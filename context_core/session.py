@@ -31,6 +31,11 @@ keeps a tool call's args or result in the trace only while its cleaned JSON is a
 key) and the trace item holds ``{"l2_key", "sha256", "bytes"}`` instead, so the state stays
 small however big the tool output was. ``last_api_result`` keeps status + sha256 either way.
 Without an offload (plain library use) payloads stay inline, as before.
+
+Cooperating agents (planner, executor, verifier) share one task contract in L2; each one's
+``shared_state_ref`` is the contract version it last read or wrote (``None``: it has not
+looked), set by the helpers of :mod:`context_core.working_memory.contract_sync`, so a write
+can name the version it acted on and a stale one is refused.
 """
 
 from __future__ import annotations
@@ -278,7 +283,9 @@ _TRUSTED_BUILD: contextvars.ContextVar[bool] = contextvars.ContextVar(
 )
 
 _IDENTITY_FIELDS = frozenset({"session_id", "user_id", "start_time", "gateway", "auth_context"})
-_ADVANCE_FIELDS = frozenset({"current_step", "last_device_id", "last_api_result", "user_query"})
+_ADVANCE_FIELDS = frozenset(
+    {"current_step", "last_device_id", "last_api_result", "user_query", "shared_state_ref"}
+)
 _DEVICE_PREFIX = re.compile(r"[A-Za-z]+")
 
 
@@ -298,6 +305,7 @@ class SessionState:
     last_device_id: str | None = None
     last_api_result: ApiResultPointer | None = None
     trace: tuple[TraceItem, ...] = ()
+    shared_state_ref: int | None = None
     gateway: Gateway = field(kw_only=True, repr=False, compare=False)
     auth_context: AuthContext = field(default=ANONYMOUS, kw_only=True, repr=False, compare=False)
     offload: TraceOffload | None = field(default=None, kw_only=True, repr=False, compare=False)
@@ -326,6 +334,7 @@ class SessionState:
             raise ContextError("SessionState.trace must be a tuple of TraceItem")
         if len(self.trace) > 2 * TRACE_PAIRS:
             raise ContextError(f"SessionState.trace holds at most {TRACE_PAIRS} pairs")
+        _check_ref(self.shared_state_ref, "SessionState.shared_state_ref")
         if _TRUSTED_BUILD.get():
             return
         # Untrusted construction (direct call or an outside dataclasses.replace): clean all.
@@ -392,7 +401,8 @@ class SessionState:
     # ---- changes ------------------------------------------------------------------------
     def advance(self, **changes: Any) -> SessionState:
         """A new state with ``changes`` applied (current_step, last_device_id, user_query,
-        last_api_result). Identity fields and the trace cannot be changed here."""
+        last_api_result, shared_state_ref). Identity fields and the trace cannot be changed
+        here."""
         bad = set(changes) - _ADVANCE_FIELDS
         if bad:
             fixed = sorted(bad & _IDENTITY_FIELDS)
@@ -417,6 +427,8 @@ class SessionState:
         step = changes.get("current_step", self.current_step)
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ContextError(f"advance(): current_step must be a non-negative int, got {step!r}")
+        if "shared_state_ref" in changes:
+            _check_ref(changes["shared_state_ref"], "advance(): shared_state_ref")
         return self._successor(**changes)
 
     def _clean_payload(self, value: Any, ident: str) -> tuple[str, str]:
@@ -510,6 +522,12 @@ class SessionState:
     @property
     def trace_pairs(self) -> int:
         return sum(1 for i in self.trace if i.kind == "tool_call")
+
+
+def _check_ref(ref: object, what: str) -> None:
+    """A task-contract version: a non-negative int, or None (never looked)."""
+    if ref is not None and (not isinstance(ref, int) or isinstance(ref, bool) or ref < 0):
+        raise ContextError(f"{what} must be a non-negative int (a contract version) or None")
 
 
 def _pair_order(trace: tuple[TraceItem, ...]) -> list[str]:

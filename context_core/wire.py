@@ -145,6 +145,8 @@ class WireTraceItem(_Wire):
 
 
 _CHECK_FIELDS = ("version", "nonce", "sig")
+#: L1 fields added after signed states were in use: signed only when set (see signed_part).
+_ADDED_FIELDS = ("shared_state_ref",)
 
 
 class WireState(_Wire):
@@ -161,12 +163,24 @@ class WireState(_Wire):
     last_device_id: WireName | None = None
     last_api_result: WireApiResult | None = None
     trace: list[WireTraceItem] = Field(default_factory=list, max_length=20)
+    shared_state_ref: int | None = Field(
+        None,
+        ge=0,
+        description="the task-contract version this agent last read or wrote (null: none)",
+    )
     version: int = Field(0, ge=0, description="+1 per applied event; stale versions are refused")
     nonce: Nonce = Field(NO_NONCE, description="the session's incarnation")
     sig: str = Field(min_length=64, max_length=64)
 
     def signed_part(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"sig"})
+        """Every field but ``sig``; a field added after states were first signed is left
+        out while it holds its default (null), so a state signed before it existed (and
+        echoed without it) still verifies."""
+        body = self.model_dump(exclude={"sig"})
+        for name in _ADDED_FIELDS:
+            if body.get(name) is None:
+                body.pop(name, None)
+        return body
 
     @classmethod
     def of(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from conftest import CrowdedRedis, cleanup_keys
+from conftest import CrowdedRedis, cleanup_keys, redis_client
 
 from context_core import lifecycle
 from context_core.config import Settings, get_settings
@@ -58,7 +58,7 @@ def _teardown(url: str, client: redis.Redis, session_id: str, user_id: str) -> N
 
 @pytest.fixture
 def env(any_redis: str, session_id: str) -> Iterator[Env]:
-    client = redis.Redis.from_url(any_redis, decode_responses=True)
+    client = redis_client(any_redis, decode_responses=True)
     gw = Gateway()
     wm = WorkingMemory(client, gw, default_ttl_s=900)
     mgr = LifecycleManager(wm=wm, gateway=gw, low_priority_ttl_s=30)
@@ -145,6 +145,7 @@ def test_session_start_creates_l1_and_contract_v1(env: Env) -> None:
     assert c.version == 1
     assert c.fields == {"goal": state.user_query, "max_pages": 1}
     assert c.corrected is False
+    assert state.shared_state_ref == 1  # the L1 names the contract version it acted on
 
 
 def test_tool_call_records_trace_and_stores_response(env: Env) -> None:
@@ -188,6 +189,7 @@ def test_user_correction_new_corrected_version_and_drops_three_pairs(env: Env) -
     assert c.version == 2
     assert c.corrected is True
     assert c.fields["device"] == "PUMP-0043"
+    assert state.shared_state_ref == 1 and new.shared_state_ref == 2
     assert [v.corrected for v in env.sm().contract_history()] == [False, True]
 
 
@@ -378,7 +380,7 @@ def test_scripted_demo_session_runs_every_layer(settings: Settings, redis_url: s
     finally:
         cleanup_keys(redis_url, f"wm:{{{sid}}}:*")
         cleanup_keys(redis_url, "pref:{demo-user}:*")  # goal_achieved's last_completed_task
-        c = redis.Redis.from_url(redis_url)
+        c = redis_client(redis_url)
         c.zrem(ACTIVITY_KEY, sid)
         c.delete("ns:{fleet}:kv:baseline:PUMP")
         c.hdel("ns:{fleet}:acl", AGENT, "fleet-etl")
@@ -392,7 +394,7 @@ def test_ttl_events_touch_only_the_session_and_never_scan(
     """Among 20k unrelated keys, each TTL-changing event works from the session's key index
     (and goal_achieved's profile write from the user's preference index): zero SCAN calls
     (INFO commandstats) and the same effects as before."""
-    client = redis.Redis.from_url(crowded_redis.url, decode_responses=True)
+    client = redis_client(crowded_redis.url, decode_responses=True)
     gw = Gateway()
     wm = WorkingMemory(client, gw, default_ttl_s=900)
     mgr = LifecycleManager(wm=wm, gateway=gw, low_priority_ttl_s=30, goal_grace_s=20)

@@ -40,6 +40,12 @@ class Env:
 
 
 @pytest.fixture(scope="module")
+def redis_url(redis_or_cluster: str) -> str:
+    """This module runs once on the system Redis (or embedded Valkey), once on a Redis Cluster."""
+    return redis_or_cluster
+
+
+@pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Env]:
     tmp = tmp_path_factory.mktemp("contract")
     settings, raw = service_settings(tmp, redis_url, max_body_bytes=64 * 1024)
@@ -165,7 +171,29 @@ def case_result(e: Env) -> Answers:
 def case_contract(e: Env) -> Answers:
     with e.client() as c:
         sid = _start(c)["session_id"]
-        return [c.get(f"/v1/sessions/{sid}/contract"), c.get(f"/v1/sessions/{_sid()}/contract")]
+        url = f"/v1/sessions/{sid}/contract"
+        return [
+            c.get(url),
+            c.get(url, params={"since_version": 1}),  # unchanged: {"changed": false, ...}
+            c.get(url, params={"since_version": 0}),  # changed: the contract in full
+            c.get(url, params={"since_version": -1}),  # 422 naming since_version
+            c.get(f"/v1/sessions/{_sid()}/contract"),
+        ]
+
+
+def case_put_contract(e: Env) -> Answers:
+    with e.client() as c:
+        sid = _start(c)["session_id"]
+        url = f"/v1/sessions/{sid}/contract"
+        ok = c.put(url, json={"expected_version": 1, "fields": {"device": "PUMP-0043"}})
+        return [
+            ok,
+            c.put(url, json={"expected_version": 1, "fields": {"device": "PUMP-0044"}}),  # 409
+            c.put(url, json={"expected_version": 2, "fields": {}}),  # 422
+            c.put(
+                f"/v1/sessions/{_sid()}/contract", json={"expected_version": 0, "fields": {"a": 1}}
+            ),
+        ]
 
 
 def case_contract_history(e: Env) -> Answers:
@@ -267,6 +295,7 @@ CASES: dict[tuple[str, str], Callable[[Env], Answers]] = {
     ("GET", "/v1/sessions/{session_id}/state"): case_state,
     ("GET", "/v1/sessions/{session_id}/results/{call_id}"): case_result,
     ("GET", "/v1/sessions/{session_id}/contract"): case_contract,
+    ("PUT", "/v1/sessions/{session_id}/contract"): case_put_contract,
     ("GET", "/v1/sessions/{session_id}/contract/history"): case_contract_history,
     ("DELETE", "/v1/sessions/{session_id}"): case_close,
     ("PUT", "/v1/sessions/{session_id}/plan"): case_put_plan,
@@ -357,6 +386,8 @@ def test_error_cases_answer_what_they_test(env: Env) -> None:
     assert _codes(case_result(env)) == [200, 409, 422]
     assert _codes(case_get_plan(env)) == [200, 409]
     assert _codes(case_close(env)) == [200, 404]
+    assert _codes(case_contract(env)) == [200, 200, 200, 422, 404]
+    assert _codes(case_put_contract(env)) == [200, 409, 422, 404]
 
 
 @pytest.mark.parametrize("route", sorted(DOC_PAGES), ids=lambda r: f"{r[0]} {r[1]}")

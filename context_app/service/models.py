@@ -39,6 +39,8 @@ __all__ = [
     "ContextResponse",
     "ContractHistoryResponse",
     "ContractResponse",
+    "ContractUnchangedResponse",
+    "ContractUpdateRequest",
     "CreateSessionRequest",
     "ErrorResponse",
     "Event",
@@ -46,6 +48,7 @@ __all__ = [
     "HealthResponse",
     "IntentOut",
     "OutputRequest",
+    "OutputResponse",
     "PlanRequest",
     "PlanResponse",
     "PreferenceDeleted",
@@ -54,6 +57,7 @@ __all__ = [
     "PreferenceSet",
     "PreferencesResponse",
     "ReadyResponse",
+    "RemovedItem",
     "StateResponse",
     "ValidationErrorResponse",
     "WireState",
@@ -258,6 +262,11 @@ class OutputRequest(_Model):
     trace_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
     output: Output
     step: int | None = Field(None, ge=0, description="default: the state's current step")
+    format: Literal["markdown", "html", "text"] = Field(
+        "markdown",
+        description="how the output will be rendered: decides which HTML survives (none for "
+        "text); links, secrets and PII are cleaned in every format",
+    )
 
 
 StepId = Annotated[str, Field(min_length=1, max_length=128, pattern=ID_PATTERN)]
@@ -328,6 +337,23 @@ class StateResponse(_Model):
     info: dict[str, Any] = Field(default_factory=dict)
 
 
+class RemovedItem(_Model):
+    """One thing the output sanitizer took out of an output."""
+
+    kind: str = Field(
+        description="scheme, private_host, bad_url, html_tag, html_attr, html_comment, secret, pii"
+    )
+    value: str = Field(description="what was removed, shortened; secrets show as [REDACTED]")
+    detail: str
+
+
+class OutputResponse(StateResponse):
+    """The state (unchanged), the output as stored (sanitized) and what was removed from it."""
+
+    output: str
+    removed: list[RemovedItem] = Field(default_factory=list)
+
+
 class ContextResponse(BundleWire):
     """The step's context bundle (declared once, as :class:`context_core.wire.BundleWire`)."""
 
@@ -377,6 +403,34 @@ class ContractResponse(_Model):
     status: str = Field("active", description="active, expired (timed out) or completed")
     ttl_s: float | None = None
     sha256: str
+
+
+class ContractUnchangedResponse(_Model):
+    """``GET .../contract?since_version=N`` while the contract is still at version ``N``
+    (read with one ``HGET`` of its version; nothing else is read or sent)."""
+
+    session_id: str
+    version: int
+    changed: Literal[False] = Field(
+        description="always false here; a changed contract is answered in full instead"
+    )
+
+
+ContractFieldName = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class ContractUpdateRequest(_Model):
+    """``PUT .../contract``: a new version based on the one the agent read."""
+
+    expected_version: int = Field(
+        ge=0,
+        description="the version this write is based on (the one the agent read); when the "
+        "contract has moved on, 409 version_conflict naming current_version, nothing written",
+    )
+    fields: Annotated[dict[ContractFieldName, Any], AfterValidator(check_json)] = Field(
+        min_length=1, max_length=100, description="task-contract fields to merge in"
+    )
+    corrected: bool = Field(False, description="written because the user corrected the agent")
 
 
 class ContractHistoryResponse(_Model):

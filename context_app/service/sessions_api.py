@@ -25,8 +25,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-import redis
-from fastapi import FastAPI, Path, Request
+from fastapi import FastAPI, Path, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
@@ -42,9 +41,13 @@ from context_app.service.models import (
     ContextResponse,
     ContractHistoryResponse,
     ContractResponse,
+    ContractUnchangedResponse,
+    ContractUpdateRequest,
     CreateSessionRequest,
+    ErrorResponse,
     EventRequest,
     OutputRequest,
+    OutputResponse,
     StateResponse,
     ToolCallEvent,
     ToolResultResponse,
@@ -60,13 +63,25 @@ from context_core.errors import (
     StateTooLargeError,
     UnknownSessionError,
 )
+from context_core.output_sanitizer import sanitize_output
+from context_core.redis_conn import REDIS_ERRORS
 from context_core.session import AuthContext, OffloadedPayload, SessionState, TraceOffload
 from context_core.wire import encode_json
+from context_core.working_memory.contract_sync import contract_since
 
 __all__ = ["install_session_routes"]
 
 PathSessionId = Annotated[str, Path(min_length=1, max_length=128, pattern=ID_PATTERN)]
 PathCallId = Annotated[str, Path(min_length=1, max_length=128, pattern=ID_PATTERN)]
+SinceVersion = Annotated[
+    int | None,
+    Query(
+        ge=0,
+        description="the contract version the caller holds: while the contract is still at "
+        'it, the answer is {"session_id", "version", "changed": false} (one HGET in Redis); '
+        "any other version answers the contract in full",
+    ),
+]
 
 ERRORS = error_responses(*SESSION_ERRORS)
 EVENT_ERRORS = error_responses(*SESSION_ERRORS, 423)
@@ -322,7 +337,7 @@ def install_session_routes(app: FastAPI) -> None:
             m.load_failures.labels(reason="l2_miss").inc()
             m.l2_misses.inc()
             raise
-        except (BackendUnavailableError, redis.RedisError):
+        except (BackendUnavailableError, *REDIS_ERRORS):
             m.load_failures.labels(reason="backend").inc()
             raise
         except (AccessDeniedError, UnknownSessionError, StaleStateError, RequestValidationError):
@@ -342,21 +357,38 @@ def install_session_routes(app: FastAPI) -> None:
     @app.post(
         "/v1/sessions/{session_id}/outputs",
         tags=["sessions"],
-        response_model=StateResponse,
+        response_model=OutputResponse,
         responses=ERRORS,
     )
     def post_output(
         session_id: PathSessionId, body: OutputRequest, svc: Svc, who: Who, nbytes: BodyBytes
     ) -> Response:
-        """Record the step's output for CER (the state comes back unchanged)."""
+        """Record the step's output for CER (the state comes back unchanged). The output is
+        sanitized first (:mod:`context_core.output_sanitizer`): unsafe links and HTML, secrets
+        and PII removed; the cleaned text is what is stored and returned (``output``), with
+        what was removed (``removed``), also written to the audit file."""
         wire = body.state
         _signed_for(svc, wire, session_id)
         svc.quotas.charge(who.agent_id, nbytes, session_id=session_id)
         svc.owners.verify(session_id, who.agent_id, wire.nonce, wire.version)
         step = wire.current_step if body.step is None else body.step
-        svc.tracer.record_output(body.trace_id, session_id, step, body.output)
+        clean = sanitize_output(
+            body.output,
+            gateway=svc.gateway,
+            fmt=body.format,
+            where=f"output:{session_id}:{body.trace_id}",
+        )
+        svc.tracer.record_output(body.trace_id, session_id, step, clean.text)
         svc.wm.session(session_id).touch()
-        return state_response(encode_json(wire), {"step": step, "trace_id": body.trace_id})
+        info = {"step": step, "trace_id": body.trace_id}
+        removed = [r.to_dict() for r in clean.removed]
+        payload = b'{"state":%b,"info":%b,"output":%b,"removed":%b}' % (
+            encode_json(wire),
+            encode_json(info),
+            encode_json(clean.text),
+            encode_json(removed),
+        )
+        return Response(payload, media_type="application/json")
 
     @app.get(
         "/v1/sessions/{session_id}/state",
@@ -395,20 +427,70 @@ def install_session_routes(app: FastAPI) -> None:
     @app.get(
         "/v1/sessions/{session_id}/contract",
         tags=["sessions"],
-        response_model=ContractResponse,
+        response_model=ContractResponse | ContractUnchangedResponse,
         responses=ERRORS,
     )
-    def get_contract(session_id: PathSessionId, svc: Svc, who: Who) -> ContractResponse:
+    def get_contract(
+        session_id: PathSessionId, svc: Svc, who: Who, since_version: SinceVersion = None
+    ) -> Response:
         """The current task contract with a content hash (used to check nothing was lost), its
-        status (active, expired after a timeout, completed) and the seconds it has left."""
+        status (active, expired after a timeout, completed) and the seconds it has left.
+
+        With ``?since_version=N`` (polling agents): while the contract is still at version
+        ``N`` the answer is 200 ``{"session_id", "version": N, "changed": false}``, read with
+        one ``HGET`` of the version (besides the ownership check); otherwise the contract in
+        full, as without the parameter."""
         svc.owners.check(session_id, who.agent_id)
         sm = svc.wm.session(session_id)
-        contract = sm.contract()
+        if since_version is None:
+            contract = sm.contract()
+        else:
+            found = contract_since(sm, since_version)
+            if found is None:
+                return wire_response(
+                    ContractUnchangedResponse(
+                        session_id=session_id, version=since_version, changed=False
+                    )
+                )
+            contract = found
         ttl: float | None = None
         if contract.version:
             with contextlib.suppress(ContextMissError):
                 ttl = sm.ttl(sm.key("contract", "current"))
-        return _contract_out(session_id, contract, ttl)
+        return wire_response(_contract_out(session_id, contract, ttl))
+
+    @app.put(
+        "/v1/sessions/{session_id}/contract",
+        tags=["sessions"],
+        response_model=ContractResponse,
+        responses={
+            **EVENT_ERRORS,
+            409: {
+                "model": ErrorResponse,
+                "description": "version_conflict: the write was based on a stale version "
+                "(the body names current_version and expected_version); nothing was written",
+            },
+        },
+    )
+    def put_contract(
+        session_id: PathSessionId,
+        body: ContractUpdateRequest,
+        svc: Svc,
+        who: Who,
+        nbytes: BodyBytes,
+    ) -> Response:
+        """Write a new contract version based on ``expected_version`` (optimistic lock):
+        the fields are merged in (cleaned by the gateway) and the new version is answered.
+        A stale ``expected_version`` is 409 ``version_conflict`` naming ``current_version``
+        (re-read, redo the change, retry); a locked contract (error recovery) is 423."""
+        svc.owners.check(session_id, who.agent_id)
+        svc.quotas.charge(who.agent_id, nbytes, session_id=session_id)
+        sm = svc.wm.session(session_id)
+        contract = sm.update_contract(
+            body.fields, expected_version=body.expected_version, corrected=body.corrected
+        )
+        sm.touch()
+        return wire_response(_contract_out(session_id, contract, float(sm.wm.contract_ttl_s)))
 
     @app.get(
         "/v1/sessions/{session_id}/contract/history",

@@ -74,7 +74,8 @@ end
 # KEYS: 1 contract hash, 2 history list, 3 session key index.  ARGV: 1 expected version,
 # 2 JSON object of field -> JSON-encoded value, 3 corrected "1"/"0", 4 now, 5 contract ttl
 # seconds, 6 history ttl seconds.  The history is found by name, never listed in the index
-# (an older version of this script listed it: it is unlisted here).
+# (an older version of this script listed it: it is unlisted here).  Returns {'ok', new
+# version, snapshot JSON of the version written} or {'conflict'|'locked', current version}.
 CONTRACT_LUA = (
     INDEX_ADD_LUA
     + _SNAPSHOT_LUA
@@ -87,12 +88,13 @@ local fields = cjson.decode(ARGV[2])
 for k, v in pairs(fields) do redis.call('HSET', KEYS[1], 'f:' .. k, v) end
 redis.call('HSET', KEYS[1], '_version', new, '_corrected', ARGV[3], '_updated_at', ARGV[4],
            '_locked', '0', '_status', 'active')
-redis.call('RPUSH', KEYS[2], snapshot(KEYS[1]))
+local snap = snapshot(KEYS[1])
+redis.call('RPUSH', KEYS[2], snap)
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 redis.call('EXPIRE', KEYS[2], ARGV[6])
 redis.call('SREM', KEYS[3], KEYS[2])
 index_add(KEYS[3], tonumber(ARGV[5]), KEYS[1])
-return {'ok', new}
+return {'ok', new, snap}
 """
 )
 
@@ -158,16 +160,26 @@ class ContractOps(SessionBase):
         with self.wm._guard(f"HGETALL {key}"):
             return contract_from_hash(self._r.hgetall(key))
 
+    def contract_version(self) -> int:
+        """The current contract's version alone: one ``HGET`` of ``_version`` (0 when none
+        was written yet, or it is gone). The cheap "did it change?" read of pollers."""
+        key, _ = self._contract_keys()
+        with self.wm._guard(f"HGET {key} _version"):
+            raw = self._r.hget(key, "_version")
+        return int(raw) if raw else 0
+
     def update_contract(
         self, fields: Mapping[str, Any], *, expected_version: int, corrected: bool = False
     ) -> TaskContract:
         """Merge ``fields`` into the contract if it is still at ``expected_version``.
 
-        A stale version raises :class:`VersionConflictError` (re-read and retry); a locked
-        contract raises :class:`ContractLockedError`. Each new version is appended to the
-        history and is ``active``. ``corrected`` marks a version written because the user
-        corrected the agent. The contract then lives ``contract_ttl_s`` and the history
-        ``contract_history_ttl_s``.
+        A stale version raises :class:`VersionConflictError` (its ``current_version`` is
+        the version to re-read and retry on); a locked contract raises
+        :class:`ContractLockedError`. Each new version is appended to the history and is
+        ``active``. ``corrected`` marks a version written because the user corrected the
+        agent. The contract then lives ``contract_ttl_s`` and the history
+        ``contract_history_ttl_s``. Returns exactly the version written (not a later one
+        another writer may have added since).
         """
         if not fields:
             raise ContextError("update_contract: fields must not be empty")
@@ -179,7 +191,8 @@ class ContractOps(SessionBase):
         encoded = json.dumps({k: canonical(v) for k, v in cleaned.items()})
         wm = self.wm
         with wm._guard(f"contract update {key}"):
-            status, version = wm._contract_script(
+            status, version, *written = wm._write(
+                wm._contract_script,
                 keys=[key, hist, self._idx],
                 args=[
                     int(expected_version),
@@ -193,13 +206,17 @@ class ContractOps(SessionBase):
         if status == "conflict":
             raise VersionConflictError(
                 f"task contract of session {self.session_id!r} is at version {version}, "
-                f"expected {expected_version}: re-read it with contract() and retry"
+                f"expected {expected_version}: re-read it with contract() and retry",
+                current_version=int(version),
+                expected_version=int(expected_version),
             )
         if status == "locked":
             raise ContractLockedError(
                 f"task contract of session {self.session_id!r} (version {version}) is locked; "
                 "unlock_contract() first (the recovery_complete event, after error recovery)"
             )
+        if written:  # the snapshot of the version this call wrote
+            return contract_from_hash(json.loads(written[0]))
         return self.contract()
 
     def contract_history(self) -> list[TaskContract]:
@@ -219,7 +236,9 @@ class ContractOps(SessionBase):
     def _set_lock(self, flag: str) -> None:
         key, _ = self._contract_keys()
         with self.wm._guard(f"HSET {key} _locked"):
-            self.wm._lock_script(keys=[key, self._idx], args=[flag, self.wm.contract_ttl_s])
+            self.wm._write(
+                self.wm._lock_script, keys=[key, self._idx], args=[flag, self.wm.contract_ttl_s]
+            )
 
     def expire_contract(self) -> TaskContract:
         """Mark the contract ``expired`` (the session timed out) and keep it, with its TTL.
@@ -239,7 +258,9 @@ class ContractOps(SessionBase):
         key, hist = self._contract_keys()
         wm = self.wm
         with wm._guard(f"contract status {key}"):
-            _, flat = wm._contract_status_script(
-                keys=[key, hist], args=[status, repr(wm._now()), wm.contract_history_ttl_s]
+            _, flat = wm._write(
+                wm._contract_status_script,
+                keys=[key, hist],
+                args=[status, repr(wm._now()), wm.contract_history_ttl_s],
             )
         return contract_from_hash(_pairs(flat))

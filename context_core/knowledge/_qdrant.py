@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from context_core import defaults
 from context_core.knowledge.store import (
     PAYLOAD_INDEXES,
     QUANT_OVERSAMPLING,
@@ -194,10 +195,10 @@ def retrieve(
     mode: str,
     limit: int,
     fusion: str,
-    weight: float,
+    weight: float = defaults.HYBRID_DENSE_WEIGHT,
     query: Sequence[float] | None = None,
     feedback: int = 0,
-    feedback_weight: float = 1.0,
+    feedback_weight: float = defaults.HYBRID_FEEDBACK_WEIGHT,
 ) -> list[Hit]:
     """Sparse or hybrid retrieval over a backend's batched query runner ``run``.
 

@@ -41,7 +41,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from context_core import defaults
 from context_core.errors import (
     BackendUnavailableError,
     CollectionNotFoundError,
@@ -488,16 +487,7 @@ class EdgeStore:
                         entry.remember(key, rows, gen)
             return [rows or [] for rows in out]
 
-        return retrieve(
-            run,
-            mode=mode,
-            limit=limit,
-            fusion=fusion,
-            weight=defaults.HYBRID_DENSE_WEIGHT,
-            query=vec,
-            feedback=feedback,
-            feedback_weight=defaults.HYBRID_FEEDBACK_WEIGHT,
-        )
+        return retrieve(run, mode=mode, limit=limit, fusion=fusion, query=vec, feedback=feedback)
 
     def _run_legs(
         self,

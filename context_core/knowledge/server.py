@@ -430,16 +430,7 @@ class QdrantServerStore:
                 for leg, r in zip(legs, got, strict=True)
             ]
 
-        return retrieve(
-            run,
-            mode=mode,
-            limit=limit,
-            fusion=fusion,
-            weight=defaults.HYBRID_DENSE_WEIGHT,
-            query=vec,
-            feedback=feedback,
-            feedback_weight=defaults.HYBRID_FEEDBACK_WEIGHT,
-        )
+        return retrieve(run, mode=mode, limit=limit, fusion=fusion, query=vec, feedback=feedback)
 
     def scroll(
         self,

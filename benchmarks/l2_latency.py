@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 REFERENCE_MS = 22.0
 TARGET_P99_MS = 1.0
-DEFAULT_REDIS = "redis://127.0.0.1:6379/13"
+DEFAULT_REDIS = "redis://127.0.0.1:6379/12"  # not the test suite's DB 13
 
 
 # --------------------------------------------------------------------------------------

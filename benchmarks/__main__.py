@@ -9,6 +9,7 @@ SCRIPTS = [
     "l2_latency",
     "l3_search",
     "route_latency",
+    "delta_recall",
     "ingest_throughput",
     "ingest_zip_bomb",
     "service_capacity",

@@ -2,7 +2,12 @@
 
 Keys file (``CTX_API_KEYS_FILE``), JSON::
 
-    {"diag-agent": {"key_sha256": "<hex>", "namespaces": ["fleet"], "purposes": ["diagnostics"]}}
+    {"diag-agent": {"key_sha256": "<hex>", "namespaces": ["fleet"], "purposes": ["diagnostics"],
+                    "org": "acme"}}
+
+``org`` (optional, default ``"default"``) is the organisation the agent acts for: its
+sessions get that org's compliance profile, and it reads (and, holding the purpose
+``compliance_admin``, writes) only that org's profiles (:mod:`context_core.compliance`).
 
 With no file configured the service makes one dev key at startup and prints it once, so
 ``ctx serve`` works out of the box without ever writing a credential into the repository.
@@ -17,6 +22,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import sys
 from collections.abc import Iterable, Mapping
@@ -29,6 +35,9 @@ from context_core.errors import ConfigError
 __all__ = ["AgentKey", "KeyStore", "generate_keys", "hash_key"]
 
 DEV_AGENT = "dev-agent"
+DEFAULT_ORG = "default"
+ORG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+_ORG = re.compile(ORG_PATTERN)
 KEY_PREFIX = "ctxk_"
 ANY = "*"
 
@@ -49,6 +58,7 @@ class AgentKey:
     key_sha256: str
     namespaces: tuple[str, ...] = ()
     purposes: tuple[str, ...] = ()
+    org: str = DEFAULT_ORG
 
     def may_use_namespace(self, name: str) -> bool:
         return ANY in self.namespaces or name in self.namespaces
@@ -102,8 +112,14 @@ class KeyStore:
             purposes = rec.get("purposes", [])
             if not isinstance(ns, list) or not isinstance(purposes, list):
                 raise ConfigError(f"{source}: {agent_id}.namespaces/purposes must be lists")
+            org = rec.get("org", DEFAULT_ORG)
+            if not isinstance(org, str) or not _ORG.match(org):
+                raise ConfigError(
+                    f"{source}: {agent_id}.org must be 1-64 characters from A-Z a-z 0-9 . _ - "
+                    f"(starting with a letter or digit), got {org!r}"
+                )
             agents.append(
-                AgentKey(str(agent_id), digest, tuple(map(str, ns)), tuple(map(str, purposes)))
+                AgentKey(str(agent_id), digest, tuple(map(str, ns)), tuple(map(str, purposes)), org)
             )
         return cls(agents)
 

@@ -59,10 +59,13 @@ import datetime as dt
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from context_core.traces import ReferenceTrace
 from context_core.wire import BundleWire, FragmentWire, encode_json
+
+if TYPE_CHECKING:
+    from context_core.delta import BundleDelta
 
 __all__ = [
     "LOW_CONFIDENCE_NOTE",
@@ -122,6 +125,9 @@ class ContextBundle:
     # Optional L2 keys the route looked for and did not find (a required miss raises).
     # Not on the wire: for service metrics (how many keys the step went without).
     l2_missing: tuple[str, ...] = ()
+    # Set when the route was asked for a delta (context_core.delta): the bundle's id, its
+    # base and which fragments the base held unchanged. ``fragments`` stay the full bundle.
+    delta: BundleDelta | None = None
 
     def by_layer(self, layer: Layer) -> tuple[Fragment, ...]:
         return tuple(f for f in self.fragments if f.layer == layer)
@@ -140,6 +146,16 @@ class ContextBundle:
     def to_json(self) -> bytes:
         """:meth:`to_dict` as compact UTF-8 JSON (:func:`~context_core.wire.encode_json`)."""
         return encode_json(self.to_dict())
+
+    def to_delta_dict(self) -> dict[str, Any]:
+        """The delta wire form (:class:`~context_core.wire.BundleDeltaWire`) of a bundle
+        routed with ``delta=True``; :meth:`to_dict` stays the full bundle."""
+        from context_core.delta import delta_wire
+
+        if self.delta is None:
+            raise ValueError("to_delta_dict: the bundle was routed without delta=True")
+        full = self.to_dict()
+        return delta_wire(full, full["fragments"], self.delta)
 
 
 _FRAGMENT_FIELDS = tuple(FragmentWire.model_fields)

@@ -102,6 +102,20 @@ class Settings(BaseSettings):
         "(negation + a value that contradicts the contract) above this confidence.",
     )
 
+    # --- compliance profiles (context_core.compliance) ---------------------------------
+    postgres_url: str | None = Field(
+        None,
+        description="postgresql://role@host:port/db: compliance profiles in PostgreSQL with "
+        "row-level security per organisation; unset = in Redis with L2. The role must not be "
+        "a superuser or BYPASSRLS (refused: they ignore row-level security).",
+    )
+    postgres_schema: str = Field(
+        D.POSTGRES_SCHEMA,
+        pattern=r"^[a-z_][a-z0-9_]{0,62}$",
+        description="Schema of the compliance tables (created when missing; tables created "
+        "idempotently).",
+    )
+
     # --- L3 knowledge memory (Qdrant) ---------------------------------------------------
     qdrant_url: str | None = Field(
         None, description="URL of a Qdrant server/cluster; unset = embedded Qdrant Edge."
@@ -204,6 +218,38 @@ class Settings(BaseSettings):
         le=1.0,
         description="A refresh that would delete more than this share of a space's pages "
         "stops before writing unless --allow-deletes is given.",
+    )
+
+    # --- uploads (POST /v1/uploads; context_core.ingest.upload) -------------------------
+    clamd_url: str | None = Field(
+        None,
+        description="clamd's socket for the upload malware scan: unix:///path/clamd.sock or "
+        "tcp://host:3310. Unset (or unreachable) = every upload is refused with 503: files "
+        "are never stored unscanned.",
+    )
+    clamd_timeout_s: float = Field(
+        D.CLAMD_TIMEOUT_S,
+        gt=0,
+        le=600,
+        description="Longest one clamd command (connect, stream, verdict) may take; past it "
+        "the upload is refused with 503 + Retry-After.",
+    )
+    upload_max_bytes: int = Field(
+        D.UPLOAD_MAX_BYTES,
+        gt=0,
+        description="Largest uploaded file (413 beyond); keep it below clamd's StreamMaxLength.",
+    )
+    upload_ttl_hours: float = Field(
+        D.UPLOAD_TTL_HOURS,
+        gt=0,
+        description="Uploaded files are indexed in the hot collection, in the uploader's "
+        "scope, unreviewed; their chunks expire after this long (re-upload to keep them).",
+    )
+    blocked_keywords: str = Field(
+        "",
+        description="Comma-separated keywords an upload must not contain (matched "
+        "case-insensitively on word boundaries, as substrings in CJK text); a file with one "
+        "is quarantined (422). Empty = none.",
     )
 
     # --- confidence thresholds ---------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Literal
 __all__ = [
     "ACCEPT_THRESHOLD",
     "BUNDLE_MAX_FRAGMENTS",
+    "CLAMD_TIMEOUT_S",
     "CORRECTION_MIN_CONFIDENCE",
     "HYBRID_DENSE_WEIGHT",
     "HYBRID_FEEDBACK",
@@ -23,9 +24,12 @@ __all__ = [
     "L3_TIMEOUT_MS",
     "MAX_RESPONSE_BYTES",
     "MAX_STEP_RESULT_BYTES",
+    "POSTGRES_SCHEMA",
     "RETRIEVAL_MODE",
     "SESSION_IDLE_S",
     "SKIP_THRESHOLD",
+    "UPLOAD_MAX_BYTES",
+    "UPLOAD_TTL_HOURS",
     "WM_CONTRACT_HISTORY_TTL_S",
     "WM_CONTRACT_TTL_S",
     "WM_DEFAULT_TTL_S",
@@ -63,9 +67,11 @@ HYBRID_DENSE_WEIGHT = 0.7
 # Pseudo-relevance feedback (CTX_HYBRID_FEEDBACK): hybrid retrieval runs its dense leg a second
 # time with the query vector moved towards the mean of its first pass's best N chunks
 # (Rocchio: q' = q + HYBRID_FEEDBACK_WEIGHT * mean(top N), normalised), then fuses again.
-# Hit.score stays the cosine to the query itself. 0 turns it off. Measured (minilm, Snowball
-# BM25, brute force over the same chunks), hybrid recall@10 without / with N=3: Cranfield 0.457
-# / 0.490, CMRC 2018 0.946 / 0.945 (nDCG@10 0.850 / 0.891); N=10 feeds back too much noise.
+# Hit.score stays the cosine to the query itself. 0 turns it off. Measured with `ctx eval
+# compare-retrieval` (minilm, Snowball BM25), hybrid recall@10 without / with N=3: Cranfield
+# 0.457 / 0.488, CMRC 2018 0.945 / 0.991 (nDCG@10 0.418 / 0.436 and 0.846 / 0.946). In a
+# brute-force sweep N=3-5 with weight 1-2 all gave Cranfield 1.15-1.17x dense; N=10 fed back
+# too much noise (1.11-1.12x). Cost: one more engine batch per main-collection search.
 HYBRID_FEEDBACK = 3
 HYBRID_FEEDBACK_WEIGHT = 1.0
 
@@ -77,5 +83,14 @@ QDRANT_SHARDS = 1
 QDRANT_REPLICATION = 1
 QDRANT_WRITE_CONSISTENCY = 1
 
+# uploads (CTX_CLAMD_TIMEOUT_S, CTX_UPLOAD_MAX_BYTES, CTX_UPLOAD_TTL_HOURS): a 20 MiB file
+# stays below clamd's default StreamMaxLength (25 MiB); uploads live as long as hot answers.
+CLAMD_TIMEOUT_S = 30.0
+UPLOAD_MAX_BYTES = 20 * 1024 * 1024
+UPLOAD_TTL_HOURS = 72.0
+
 # gateway (CTX_MAX_RESPONSE_BYTES)
 MAX_RESPONSE_BYTES = 10 * 1024
+
+# compliance profiles in PostgreSQL (CTX_POSTGRES_SCHEMA)
+POSTGRES_SCHEMA = "ctx_compliance"

@@ -19,6 +19,16 @@ user's preferences, upserts confirmed answers to L3 (:meth:`LifecycleManager.con
 and lets the other L2 keys expire after a grace period; ``error_recovery`` keeps the newest
 pair and locks the contract, ``recovery_complete`` unlocks it.
 
+Compliance (when the manager has a ``compliance`` store, :mod:`context_core.compliance`):
+``session_start`` reads the effective profile of the session's org and user once and keeps a
+snapshot in L2 (kind ``compliance``, under the session's hash tag; effects ``compliance``);
+``tool_call`` refuses a tool outside the snapshot's ``approved_tools`` before anything is
+applied (:class:`~context_core.compliance.ToolNotApprovedError`), and confirmed answers
+(``goal_achieved``, :meth:`LifecycleManager.confirm_answers`) holding one of its
+``blocked_keywords`` are refused (:class:`~context_core.compliance.BlockedKeywordError`). A
+snapshot gone (expired, timed out) is read again from the store. The org is the caller's
+(``org_id``: the service passes the agent key's ``org``), ``"default"`` when none is given.
+
 Triggers computed by the platform, not the client:
 
 * **Activity**: every event except ``session_timeout`` and ``goal_achieved`` touches the
@@ -67,6 +77,7 @@ from context_core.tokens import TokenCounter, pair_tokens
 from context_core.working_memory.keys import check_sid
 
 if TYPE_CHECKING:
+    from context_core.compliance import ComplianceStore, EffectiveProfile
     from context_core.config import Settings
     from context_core.gateway import Gateway
     from context_core.knowledge.memory import AclSource, KnowledgeMemory
@@ -222,6 +233,7 @@ class LifecycleManager:
         count_tokens: Callable[[str], int] | None = None,
         max_trace_tokens: int = defaults.L1_MAX_TRACE_TOKENS,
         correction_min_confidence: float = DEFAULT_MIN_CONFIDENCE,
+        compliance: ComplianceStore | None = None,
     ) -> None:
         for name, v in (
             ("overflow_keep_pairs", overflow_keep_pairs),
@@ -245,6 +257,7 @@ class LifecycleManager:
         self.gateway = gateway
         self.knowledge = knowledge
         self.namespaces = namespaces
+        self.compliance = compliance
         self.overflow_keep_pairs = overflow_keep_pairs
         self.low_priority_ttl_s = low_priority_ttl_s
         self.goal_grace_s = goal_grace_s
@@ -274,6 +287,7 @@ class LifecycleManager:
         knowledge: KnowledgeMemory | None = None,
         namespaces: AclSource | None = None,
         count_tokens: Callable[[str], int] | None = None,
+        compliance: ComplianceStore | None = None,
     ) -> LifecycleManager:
         """A manager with the trace budget and correction threshold of ``settings``
         (``CTX_L1_MAX_TRACE_TOKENS``, ``CTX_CORRECTION_MIN_CONFIDENCE``); pass the encoder's
@@ -286,6 +300,7 @@ class LifecycleManager:
             count_tokens=count_tokens,
             max_trace_tokens=settings.l1_max_trace_tokens,
             correction_min_confidence=settings.correction_min_confidence,
+            compliance=compliance,
         )
 
     # --- dispatch ---------------------------------------------------------------------
@@ -333,6 +348,22 @@ class LifecycleManager:
         """Tokens of ``state``'s L1 trace, as the overflow trigger counts them."""
         return self.tokens.trace(state)
 
+    def compliance_snapshot(
+        self, state: SessionState, org_id: str | None = None
+    ) -> EffectiveProfile | None:
+        """The session's compliance snapshot (L2); read again from the store and kept when it
+        is gone. None without a compliance store."""
+        from context_core.compliance import DEFAULT_ORG, load_snapshot, store_snapshot
+
+        if self.compliance is None:
+            return None
+        sm = self._sm(state)
+        snap = load_snapshot(sm)
+        if snap is None:
+            snap = self.compliance.effective(org_id or DEFAULT_ORG, state.user_id)
+            store_snapshot(sm, snap)
+        return snap
+
     def _overflow_trigger(self, result: EventResult) -> EventResult:
         """Evict the oldest pairs while the trace is over ``max_trace_tokens``, and shorten
         the low-priority TTLs as ``context_overflow`` does."""
@@ -371,7 +402,9 @@ class LifecycleManager:
         auth: AuthContext | None = None,
         contract: Mapping[str, Any] | None = None,
         device_id: str | None = None,
+        org_id: str | None = None,
     ) -> EventResult:
+        from context_core.compliance import DEFAULT_ORG, store_snapshot
         from context_core.session import SessionState
 
         if state is not None:
@@ -380,13 +413,22 @@ class LifecycleManager:
         if device_id:
             new = new.advance(last_device_id=device_id)
         sm = self._sm(new)
+        compliance: dict[str, Any] = {}
+        if self.compliance is not None:  # the profile snapshot, read once (see module doc)
+            snap = self.compliance.effective(org_id or DEFAULT_ORG, new.user_id)
+            compliance = {
+                "org_id": snap.org_id,
+                "profile_version": snap.version,
+                "snapshot_key": store_snapshot(sm, snap),
+            }
         current = sm.contract()
         fields = {"goal": new.user_query, **dict(contract or {})}
         c = sm.update_contract(fields, expected_version=current.version)
         new = new.advance(shared_state_ref=c.version)  # the contract version this L1 acted on
-        return EventResult(
-            LifecycleEvent.SESSION_START, new, {"contract_version": c.version, "contract": c.fields}
-        )
+        effects: dict[str, Any] = {"contract_version": c.version, "contract": c.fields}
+        if compliance:
+            effects["compliance"] = compliance
+        return EventResult(LifecycleEvent.SESSION_START, new, effects)
 
     def _tool_call(
         self,
@@ -402,7 +444,13 @@ class LifecycleManager:
         device_id: str | None = None,
         series: Mapping[str, Sequence[tuple[float, float]]] | None = None,
         ttl_s: int | None = None,
+        org_id: str | None = None,
     ) -> EventResult:
+        snap = self.compliance_snapshot(state, org_id)
+        if snap is not None:  # refused before anything is applied
+            from context_core.compliance import check_tool
+
+            check_tool(snap, name)
         cid = call_id or uuid.uuid4().hex[:12]
         new = state.record_tool_call(name, dict(args), call_id=cid)
         new = new.record_tool_result(cid, result, status=status)
@@ -526,13 +574,20 @@ class LifecycleManager:
         return None if auth is ANONYMOUS or not auth.agent_id else auth.agent_id
 
     def confirm_answers(
-        self, state: SessionState, answers: Sequence[Mapping[str, Any]]
+        self,
+        state: SessionState,
+        answers: Sequence[Mapping[str, Any]],
+        *,
+        org_id: str | None = None,
     ) -> list[dict[str, str]]:
         """Upsert user-confirmed answers to L3 ``hot_knowledge`` (``confirmed=True``), each
         cleaned by the gateway on the way and trust-scoped: written as the session's agent
         (from its server-set auth context), into that agent's private scope unless it holds
         ``write`` on the answer's ``namespace``. Returns ``[{"id": point_id, "scope":
-        scope}]`` in answer order. Every answer is checked before any is written."""
+        scope}]`` in answer order. Every answer is checked before any is written, also
+        against the compliance snapshot's ``blocked_keywords`` (text and title;
+        :class:`~context_core.compliance.BlockedKeywordError` naming the field and keyword;
+        ``org_id`` is used only when the snapshot must be read again)."""
         from context_core.knowledge.memory import SYSTEM_SCOPE, resolve_hot_scope
 
         if answers and self.knowledge is None:
@@ -542,6 +597,13 @@ class LifecycleManager:
         for a in answers:
             if not a.get("text"):
                 raise ContextError("confirmed answers: every answer needs a non-empty 'text'")
+        snap = self.compliance_snapshot(state, org_id) if answers else None
+        if snap is not None and snap.blocked_keywords:
+            from context_core.compliance import check_text
+
+            for i, a in enumerate(answers):
+                for f in ("text", "title"):
+                    check_text(snap, str(a.get(f) or ""), ("answers", i, f))
         writer = self._writer(state)
         out: list[dict[str, str]] = []
         for a in answers:
@@ -568,8 +630,9 @@ class LifecycleManager:
         *,
         answers: Sequence[Mapping[str, Any]] = (),
         grace_s: int | None = None,
+        org_id: str | None = None,
     ) -> EventResult:
-        confirmed = self.confirm_answers(state, answers)
+        confirmed = self.confirm_answers(state, answers, org_id=org_id)
         sm = self._sm(state)
         c = sm.complete_contract()
         fields = dict(c.fields)

@@ -29,6 +29,7 @@ from context_core.errors import BackendUnavailableError
 from context_core.redis_conn import REDIS_ERRORS, RedisClient, make_client, split_cluster_url
 
 if TYPE_CHECKING:
+    from context_core.compliance import ComplianceStore
     from context_core.confidence import PolicySource
     from context_core.embedding import Encoder
     from context_core.gateway import Gateway
@@ -221,6 +222,19 @@ class Platform:
             self.redis, self.gateway, audit_path=self.settings.data_dir / "audit" / "access.jsonl"
         )
 
+    @cached_property
+    def compliance(self) -> ComplianceStore:
+        """Compliance profiles: PostgreSQL under row-level security when
+        ``CTX_POSTGRES_URL`` is set, else Redis (the L2 client)."""
+        from context_core.compliance import PostgresComplianceStore, RedisComplianceStore
+
+        s = self.settings
+        if s.postgres_url:
+            store = PostgresComplianceStore(s.postgres_url, self.gateway, schema=s.postgres_schema)
+            self._track("compliance store (postgres)", store.close)
+            return store
+        return RedisComplianceStore(self.redis, self.gateway)
+
     # --- L3: vector store, encoder, knowledge memory ------------------------------------------
     @cached_property
     def store(self) -> VectorStore:
@@ -316,6 +330,7 @@ class Platform:
             gateway=self.gateway,
             knowledge=knowledge,
             namespaces=self.namespaces,
+            compliance=self.compliance,
             # the L1 budget counted in the embedding model's tokens
             count_tokens=knowledge.encoder.count_tokens if knowledge is not None else None,
         )

@@ -42,7 +42,12 @@ Per route:
    ``context_used["l1"/"l2"/"l3"/"l3_reference"/"ns"]`` list only what was delivered.
 7. Fallback: a step query that refers to earlier teaching (:func:`teaching_cue`) with no
    main-collection hit at or above skip sets ``context_used["fallback"]``.
-8. One trace record is appended (schema in :mod:`context_core.traces`): ``l2.required``
+8. Delta (opt-in, ``delta=True``; :mod:`context_core.delta`): the bundle's manifest is
+   logged in the session's bundle log and diffed against ``since_bundle`` (one script call,
+   timed as ``timings_ms["delta"]``); :attr:`ContextBundle.delta` says which fragments the
+   base held unchanged, and :meth:`ContextBundle.to_delta_dict` is the delta wire form. A
+   failed route (required miss or denied read) logs nothing.
+9. One trace record is appended (schema in :mod:`context_core.traces`): ``l2.required``
    names the keys the spec requires (the others were optional), ``l2.contract_lost`` says
    the intent asked for the task contract and this session's contract is gone, each
    delivered fragment carries its citable tokens (:func:`context_core.traces.fragment_cites`)
@@ -83,6 +88,7 @@ from context_core.bundle import (
 )
 from context_core.bundle import Layer as Layer  # re-export: was defined here
 from context_core.confidence import ConfidencePolicy, PolicySource, relevance_policy
+from context_core.delta import DEFAULT_KEEP, BundleDelta, BundleLog
 from context_core.errors import AccessDeniedError, ConfigError, ContextMissError
 from context_core.exact_reads import L2Trace, read_l1, read_l2, read_namespaces, read_prefs
 from context_core.intents import IntentRegistry, IntentSpec, template_fields
@@ -134,6 +140,7 @@ class ContextRouter:
         l3_workers: int = 4,
         max_fragments: int = DEFAULT_MAX_FRAGMENTS,
         relevance: RelevanceModel | None = None,
+        delta_keep: int = DEFAULT_KEEP,
     ) -> None:
         if l3_timeout_ms <= 0:
             raise ConfigError(f"l3_timeout_ms must be positive, got {l3_timeout_ms}")
@@ -141,6 +148,8 @@ class ContextRouter:
             raise ConfigError(f"max_fragments must be an integer, got {max_fragments!r}")
         if max_fragments < 1:
             raise ConfigError(f"max_fragments must be at least 1, got {max_fragments}")
+        if isinstance(delta_keep, bool) or not isinstance(delta_keep, int) or delta_keep < 1:
+            raise ConfigError(f"delta_keep must be a positive integer, got {delta_keep!r}")
         self.wm = wm
         self.knowledge = knowledge
         self._policy = policy
@@ -155,7 +164,24 @@ class ContextRouter:
         self.hot_collection: str = getattr(knowledge, "hot", "hot_knowledge")
         self._model_checked = False
         self.l3_limit = l3_limit
+        self.delta_keep = delta_keep
+        self._bundle_log: BundleLog | None = None
         self._pool = ThreadPoolExecutor(max_workers=l3_workers, thread_name_prefix="ctx-l3")
+
+    @property
+    def bundle_log(self) -> BundleLog:
+        """Delta recall's log of each session's recent bundle manifests (made on first use;
+        it lives like the session's contract: ``CTX_WM_CONTRACT_TTL_S``)."""
+        if self._bundle_log is None:
+            wm = self.wm
+            self._bundle_log = BundleLog(
+                wm._client,
+                ttl_s=wm.contract_ttl_s,
+                keep=self.delta_keep,
+                min_replicas=wm.min_replicas,
+                wait_ms=wm.replica_wait_ms,
+            )
+        return self._bundle_log
 
     @property
     def policy(self) -> ConfidencePolicy:
@@ -226,9 +252,17 @@ class ContextRouter:
         params: Mapping[str, Any] | None = None,
         agent_id: str | None = None,
         skip_l3: str | None = None,
+        delta: bool = False,
+        since_bundle: str | None = None,
     ) -> ContextBundle:
         """The bundle for one step. ``skip_l3`` (a reason, e.g. the service is under load)
-        leaves L3 out and marks the bundle degraded, as an L3 timeout would."""
+        leaves L3 out and marks the bundle degraded, as an L3 timeout would.
+
+        ``delta``: also log the bundle and diff it against ``since_bundle`` (a ``bundle_id``
+        of this session's earlier delta routes; None, unknown or expired: a full delta); the
+        result is in :attr:`ContextBundle.delta` (:mod:`context_core.delta`)."""
+        if since_bundle is not None and not delta:
+            raise ValueError("route: since_bundle is only meaningful with delta=True")
         t0 = time.perf_counter()
         now = time.time()
         params = dict(params or {})
@@ -342,6 +376,13 @@ class ContextRouter:
             if fallback is not None:
                 used["fallback"] = fallback
 
+        # 8. delta: log the manifest, diff against the client's base (not for a failed route)
+        diff: BundleDelta | None = None
+        t_delta = time.perf_counter()
+        if delta and required_miss is None and required_denied is None:
+            diff = self.bundle_log.record(state.session_id, step_intent, delivered, since_bundle)
+        delta_ms = (time.perf_counter() - t_delta) * 1000.0
+
         total_ms = (time.perf_counter() - t0) * 1000.0
         timings = {
             "l1": round((t_l1 - l3_submitted) * 1000.0, 3),
@@ -355,11 +396,13 @@ class ContextRouter:
             intent=step_intent,
             fragments=tuple(delivered),
             degraded=degraded,
-            timings_ms=timings,
+            # the delta's script call: the bundle's timings only (the trace's are a fixed set)
+            timings_ms=timings if diff is None else {**timings, "delta": round(delta_ms, 3)},
             context_used=used,
             trace_id=trace_id,
             resolved_intent=spec.name,
             l2_missing=tuple(l2_trace["missing"]),
+            delta=diff,
         )
         self.tracer.write_route(
             {

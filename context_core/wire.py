@@ -43,10 +43,14 @@ if TYPE_CHECKING:
     from context_core.session import AuthContext, TraceOffload
 
 __all__ = [
+    "BUNDLE_ID_PATTERN",
     "ID_PATTERN",
     "NO_NONCE",
+    "BundleDeltaWire",
     "BundleWire",
     "ContextUsed",
+    "DeltaFragmentWire",
+    "FragmentRef",
     "FragmentWire",
     "WireApiResult",
     "WireState",
@@ -290,6 +294,56 @@ class BundleWire(_Out):
         description="the intent whose spec was routed (an unknown intent routes as 'default')"
     )
     fragments: list[FragmentWire]
+    degraded: bool
+    timings_ms: dict[str, float]
+    context_used: ContextUsed
+    trace_id: str
+
+
+# --- the bundle as a delta (POST /v1/context with "delta": true; context_core.delta) ---------
+
+BUNDLE_ID_PATTERN = r"^[0-9]{1,12}\.[0-9a-f]{8}$"
+"""A delta bundle's id: ``<seq>.<nonce>`` (its place in the session's bundle log, and 32
+random bits so an id from before the log expired never matches a new entry)."""
+
+
+class DeltaFragmentWire(FragmentWire):
+    """A new or changed fragment of a delta bundle: the fragment in full, with its content
+    hash and position in the full bundle. Its id is its ``source`` (``#2``, ``#3`` ... added
+    to a repeated one, in bundle order: ``context_core.delta.fragment_ids``)."""
+
+    hash: str = Field(description="content hash (every field but freshness_hours)")
+    pos: int = Field(ge=0, description="its index in the full bundle")
+
+
+class FragmentRef(_Out):
+    """An unchanged fragment of a delta bundle, by reference: the client holds its content
+    from the base bundle (same id, same hash); only its age is new."""
+
+    id: str = Field(description="the fragment's source (stable: layer + key or point id)")
+    hash: str
+    layer: Literal["L1", "L2", "L3", "NS"]
+    freshness_hours: float = Field(description="the value's age now (the content is unchanged)")
+    pos: int = Field(ge=0, description="its index in the full bundle")
+
+
+class BundleDeltaWire(_Out):
+    """The bundle as a delta against ``base_bundle_id`` (``context_core.delta``): the full
+    bundle is ``fragments`` and ``unchanged`` sorted by ``pos``, each reference replaced by
+    the base's fragment of that id (with the reference's ``freshness_hours``). ``full``:
+    there was no base (none asked for, unknown or expired): every fragment is in
+    ``fragments``."""
+
+    session_id: str
+    step: int
+    intent: str
+    resolved_intent: str
+    bundle_id: str = Field(description="send it as since_bundle to get the next delta")
+    base_bundle_id: str | None = Field(description="the bundle this delta applies to")
+    full: bool
+    fragments: list[DeltaFragmentWire]
+    unchanged: list[FragmentRef]
+    removed: list[str] = Field(description="ids of the base's fragments no longer delivered")
     degraded: bool
     timings_ms: dict[str, float]
     context_used: ContextUsed

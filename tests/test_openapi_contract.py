@@ -11,18 +11,24 @@ a case here fails :func:`test_every_route_has_a_contract_case`.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from conftest import cleanup_keys
 from jsonschema import Draft202012Validator
 from starlette.routing import Route
 from test_ops_hardening import run_app
 from test_service import cleanup_service_keys, service_settings
+from test_upload_scan import MARKER, ClamdUnavailable, running_clamd
+
+from context_core.auth import hash_key, new_key
 
 Answers = list[httpx.Response]
 
@@ -33,6 +39,7 @@ class Env:
     app: Any
     keys: dict[str, str]
     spec: dict[str, Any] = field(default_factory=dict)
+    clamd: str | None = None  # a private clamd for POST /v1/uploads (None: not installed)
 
     def client(self, agent: str | None = "agent-a") -> httpx.Client:
         headers = {"X-API-Key": self.keys[agent]} if agent else {}
@@ -48,13 +55,32 @@ def redis_url(redis_or_cluster: str) -> str:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Env]:
     tmp = tmp_path_factory.mktemp("contract")
-    settings, raw = service_settings(tmp, redis_url, max_body_bytes=64 * 1024)
-    with run_app(settings) as (url, app):
-        e = Env(url, app, raw)
+    with ExitStack() as stack:
+        try:  # POST /v1/uploads needs a scanner: a private clamd (tests/test_upload_scan.py)
+            clamd: str | None = stack.enter_context(running_clamd(tmp / "clamd"))[0]
+        except ClamdUnavailable:
+            clamd = None
+        settings, raw = service_settings(
+            tmp, redis_url, max_body_bytes=64 * 1024, clamd_url=clamd, upload_max_bytes=UPLOAD_MAX
+        )
+        _add_compliance_admin(settings.api_keys_file, raw)
+        url, app = stack.enter_context(run_app(settings))
+        e = Env(url, app, raw, clamd=clamd)
         with e.client() as c:
             e.spec = c.get("/openapi.json").json()
         yield e
     cleanup_service_keys(redis_url)
+    cleanup_keys(redis_url, "cmp:{org:default}:*")
+    cleanup_keys(redis_url, "svc:agent:{cmp-admin}:*")
+
+
+def _add_compliance_admin(keys_file: Path | None, raw: dict[str, str]) -> None:
+    """A ``compliance_admin`` agent of the default org (the agents above have no org)."""
+    assert keys_file is not None
+    doc = json.loads(keys_file.read_text())
+    raw["cmp-admin"] = new_key()
+    doc["cmp-admin"] = {"key_sha256": hash_key(raw["cmp-admin"]), "purposes": ["compliance_admin"]}
+    keys_file.write_text(json.dumps(doc))
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -128,12 +154,22 @@ def case_context(e: Env) -> Answers:
             json={"session_id": sid, "step_intent": "default", "state": state},
         )
         forged = {**state, "sig": "0" * 64}
+        # delta recall: a full delta (no base), a delta against it, since_bundle alone (422)
+        step = {"session_id": sid, "step_intent": "default", "state": state}
+        first = c.post("/v1/context", json={**step, "delta": True})
+        since = first.json()["bundle_id"]
+        delta = c.post("/v1/context", json={**step, "delta": True, "since_bundle": since})
+        assert first.json()["full"] and not delta.json()["full"], delta.text
+        assert delta.json()["base_bundle_id"] == since and delta.json()["unchanged"]
         return [
             ok,
             c.post("/v1/context", json={"session_id": sid, "step_intent": "nope", "state": state}),
             c.post(
                 "/v1/context", json={"session_id": sid, "step_intent": "default", "state": forged}
             ),
+            first,
+            delta,
+            c.post("/v1/context", json={**step, "since_bundle": since}),
         ]
 
 
@@ -274,6 +310,54 @@ def case_delete_preference(e: Env) -> Answers:
         ]
 
 
+def _compliance_put(base: str) -> Callable[[Env], Answers]:
+    def case(e: Env) -> Answers:
+        with e.client("cmp-admin") as admin, e.client() as agent:
+            v = admin.get(base).json()["version"]
+            return [
+                admin.put(base, json={"expected_version": v, "profile": {"language": "en"}}),
+                admin.put(base, json={"expected_version": v, "profile": {"language": "de"}}),
+                admin.put(base, json={"expected_version": v + 1, "profile": {"timezone": "X/Y"}}),
+                agent.put(base, json={"expected_version": v + 1, "profile": {}}),  # no purpose
+            ]
+
+    return case
+
+
+def _compliance_get(path: str, agent: str = "agent-a") -> Callable[[Env], Answers]:
+    def case(e: Env) -> Answers:
+        with e.client(agent) as c, e.client("agent-a") as member:
+            return [c.get(path), c.get(path.replace("/orgs/default", "/orgs/other-org")),
+                    member.get(path.replace("/orgs/default", "/orgs/bad%20org"))]  # fmt: skip
+
+    return case
+
+
+CMP_ORG = "/v1/compliance/orgs/default"
+CMP_USER = CMP_ORG + "/users/u-1"
+
+
+UPLOAD_MAX = 128 * 1024
+
+
+def case_upload(e: Env) -> Answers:
+    if e.clamd is None:
+        pytest.skip("no clamd (apt-get install -y clamav-daemon): uploads cannot succeed")
+    with e.client() as c, e.client(None) as anon:
+
+        def up(name: str, data: bytes, ctype: str, client: httpx.Client = c) -> httpx.Response:
+            return client.post("/v1/uploads", files={"file": (name, data, ctype)})
+
+        return [
+            up("notes.txt", b"The gearbox oil is changed every 4000 hours.", "text/plain"),
+            up("x.txt", f"a {MARKER} b".encode(), "text/plain"),  # 422 upload_infected
+            up("tool.exe", b"MZ", "application/x-msdownload"),  # 415
+            up("big.txt", b"x" * (UPLOAD_MAX + 1), "text/plain"),  # 413
+            c.post("/v1/uploads", data={"section": "x"}),  # 422 invalid_request: no file
+            up("a.txt", b"text", "text/plain", anon),  # 401
+        ]
+
+
 def _gets(path: str) -> Callable[[Env], Answers]:
     def case(e: Env) -> Answers:
         with e.client() as c:
@@ -304,6 +388,17 @@ CASES: dict[tuple[str, str], Callable[[Env], Answers]] = {
     ("GET", "/v1/sessions/{session_id}/preferences"): case_get_preferences,
     ("PUT", "/v1/sessions/{session_id}/preferences/{pref_type}"): case_put_preference,
     ("DELETE", "/v1/sessions/{session_id}/preferences/{pref_type}"): case_delete_preference,
+    ("POST", "/v1/uploads"): case_upload,
+    ("GET", "/v1/compliance/orgs/{org_id}"): _compliance_get(CMP_ORG),
+    ("PUT", "/v1/compliance/orgs/{org_id}"): _compliance_put(CMP_ORG),
+    ("GET", "/v1/compliance/orgs/{org_id}/history"): _compliance_get(
+        CMP_ORG + "/history", "cmp-admin"
+    ),
+    ("GET", "/v1/compliance/orgs/{org_id}/users/{user_id}"): _compliance_get(CMP_USER),
+    ("PUT", "/v1/compliance/orgs/{org_id}/users/{user_id}"): _compliance_put(CMP_USER),
+    ("GET", "/v1/compliance/orgs/{org_id}/users/{user_id}/history"): _compliance_get(
+        CMP_USER + "/history", "cmp-admin"
+    ),
 }
 
 #: FastAPI's own pages: not in the schema they serve; checked for their content type.
@@ -382,12 +477,18 @@ def test_error_cases_answer_what_they_test(env: Env) -> None:
     """The cases above really reach the error paths they are there for."""
     assert _codes(case_create(env)) == [201, 409, 422, 401]
     assert _codes(case_events(env)) == [200, 200, 409, 422, 404]
-    assert _codes(case_context(env)) == [200, 422, 403]
+    assert _codes(case_context(env)) == [200, 422, 403, 200, 200, 422]
     assert _codes(case_result(env)) == [200, 409, 422]
     assert _codes(case_get_plan(env)) == [200, 409]
     assert _codes(case_close(env)) == [200, 404]
     assert _codes(case_contract(env)) == [200, 200, 200, 422, 404]
     assert _codes(case_put_contract(env)) == [200, 409, 422, 404]
+    if env.clamd is not None:
+        assert _codes(case_upload(env)) == [201, 422, 415, 413, 422, 401]
+    for path in (CMP_ORG, CMP_USER):
+        assert _codes(_compliance_put(path)(env)) == [200, 409, 422, 403]
+        assert _codes(_compliance_get(path)(env)) == [200, 403, 422]
+        assert _codes(_compliance_get(path + "/history", "cmp-admin")(env)) == [200, 403, 422]
 
 
 @pytest.mark.parametrize("route", sorted(DOC_PAGES), ids=lambda r: f"{r[0]} {r[1]}")

@@ -344,7 +344,11 @@ def test_metrics_readyz_healthz_and_openapi(client: httpx.Client, session_id: st
     assert "APIKeyHeader" in spec["components"]["securitySchemes"]
     # the hot endpoints answer pre-encoded JSON; their schemas are still published
     ok = spec["paths"]["/v1/context"]["post"]["responses"]["200"]["content"]["application/json"]
-    assert ok["schema"] == {"$ref": "#/components/schemas/ContextResponse"}
+    # a full bundle, or with "delta": true a delta against a bundle the client holds
+    assert [v["$ref"] for v in ok["schema"]["anyOf"]] == [
+        "#/components/schemas/ContextResponse",
+        "#/components/schemas/ContextDeltaResponse",
+    ]
     created = spec["paths"]["/v1/sessions"]["post"]["responses"]["201"]["content"]
     assert created["application/json"]["schema"] == {"$ref": "#/components/schemas/StateResponse"}
 

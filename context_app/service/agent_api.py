@@ -144,14 +144,16 @@ def install_agent_routes(app: FastAPI) -> None:
         who: Who,
         nbytes: BodyBytes,
     ) -> Response:
-        """User-confirmed answers to hot knowledge, now (written as the calling agent)."""
+        """User-confirmed answers to hot knowledge, now (written as the calling agent). An
+        answer holding a blocked keyword of the session's compliance profile is refused
+        (422 naming the field and the keyword); nothing is written then."""
         wire = body.state
         _signed_for(svc, wire, session_id)
         svc.quotas.charge(who.agent_id, nbytes, session_id=session_id)
         svc.owners.verify(session_id, who.agent_id, wire.nonce, wire.version)
         state = wire.to_state(gateway=svc.gateway, auth=_auth(who))
         answers = [a.model_dump(exclude_none=True) for a in body.answers]
-        confirmed = svc.lifecycle.confirm_answers(state, answers)
+        confirmed = svc.lifecycle.confirm_answers(state, answers, org_id=who.org)
         svc.wm.session(session_id).touch()
         return wire_response(
             {"session_id": session_id, "confirmed": jsonable_encoder(confirmed)}, 201

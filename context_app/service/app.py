@@ -29,6 +29,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from context_app.service.agent_api import install_agent_routes
+from context_app.service.compliance_api import install_compliance_routes
 from context_app.service.deps import Services, build_services
 from context_app.service.errors_map import install_handlers, json_response, validation_body
 from context_app.service.http_deps import Svc
@@ -37,6 +38,7 @@ from context_app.service.metrics import CONTENT_TYPE_LATEST
 from context_app.service.middleware import BodyLimit, LoadGauge, LoadShed, RequestMetrics
 from context_app.service.models import HealthResponse, IntentOut, ReadyResponse
 from context_app.service.sessions_api import install_session_routes
+from context_app.service.uploads_api import install_upload_routes
 from context_core.config import Settings, get_settings
 from context_core.redis_conn import REDIS_ERRORS
 
@@ -120,6 +122,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     # outermost: a shed request costs no body read, no routing, no thread
     app.add_middleware(LoadShed, gauge=gauge, get_services=lambda: holder.get("svc"))
+    install_upload_routes(app, settings)  # after BodyLimit: it lets files through to the route
     return app
 
 
@@ -197,3 +200,4 @@ def _install_routes(app: FastAPI) -> None:
 
     install_session_routes(app)
     install_agent_routes(app)
+    install_compliance_routes(app)

@@ -26,6 +26,7 @@ from context_core.redis_conn import REDIS_ERRORS, RedisClient
 
 if TYPE_CHECKING:
     from context_core.auth import AgentKey
+    from context_core.compliance import ComplianceStore
     from context_core.config import Settings
     from context_core.gateway import Gateway
     from context_core.intents import IntentRegistry
@@ -198,6 +199,7 @@ class Services:
     namespaces: NamespaceRegistry = field(init=False)
     registry: IntentRegistry = field(init=False)
     lifecycle: LifecycleManager = field(init=False)
+    compliance: ComplianceStore = field(init=False)
 
     def __post_init__(self) -> None:
         p = self.platform
@@ -214,6 +216,7 @@ class Services:
         self.namespaces = p.namespaces
         self.registry = p.registry
         self.lifecycle = p.lifecycle
+        self.compliance = p.compliance
 
     def intents(self) -> list[str]:
         return list(self.registry.names())

@@ -22,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from redis.exceptions import RedisClusterException
 
+from context_core.compliance import BlockedKeywordError, ProfileValidationError
 from context_core.errors import BackendUnavailableError, ContextError
 from context_core.redis_conn import REDIS_ERRORS
 
@@ -165,6 +166,15 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(_r: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse(validation_body(list(exc.errors())), status_code=422)
+
+    @app.exception_handler(ProfileValidationError)
+    @app.exception_handler(BlockedKeywordError)
+    async def _invalid_content(
+        _r: Request, exc: ProfileValidationError | BlockedKeywordError
+    ) -> JSONResponse:
+        # the library's field errors, answered like request validation: 422 naming the field
+        issues = [{**i, "loc": ("body", *i["loc"])} for i in exc.issues]
+        return JSONResponse(validation_body(issues), status_code=422)
 
     @app.exception_handler(ContextError)
     async def _domain(request: Request, exc: ContextError) -> JSONResponse:

@@ -26,7 +26,13 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, FiniteFloat, 
 from pydantic_core import PydanticCustomError
 
 from context_app.service.limits import check_json, check_text
-from context_core.wire import ID_PATTERN, BundleWire, WireState
+from context_core.wire import (
+    BUNDLE_ID_PATTERN,
+    ID_PATTERN,
+    BundleDeltaWire,
+    BundleWire,
+    WireState,
+)
 
 __all__ = [
     "ID_PATTERN",
@@ -34,6 +40,7 @@ __all__ = [
     "CloseResponse",
     "ConfirmationRequest",
     "ConfirmationResponse",
+    "ContextDeltaResponse",
     "ContextParams",
     "ContextRequest",
     "ContextResponse",
@@ -59,6 +66,9 @@ __all__ = [
     "ReadyResponse",
     "RemovedItem",
     "StateResponse",
+    "UnsupportedTypeResponse",
+    "UploadRefusedResponse",
+    "UploadResponse",
     "ValidationErrorResponse",
     "WireState",
     "error_responses",
@@ -253,6 +263,25 @@ class ContextRequest(_Model):
     step_intent: Intent
     state: WireState
     params: ContextParams = Field(default_factory=lambda: ContextParams.model_validate({}))
+    delta: bool = Field(
+        False,
+        description="answer as a delta (ContextDeltaResponse): fragments the base bundle held "
+        "unchanged by reference only; without since_bundle, a full one with a bundle_id",
+    )
+    since_bundle: str | None = Field(
+        None,
+        pattern=BUNDLE_ID_PATTERN,
+        description="with delta: the bundle_id of an earlier delta answer of this session the "
+        "client holds (one of its last 8); unknown or expired answers a full bundle",
+    )
+
+    @model_validator(mode="after")
+    def _since_needs_delta(self) -> ContextRequest:
+        if self.since_bundle is not None and not self.delta:
+            raise PydanticCustomError(
+                "since_without_delta", "since_bundle is only meaningful with delta: true"
+            )
+        return self
 
 
 class OutputRequest(_Model):
@@ -356,6 +385,11 @@ class OutputResponse(StateResponse):
 
 class ContextResponse(BundleWire):
     """The step's context bundle (declared once, as :class:`context_core.wire.BundleWire`)."""
+
+
+class ContextDeltaResponse(BundleDeltaWire):
+    """The step's bundle as a delta (``"delta": true``; :class:`context_core.wire.
+    BundleDeltaWire`, applied by :func:`context_core.delta.apply_delta`)."""
 
 
 class ToolResultResponse(_Model):
@@ -529,3 +563,48 @@ SESSION_ERRORS = (401, 403, 404, 409, 413, 422, 429, 503)
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """The ``responses=`` of a route that may answer ``codes`` (bodies published as above)."""
     return {c: {"model": _ERRORS[c][0], "description": _ERRORS[c][1]} for c in codes}
+
+
+# --- uploads (POST /v1/uploads) --------------------------------------------------------------
+
+
+class UploadResponse(_Model):
+    """201: the file passed the scan, the keyword check and the DLP, and is indexed in the
+    hot collection under ``scope`` until ``expires_at``."""
+
+    source: str = Field(description="upload:<agent>/<file name>, the name cleaned")
+    filename: str
+    content_type: str
+    bytes: int
+    sha256: str = Field(description="of the file as sent; part of every point id")
+    collection: str
+    scope: str = Field(description='"agent:<id>" (private), a shared namespace, or system')
+    chunks: int
+    point_ids: list[str]
+    replaced: int = Field(description="chunks of an earlier version of the same file removed")
+    expires_at: float = Field(description="epoch seconds (CTX_UPLOAD_TTL_HOURS)")
+    redactions: dict[str, int] = Field(description="what the DLP removed, by kind")
+    sections: int
+    encoding: str | None = Field(description="charset the text was read with (text, HTML)")
+    decode_errors: int = Field(description="undecodable bytes replaced by U+FFFD")
+
+
+class UploadRefusedResponse(_Model):
+    """422: the file was refused and quarantined: malware, a blocked keyword, unreadable.
+    Names the signature or keyword; never echoes the file's content."""
+
+    error: Literal["upload_infected", "upload_blocked", "upload_unreadable"]
+    detail: str
+    reason: Literal["infected", "blocked_keyword", "unreadable"]
+    quarantine_id: str | None = Field(description="the kept copy (None if keeping it failed)")
+    signature: str | None = None
+    keyword: str | None = None
+
+
+class UnsupportedTypeResponse(_Model):
+    """415: the declared type (or the extension) is not one an upload may have."""
+
+    error: Literal["unsupported_media_type"]
+    detail: str
+    allowed: list[str]
+    declared: str

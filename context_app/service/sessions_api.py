@@ -37,6 +37,7 @@ from context_app.service.models import (
     ID_PATTERN,
     SESSION_ERRORS,
     CloseResponse,
+    ContextDeltaResponse,
     ContextRequest,
     ContextResponse,
     ContractHistoryResponse,
@@ -156,12 +157,15 @@ def _offload(svc: Services, session_id: str) -> TraceOffload:
 
 
 def _tool_call(
-    svc: Services, state: SessionState, ev: ToolCallEvent, offload: TraceOffload
+    svc: Services, state: SessionState, ev: ToolCallEvent, offload: TraceOffload, org_id: str
 ) -> dict[str, Any]:
     """Apply a tool call; the step result is written here, not by the lifecycle, so a result
-    too big for a step (``CTX_MAX_STEP_RESULT_BYTES``) can point at the call's L2 copy."""
+    too big for a step (``CTX_MAX_STEP_RESULT_BYTES``) can point at the call's L2 copy. A
+    tool outside the session's compliance ``approved_tools`` is refused first (403)."""
     payload = ev.model_dump(exclude={"type", "result", "store_step"}, exclude_none=True)
-    result = svc.lifecycle.apply("tool_call", state, result=ev.result, store_step=False, **payload)
+    result = svc.lifecycle.apply(
+        "tool_call", state, result=ev.result, store_step=False, org_id=org_id, **payload
+    )
     effects = dict(result.effects)
     if ev.store_step:
         sm = svc.wm.session(state.session_id)
@@ -254,6 +258,7 @@ def install_session_routes(app: FastAPI) -> None:
                 auth=_auth(who),
                 contract=body.contract,
                 device_id=body.device_id,
+                org_id=who.org,  # the compliance profile snapshot: the agent key's org
             )
             text = _wire_out(svc, result.state, 0, nonce)
             svc.owners.publish_initial(sid, text.decode())
@@ -288,10 +293,12 @@ def install_session_routes(app: FastAPI) -> None:
             offload = _offload(svc, session_id)
             state = wire.to_state(gateway=svc.gateway, auth=_auth(who), offload=offload)
             if isinstance(ev, ToolCallEvent):
-                done = _tool_call(svc, state, ev, offload)
+                done = _tool_call(svc, state, ev, offload, who.org)
                 result, effects = done["result"], done["effects"]
             else:
                 payload = ev.model_dump(exclude={"type"}, exclude_none=True)
+                if ev.type == "goal_achieved":  # answers checked against the org's profile
+                    payload["org_id"] = who.org
                 result = svc.lifecycle.apply(ev.type, state, **payload)
                 effects = result.effects
             text = _wire_out(svc, result.state, lease.version + 1, lease.nonce)
@@ -301,11 +308,18 @@ def install_session_routes(app: FastAPI) -> None:
             raise
         return state_response(text, {"event": ev.type, **effects})
 
-    @app.post("/v1/context", tags=["context"], response_model=ContextResponse, responses=ERRORS)
+    @app.post(
+        "/v1/context",
+        tags=["context"],
+        response_model=ContextResponse | ContextDeltaResponse,
+        responses=ERRORS,
+    )
     def load_context(body: ContextRequest, svc: Svc, who: Who, request: Request) -> Response:
         """Route one step: the bundle of L1/L2/L3/shared fragments, each with provenance.
         Under load (``CTX_DEGRADE_INFLIGHT`` requests in flight) L3 is skipped and the bundle
-        says ``degraded: true``; past ``CTX_SHED_INFLIGHT`` the service answers 503."""
+        says ``degraded: true``; past ``CTX_SHED_INFLIGHT`` the service answers 503.
+        With ``"delta": true`` the answer is a ContextDeltaResponse: what changed since the
+        bundle ``since_bundle`` names (``context_core.delta``)."""
         allowed = svc.intents()
         if body.step_intent not in allowed:
             raise RequestValidationError(
@@ -332,6 +346,8 @@ def install_session_routes(app: FastAPI) -> None:
                 params=body.params.model_dump(exclude_unset=True),
                 agent_id=who.agent_id,
                 skip_l3=skip,
+                delta=body.delta,
+                since_bundle=body.since_bundle,
             )
         except ContextMissError:
             m.load_failures.labels(reason="l2_miss").inc()
@@ -352,7 +368,7 @@ def install_session_routes(app: FastAPI) -> None:
         misses = len(bundle.l2_missing)  # optional keys the step went without
         if misses > 0:
             m.l2_misses.inc(misses)
-        return wire_response(bundle.to_dict())
+        return wire_response(bundle.to_delta_dict() if body.delta else bundle.to_dict())
 
     @app.post(
         "/v1/sessions/{session_id}/outputs",

@@ -1,0 +1,201 @@
+"""Compliance profiles over HTTP (:mod:`context_core.compliance`).
+
+* ``GET /v1/compliance/orgs/{org}`` and ``GET .../orgs/{org}/users/{user}``: the stored record
+  (version 0 and an empty profile when none was written yet). Any agent of that org.
+* ``PUT`` on the same paths: ``{"expected_version": N, "profile": {...}}`` replaces the record
+  (optimistic lock: 409 ``version_conflict`` naming ``current_version`` when stale; 422 naming
+  each bad field and what it allows). Needs the purpose ``compliance_admin`` in the keys file.
+* ``GET .../history``: the audit entries (operator, time, version, SHA-256 of the stored
+  data, names of the changed fields; never values), oldest first. ``compliance_admin`` only.
+
+Who belongs to which org: the agent key's ``org`` (keys file, default ``"default"``). An
+agent reaches its own org only; another org's paths answer 403.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Path
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from context_app.service.http_deps import BodyBytes, Svc, Who
+from context_app.service.models import error_responses
+from context_app.service.sessions_api import wire_response
+from context_core.auth import ORG_PATTERN, AgentKey
+from context_core.compliance import ADMIN_PURPOSE, ComplianceProfile, StoredProfile
+from context_core.errors import AccessDeniedError
+
+__all__ = [
+    "ComplianceAuditOut",
+    "ComplianceHistoryResponse",
+    "ComplianceProfileResponse",
+    "CompliancePutRequest",
+    "install_compliance_routes",
+]
+
+USER_PATTERN = r"^[^\s/{}:]{1,256}$"
+PathOrg = Annotated[str, Path(min_length=1, max_length=64, pattern=ORG_PATTERN)]
+PathUser = Annotated[str, Path(min_length=1, max_length=256, pattern=USER_PATTERN)]
+
+READ_ERRORS = error_responses(401, 403, 422, 503)
+WRITE_ERRORS = {
+    **error_responses(401, 403, 413, 422, 429, 503),
+    409: {
+        "model": error_responses(409)[409]["model"],
+        "description": "version_conflict: expected_version is not the stored version (the "
+        "body names current_version); nothing was written",
+    },
+}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CompliancePutRequest(_Model):
+    expected_version: int = Field(
+        ge=0, description="the version this write is based on (0: none stored yet)"
+    )
+    profile: ComplianceProfile
+
+
+class ComplianceProfileResponse(_Model):
+    org_id: str
+    user_id: str | None = Field(description="null: the org's own profile")
+    version: int = Field(description="0: nothing stored yet")
+    profile: ComplianceProfile
+    sha256: str = Field(description="SHA-256 of the stored profile's canonical JSON")
+    updated_at: float | None
+    updated_by: str | None
+
+
+class ComplianceAuditOut(_Model):
+    org_id: str
+    user_id: str | None = Field(description="the user's key id (a hash for ids like e-mails)")
+    version: int
+    operator: str
+    at: float
+    sha256: str
+    changed: list[str] = Field(description="names of the fields that changed (no values)")
+
+
+class ComplianceHistoryResponse(_Model):
+    org_id: str
+    user_id: str | None
+    entries: list[ComplianceAuditOut]
+
+
+def _member(who: AgentKey, org_id: str) -> None:
+    if who.org != org_id:
+        raise AccessDeniedError(
+            f"agent {who.agent_id!r} belongs to org {who.org!r}, not {org_id!r} (org in the "
+            "API keys file)"
+        )
+
+
+def _admin(who: AgentKey, org_id: str) -> None:
+    _member(who, org_id)
+    if not who.may_declare(ADMIN_PURPOSE):
+        raise AccessDeniedError(
+            f"agent {who.agent_id!r} may not administer compliance profiles: its purposes in "
+            f"the API keys file lack {ADMIN_PURPOSE!r}"
+        )
+
+
+def _out(p: StoredProfile, user_id: str | None) -> dict[str, Any]:
+    return {
+        "org_id": p.org_id,
+        "user_id": user_id,
+        "version": p.version,
+        "profile": p.profile.model_dump(mode="json"),
+        "sha256": p.sha256,
+        "updated_at": p.updated_at,
+        "updated_by": p.updated_by,
+    }
+
+
+def install_compliance_routes(app: FastAPI) -> None:
+    tags: list[str | Enum] = ["compliance"]
+    org_path = "/v1/compliance/orgs/{org_id}"
+    user_path = org_path + "/users/{user_id}"
+
+    def get(svc: Any, who: AgentKey, org_id: str, user_id: str | None) -> Response:
+        _member(who, org_id)
+        return wire_response(_out(svc.compliance.get(org_id, user_id), user_id))
+
+    def put(
+        svc: Any,
+        who: AgentKey,
+        nbytes: int,
+        org_id: str,
+        user_id: str | None,
+        body: CompliancePutRequest,
+    ) -> Response:
+        _admin(who, org_id)
+        svc.quotas.charge(who.agent_id, nbytes)
+        stored = svc.compliance.put(
+            org_id,
+            body.profile,
+            expected_version=body.expected_version,
+            operator=who.agent_id,
+            user_id=user_id,
+        )
+        return wire_response(_out(stored, user_id))
+
+    def history(svc: Any, who: AgentKey, org_id: str, user_id: str | None) -> Response:
+        _admin(who, org_id)
+        entries = [e.to_dict() for e in svc.compliance.history(org_id, user_id)]
+        return wire_response({"org_id": org_id, "user_id": user_id, "entries": entries})
+
+    @app.get(org_path, tags=tags, response_model=ComplianceProfileResponse, responses=READ_ERRORS)
+    def get_org_profile(org_id: PathOrg, svc: Svc, who: Who) -> Response:
+        """The org's compliance profile (any agent of the org)."""
+        return get(svc, who, org_id, None)
+
+    @app.put(org_path, tags=tags, response_model=ComplianceProfileResponse, responses=WRITE_ERRORS)
+    def put_org_profile(
+        org_id: PathOrg, body: CompliancePutRequest, svc: Svc, who: Who, nbytes: BodyBytes
+    ) -> Response:
+        """Replace the org's profile (``compliance_admin``; optimistic lock on
+        ``expected_version``; values cleaned by the gateway; audited)."""
+        return put(svc, who, nbytes, org_id, None, body)
+
+    @app.get(
+        org_path + "/history",
+        tags=tags,
+        response_model=ComplianceHistoryResponse,
+        responses=READ_ERRORS,
+    )
+    def get_org_history(org_id: PathOrg, svc: Svc, who: Who) -> Response:
+        """The org profile's audit entries, oldest first (``compliance_admin``)."""
+        return history(svc, who, org_id, None)
+
+    @app.get(user_path, tags=tags, response_model=ComplianceProfileResponse, responses=READ_ERRORS)
+    def get_user_profile(org_id: PathOrg, user_id: PathUser, svc: Svc, who: Who) -> Response:
+        """A user's overrides (merged into the org's: a user narrows, never widens)."""
+        return get(svc, who, org_id, user_id)
+
+    @app.put(user_path, tags=tags, response_model=ComplianceProfileResponse, responses=WRITE_ERRORS)
+    def put_user_profile(
+        org_id: PathOrg,
+        user_id: PathUser,
+        body: CompliancePutRequest,
+        svc: Svc,
+        who: Who,
+        nbytes: BodyBytes,
+    ) -> Response:
+        """Replace a user's overrides (``compliance_admin``; as for the org's)."""
+        return put(svc, who, nbytes, org_id, user_id, body)
+
+    @app.get(
+        user_path + "/history",
+        tags=tags,
+        response_model=ComplianceHistoryResponse,
+        responses=READ_ERRORS,
+    )
+    def get_user_history(org_id: PathOrg, user_id: PathUser, svc: Svc, who: Who) -> Response:
+        """A user's audit entries, oldest first (``compliance_admin``)."""
+        return history(svc, who, org_id, user_id)

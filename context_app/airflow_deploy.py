@@ -314,6 +314,7 @@ class AirflowDeployment:
                         stdin=subprocess.DEVNULL,
                         cwd=self.home,
                         start_new_session=True,  # its own process group, ended as one
+                        preexec_fn=_die_with_parent,
                     )
         except BaseException:
             self.stop()
@@ -426,6 +427,22 @@ class AirflowDeployment:
         """Stop, then drop the database (the home stays, with its logs)."""
         self.stop()
         drop_database(self.pg_url, self.db_name)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the process that started it dies, even by
+    SIGKILL (Linux ``PR_SET_PDEATHSIG``), so a killed ``ctx airflow up`` or test run leaves no
+    scheduler behind. (The signal follows the starting *thread*: start from a thread that
+    lives as long as the deployment, as ``up``/``refresh`` and the tests do.) Elsewhere: no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # no prctl: the stop() paths still apply
+        pass
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

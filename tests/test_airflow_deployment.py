@@ -298,3 +298,31 @@ def test_stop_ends_every_process_and_a_dead_one_names_its_log(deployed: Deployed
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
     for name in ("api-server", "scheduler", "dag-processor"):
         assert dep.log_path(name).stat().st_size > 0
+
+
+def test_processes_die_with_the_process_that_started_them(tmp_path: Path) -> None:
+    """A deployment's processes get SIGTERM when their starter dies, even by SIGKILL (a killed
+    test run or `ctx airflow up` must not leave a scheduler running)."""
+    pid_file = tmp_path / "child.pid"
+    starter = (
+        "import subprocess, sys, time\n"
+        "from context_app.airflow_deploy import _die_with_parent\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],\n"
+        "                     start_new_session=True, preexec_fn=_die_with_parent)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(120)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", starter])
+    try:
+        deadline = time.monotonic() + 30
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = psutil.Process(int(pid_file.read_text()))
+        assert child.is_running()
+        parent.kill()  # SIGKILL: no cleanup code of the starter runs
+        parent.wait(timeout=10)
+        child.wait(timeout=10)  # psutil.TimeoutExpired if it survived
+        assert not child.is_running()
+    finally:
+        if parent.poll() is None:
+            parent.kill()

@@ -25,7 +25,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import pytest
 import redis
@@ -35,6 +35,9 @@ from redis_cluster import LocalCluster, cluster_binaries, redis_client
 from context_app.airflow_local import LocalAirflow as AirflowHome
 from context_core.config import Settings, get_settings
 from context_core.redis_conn import split_cluster_url
+
+if TYPE_CHECKING:
+    from context_core.embedding import Encoder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -146,6 +149,15 @@ def settings(tmp_path: Path, redis_url: str) -> Settings:
     return get_settings(
         data_dir=tmp_path / "ctx", reports_dir=tmp_path / "reports", redis_url=redis_url
     )
+
+
+@pytest.fixture(scope="session")
+def encoder(tmp_path_factory: pytest.TempPathFactory) -> Encoder:
+    """The offline MiniLM encoder, loaded once for the whole run (the model is read-only; the
+    query-vector cache it keeps per process is what the service keeps too)."""
+    from context_core.embedding import load_encoder
+
+    return load_encoder(get_settings(data_dir=tmp_path_factory.mktemp("encoder")))
 
 
 @pytest.fixture

@@ -14,11 +14,6 @@ from context_core.embedding import MODEL_REGISTRY, Encoder, load_encoder
 from context_core.errors import ConfigError, ModelLoadError
 
 
-@pytest.fixture(scope="module")
-def encoder(tmp_path_factory: pytest.TempPathFactory) -> Encoder:
-    return load_encoder(get_settings(data_dir=tmp_path_factory.mktemp("ctx"), embed_model="minilm"))
-
-
 class CountingEncoder(Encoder):
     """A real encoder that counts how often the model itself runs."""
 

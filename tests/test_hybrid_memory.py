@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from context_core.config import Settings, get_settings
-from context_core.embedding import Encoder, load_encoder
+from context_core.config import Settings
+from context_core.embedding import Encoder
 from context_core.gateway import Gateway
 from context_core.ingest.add_sparse import add_sparse_vectors
 from context_core.ingest.hot import merge_hot
@@ -35,11 +35,6 @@ DOCS = [
      "and check the oil level."),
     ("sop-zh", "PUMP", "离心泵机械密封更换：隔离、排空、拆下叶轮，装上新密封并检查泄漏。"),
 ]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def encoder(tmp_path_factory: pytest.TempPathFactory) -> Encoder:
-    return load_encoder(get_settings(data_dir=tmp_path_factory.mktemp("ctx")))
 
 
 @pytest.fixture(params=["edge", "server"])

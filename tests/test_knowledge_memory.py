@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from qdrant_server import server_store
 
-from context_core.config import Settings, get_settings
-from context_core.embedding import Encoder, load_encoder
+from context_core.config import Settings
+from context_core.embedding import Encoder
 from context_core.errors import ModelMismatchError, SessionDataInKnowledgeError
 from context_core.gateway import Gateway
 from context_core.knowledge.edge import EdgeStore
@@ -53,11 +53,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture(scope="module")
-def encoder(tmp_path_factory: pytest.TempPathFactory) -> Encoder:
-    return load_encoder(get_settings(data_dir=tmp_path_factory.mktemp("ctx")))
 
 
 @pytest.fixture(params=["edge", "server", "qdrant-server"])

@@ -16,7 +16,7 @@ import pytest
 from conftest import cleanup_keys, redis_client
 
 from context_core.config import get_settings
-from context_core.embedding import Encoder, load_encoder
+from context_core.embedding import Encoder
 from context_core.errors import ConfigError, ContractLockedError
 from context_core.gateway import Gateway
 from context_core.lifecycle import LifecycleManager
@@ -82,11 +82,6 @@ def env(any_redis: str) -> Iterator[Env]:
             cleanup_keys(any_redis, f"pref:{{{uid}}}:*")
         client.delete(e.activity)
         client.close()
-
-
-@pytest.fixture(scope="module")
-def encoder(tmp_path_factory: pytest.TempPathFactory) -> Encoder:
-    return load_encoder(get_settings(data_dir=tmp_path_factory.mktemp("enc")))
 
 
 def _calls(mgr: LifecycleManager, state: SessionState, n: int, size: int = 10) -> SessionState:

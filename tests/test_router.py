@@ -18,7 +18,7 @@ from conftest import cleanup_keys, redis_client
 
 from context_core.confidence import ConfidencePolicy
 from context_core.config import Settings, get_settings
-from context_core.embedding import Encoder, load_encoder
+from context_core.embedding import Encoder
 from context_core.errors import (
     AccessDeniedError,
     CollectionNotFoundError,
@@ -82,11 +82,6 @@ KNOWLEDGE: list[tuple[str, str, str]] = [
 def redis_url(redis_or_cluster: str) -> str:
     """This module runs once on the system Redis (or embedded Valkey), once on a Redis Cluster."""
     return redis_or_cluster
-
-
-@pytest.fixture(scope="module")
-def encoder(tmp_path_factory: pytest.TempPathFactory) -> Encoder:
-    return load_encoder(get_settings(data_dir=tmp_path_factory.mktemp("enc")))
 
 
 def _points(encoder: Encoder) -> list[PointRecord]:

@@ -29,7 +29,7 @@ from test_service import cleanup_service_keys, service_settings
 
 from context_core.compliance import find_blocked
 from context_core.config import Settings, get_settings
-from context_core.embedding import Encoder, load_encoder
+from context_core.embedding import Encoder
 from context_core.gateway import Gateway
 from context_core.ingest.clamd import (
     ClamdScanner,
@@ -213,11 +213,6 @@ PDF_PAGES = [
 
 
 # --- the library -----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def encoder(tmp_path_factory: pytest.TempPathFactory) -> Encoder:
-    return load_encoder(get_settings(data_dir=tmp_path_factory.mktemp("enc")))
 
 
 class RecordingEncoder:
@@ -617,7 +612,13 @@ def test_http_scanner_stopped_is_503_and_nothing_is_written(tmp_path: Path, redi
         key = keys["agent-a"]
         assert _post(url, key, "a.txt", TEXT.encode(), "text/plain").status_code == 201
         n = _points(app)
+        with httpx.Client(base_url=url, timeout=30) as c:
+            ready = c.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["clamd"] == "ok"
         stop(proc)  # the scanner goes away
+        with httpx.Client(base_url=url, timeout=30) as c:
+            ready = c.get("/readyz")  # reported, but the service stays ready for the rest
+        assert ready.status_code == 200 and ready.json()["clamd"].startswith("unavailable")
         r = _post(url, key, "b.txt", b"The gearbox oil is changed yearly.", "text/plain")
         assert r.status_code == 503, r.text
         assert r.json()["error"] == "scanner_unavailable"

@@ -38,7 +38,7 @@ from context_app.service.metrics import CONTENT_TYPE_LATEST
 from context_app.service.middleware import BodyLimit, LoadGauge, LoadShed, RequestMetrics
 from context_app.service.models import HealthResponse, IntentOut, ReadyResponse
 from context_app.service.sessions_api import install_session_routes
-from context_app.service.uploads_api import install_upload_routes
+from context_app.service.uploads_api import install_upload_routes, upload_raw_bodies
 from context_core.config import Settings, get_settings
 from context_core.redis_conn import REDIS_ERRORS
 
@@ -119,11 +119,27 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     gauge = LoadGauge.from_settings(settings)
     app.state.load = gauge
     app.add_middleware(RequestMetrics, get_services=lambda: holder.get("svc"))
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.max_body_bytes, raw=upload_raw_bodies(settings)
+    )
     # outermost: a shed request costs no body read, no routing, no thread
     app.add_middleware(LoadShed, gauge=gauge, get_services=lambda: holder.get("svc"))
-    install_upload_routes(app, settings)  # after BodyLimit: it lets files through to the route
+    install_upload_routes(app, settings)
     return app
+
+
+def _clamd_status(settings: Settings) -> str:
+    """The upload scanner as readiness reports it, without failing readiness: only uploads
+    need it, and they refuse (503) by themselves while it is down."""
+    if not settings.clamd_url:
+        return "not configured"
+    from context_core.ingest.clamd import ClamdScanner
+
+    try:
+        ClamdScanner(settings.clamd_url, timeout_s=min(1.0, settings.clamd_timeout_s)).ping()
+    except Exception as e:  # unreachable, refused, timed out: said, never raised
+        return f"unavailable: {type(e).__name__}"
+    return "ok"
 
 
 def _install_routes(app: FastAPI) -> None:
@@ -152,6 +168,7 @@ def _install_routes(app: FastAPI) -> None:
         except Exception as e:  # any store failure means not ready
             ok = False
             checks["qdrant"] = f"unreachable: {type(e).__name__}: {e}"
+        checks["clamd"] = _clamd_status(svc.settings)  # reported; uploads fail closed alone
         checks["status"] = "ready" if ok else "not_ready"
         return checks, ok
 

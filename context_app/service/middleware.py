@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -11,7 +12,15 @@ from fastapi.responses import JSONResponse
 from context_app.service.errors_map import validation_body
 from context_app.service.limits import MAX_BODY_DEPTH, raw_body_problem
 
-__all__ = ["OPS_PATHS", "ASGIApp", "BodyLimit", "LoadGauge", "LoadShed", "RequestMetrics"]
+__all__ = [
+    "OPS_PATHS",
+    "ASGIApp",
+    "BodyLimit",
+    "LoadGauge",
+    "LoadShed",
+    "RawBody",
+    "RequestMetrics",
+]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -101,6 +110,17 @@ class LoadShed:
             g.inflight -= 1
 
 
+@dataclass(frozen=True, slots=True)
+class RawBody:
+    """A route whose body is not JSON (a file upload): its own size limit, no JSON checks.
+    ``setting`` names what sets ``max_bytes`` in the 413; ``envelope`` is what the body may
+    carry beyond it (multipart boundaries and form fields)."""
+
+    max_bytes: int
+    setting: str
+    envelope: int = 0
+
+
 class BodyLimit:
     """Guard every request body before the app parses it.
 
@@ -109,20 +129,34 @@ class BodyLimit:
     deeper than ``max_depth``, is a 422 in the usual validation format, naming the keys on
     the way to the deep part: Python's JSON parser recurses, and would otherwise fail with a
     RecursionError (see :mod:`.limits`; the check is linear and recursion-free).
+
+    ``raw`` maps ``(method, path)`` of routes whose body is a file to a :class:`RawBody`:
+    those get its limit (plus its envelope) and no JSON checks; every other route is guarded
+    as above.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, max_depth: int = MAX_BODY_DEPTH) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        max_depth: int = MAX_BODY_DEPTH,
+        *,
+        raw: Mapping[tuple[str, str], RawBody] | None = None,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.max_depth = max_depth
+        self.raw = dict(raw or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
+        raw = self.raw.get((scope["method"], scope["path"])) if self.raw else None
+        limit = raw.max_bytes + raw.envelope if raw is not None else self.max_bytes
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(scope, send, int(declared))
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._refuse(scope, send, int(declared), raw)
             return
         chunks: list[bytes] = []
         size = 0
@@ -131,14 +165,14 @@ class BodyLimit:
             if msg["type"] == "http.disconnect":
                 return
             size += len(msg.get("body", b""))
-            if size > self.max_bytes:
-                await self._refuse(scope, send, size)
+            if size > limit:
+                await self._refuse(scope, send, size, raw)
                 return
             chunks.append(msg.get("body", b""))
             if not msg.get("more_body", False):
                 break
         body = b"".join(chunks)
-        if body:
+        if body and raw is None:
             if len(body) > _SCAN_IN_THREAD:
                 import anyio.to_thread
 
@@ -160,14 +194,22 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, scope: Scope, send: Send, size: int) -> None:
+    async def _refuse(self, scope: Scope, send: Send, size: int, raw: RawBody | None) -> None:
+        if raw is None:
+            detail = (
+                f"request body of {size}+ bytes exceeds the {self.max_bytes}-byte limit "
+                "(CTX_MAX_BODY_BYTES)"
+            )
+            limit = self.max_bytes
+        else:
+            envelope = " plus the multipart envelope" if raw.envelope else ""
+            detail = (
+                f"upload body of {size}+ bytes exceeds the {raw.max_bytes}-byte file limit "
+                f"({raw.setting}){envelope}"
+            )
+            limit = raw.max_bytes
         resp = JSONResponse(
-            {
-                "error": "payload_too_large",
-                "detail": f"request body of {size}+ bytes exceeds the {self.max_bytes}-byte "
-                "limit (CTX_MAX_BODY_BYTES)",
-                "limit_bytes": self.max_bytes,
-            },
+            {"error": "payload_too_large", "detail": detail, "limit_bytes": limit},
             status_code=413,
         )
         await resp(scope, _noop_receive, send)

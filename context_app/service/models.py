@@ -496,6 +496,11 @@ class ReadyResponse(_Model):
     )
     qdrant: str = Field(description='"ok", or "unreachable: <error>"')
     knowledge_points: int | None = None
+    clamd: str | None = Field(
+        None,
+        description='the upload scanner: "ok", "unavailable: <error>" or "not configured"; '
+        "reported only (uploads refuse with 503 by themselves while it is down)",
+    )
 
 
 class IntentOut(_Model):

@@ -17,10 +17,10 @@ Everything else is :func:`context_core.ingest.upload.scan_and_ingest`; the answe
   slow (``CTX_CLAMD_TIMEOUT_S``). Fail closed: nothing is stored unscanned;
 * 401, and 429 when the upload's bytes go over the agent's per-minute write budget.
 
-The body is a file, not JSON, and bigger than ``CTX_MAX_BODY_BYTES``: :func:`install_upload_routes`
-puts :class:`UploadBodyLimit` in the body guard's place, which lets this one route through
-with its own limit (the file limit plus the multipart envelope) and guards every other route
-exactly as before.
+The body is a file, not JSON, and bigger than ``CTX_MAX_BODY_BYTES``: the app gives the body
+guard (:class:`~context_app.service.middleware.BodyLimit`) :func:`upload_raw_bodies`, which lets
+this one route through with its own limit (the file limit plus the multipart envelope) and no
+JSON checks; every other route is guarded exactly as before.
 """
 
 from __future__ import annotations
@@ -29,14 +29,12 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 from fastapi import FastAPI, File, Form, UploadFile
-from fastapi.responses import JSONResponse, Response
-from starlette.middleware import Middleware
+from fastapi.responses import Response
 
 from context_app.service.deps import Services
 from context_app.service.errors_map import json_response
 from context_app.service.http_deps import Svc, Who
-from context_app.service.limits import MAX_BODY_DEPTH
-from context_app.service.middleware import ASGIApp, BodyLimit, Message, Receive, Scope, Send
+from context_app.service.middleware import RawBody
 from context_app.service.models import (
     ErrorResponse,
     UnsupportedTypeResponse,
@@ -52,10 +50,10 @@ from context_core.ingest.upload import parse_keywords, scan_and_ingest
 
 __all__ = [
     "UPLOAD_PATH",
-    "UploadBodyLimit",
     "blocked_keywords_for",
     "install_upload_routes",
     "scanner_for",
+    "upload_raw_bodies",
 ]
 
 UPLOAD_PATH = "/v1/uploads"
@@ -81,92 +79,15 @@ def scanner_for(settings: Settings) -> ClamdScanner | None:
     return ClamdScanner(settings.clamd_url, timeout_s=settings.clamd_timeout_s)
 
 
-class UploadBodyLimit(BodyLimit):
-    """:class:`BodyLimit` for every route except ``POST /v1/uploads``, whose body is a file:
-    up to ``upload_max_bytes`` plus :data:`MULTIPART_ENVELOPE` (413 beyond, by
-    Content-Length up front or by counting), and no JSON checks (UTF-8, nesting)."""
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        max_bytes: int,
-        max_depth: int = MAX_BODY_DEPTH,
-        *,
-        upload_max_bytes: int,
-    ) -> None:
-        super().__init__(app, max_bytes, max_depth)
-        self.upload_max_bytes = upload_max_bytes
-        self.upload_limit = upload_max_bytes + MULTIPART_ENVELOPE
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not (
-            scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == UPLOAD_PATH
-        ):
-            await super().__call__(scope, receive, send)
-            return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.upload_limit:
-            await self._too_big(scope, send, int(declared))
-            return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                return
-            size += len(msg.get("body", b""))
-            if size > self.upload_limit:
-                await self._too_big(scope, send, size)
-                return
-            chunks.append(msg.get("body", b""))
-            if not msg.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    async def _too_big(self, scope: Scope, send: Send, size: int) -> None:
-        resp = JSONResponse(
-            {
-                "error": "payload_too_large",
-                "detail": f"upload body of {size}+ bytes exceeds the {self.upload_max_bytes}"
-                "-byte file limit (CTX_UPLOAD_MAX_BYTES) plus the multipart envelope",
-                "limit_bytes": self.upload_max_bytes,
-            },
-            status_code=413,
+def upload_raw_bodies(settings: Settings) -> dict[tuple[str, str], RawBody]:
+    """What :class:`BodyLimit` must let through to the upload route: the file limit
+    (``CTX_UPLOAD_MAX_BYTES``) plus the multipart envelope, with no JSON checks; every other
+    route keeps the JSON limits."""
+    return {
+        ("POST", UPLOAD_PATH): RawBody(
+            settings.upload_max_bytes, "CTX_UPLOAD_MAX_BYTES", MULTIPART_ENVELOPE
         )
-
-        async def nothing() -> Message:
-            return {"type": "http.disconnect"}
-
-        await resp(scope, nothing, send)
-
-
-def _swap_body_limit(app: FastAPI, upload_max_bytes: int) -> None:
-    """Put :class:`UploadBodyLimit` where the app's :class:`BodyLimit` is (same place in the
-    stack, same arguments); refuses to run without one, or after the app has started."""
-    if app.middleware_stack is not None:
-        raise RuntimeError("install_upload_routes must run before the app starts")
-    for i, m in enumerate(app.user_middleware):
-        if m.cls is BodyLimit:
-            args: tuple[Any, ...] = tuple(m.args)
-            kwargs: dict[str, Any] = dict(m.kwargs)
-            app.user_middleware[i] = Middleware(
-                UploadBodyLimit, *args, upload_max_bytes=upload_max_bytes, **kwargs
-            )
-            return
-    raise RuntimeError(
-        "install_upload_routes needs the BodyLimit middleware already added (call it after "
-        "app.add_middleware(BodyLimit, ...)): without it every upload would hit the JSON limits"
-    )
+    }
 
 
 UPLOAD_ERRORS: dict[int | str, dict[str, Any]] = {
@@ -186,9 +107,9 @@ UPLOAD_ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 def install_upload_routes(app: FastAPI, settings: Settings) -> None:
-    """The upload route, and the body guard that lets files through to it (see the module
-    doc). Call after the middleware is added."""
-    _swap_body_limit(app, settings.upload_max_bytes)
+    """The upload route (see the module doc). Its body limit is :func:`upload_raw_bodies`,
+    given to the app's :class:`BodyLimit`."""
+    del settings  # the route reads the running service's settings
 
     @app.post(
         UPLOAD_PATH,

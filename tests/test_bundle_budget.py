@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 from conftest import cleanup_keys
-from test_router import KNOWLEDGE, Env, _pid, encoder, env  # noqa: F401 (fixtures)
+from test_router import KNOWLEDGE, Env, _pid, env  # noqa: F401 (fixtures)
 
 from context_core.bundle import PRIORITY, Fragment, Tier, apply_budget, reference_entry
 from context_core.errors import ConfigError

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from test_router import ALL, Env, encoder, env, redis_url
+from test_router import ALL, Env, env, redis_url
 
 from context_core.delta import (
     BundleMirror,
@@ -27,7 +27,7 @@ from context_core.errors import ContextMissError
 from context_core.router import ContextBundle, ContextRouter
 from context_core.wire import BundleDeltaWire, FragmentWire, encode_json
 
-FIXTURES = (encoder, env, redis_url)  # test_router's, used here by name
+FIXTURES = (env, redis_url)  # test_router's, used here by name (encoder: conftest)
 FRAGMENT_FIELDS = set(FragmentWire.model_fields)
 INTENTS = ("fetch_sensor_data", "compare_vibration", "generate_report", "call_api", "default")
 QUERIES = (

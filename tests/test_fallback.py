@@ -8,7 +8,7 @@ real Redis, Qdrant Edge and MiniLM (fixtures from test_router)."""
 from __future__ import annotations
 
 import pytest
-from test_router import KNOWLEDGE, Env, encoder, env  # noqa: F401 (fixtures)
+from test_router import KNOWLEDGE, Env, env  # noqa: F401 (fixtures)
 
 from context_core.bundle import teaching_cue
 from context_core.confidence import ConfidencePolicy

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_router import Env, encoder, env  # noqa: F401 (fixtures)
+from test_router import Env, env  # noqa: F401 (fixtures)
 
 from context_core import confidence
 from context_core.confidence import ConfidencePolicy, PolicySource, model_name

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_router import Env, encoder, env  # noqa: F401 (fixtures)
+from test_router import Env, env  # noqa: F401 (fixtures)
 
 from context_core.confidence import ConfidencePolicy, PolicySource
 from context_core.config import get_settings

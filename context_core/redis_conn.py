@@ -70,6 +70,7 @@ __all__ = [
     "make_client",
     "redact_url",
     "split_cluster_url",
+    "url_db",
 ]
 
 #: Any client the provider hands out: one server, or a Redis Cluster.
@@ -207,7 +208,8 @@ def split_cluster_url(url: str) -> tuple[str, bool]:
     return f"{plain}://{rest}", True
 
 
-def _url_db(url: str) -> int:
+def url_db(url: str) -> int:
+    """The DB number a ``redis://host:port/<db>`` URL names (0 when it names none)."""
     path = urlsplit(url).path.strip("/")
     return int(path) if path.isdigit() else 0
 
@@ -251,9 +253,9 @@ def make_client(
     """
     plain, _ = split_cluster_url(url)
     if cluster:
-        if _url_db(plain) != 0:
+        if url_db(plain) != 0:
             raise ConfigError(
-                f"{redact_url(url)} names DB {_url_db(plain)}, but a Redis Cluster has only "
+                f"{redact_url(url)} names DB {url_db(plain)}, but a Redis Cluster has only "
                 "DB 0; drop the /<db> from CTX_REDIS_URL"
             )
         retry = Retry(NoBackoff(), 1) if fail_fast else Retry(NoBackoff(), 3)

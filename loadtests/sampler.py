@@ -21,7 +21,6 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from loadtests.slo import Hist, Sample, parse_redis_info, parse_service_metrics
 
@@ -39,11 +38,6 @@ def histogram_of(entry: Any) -> Hist | None:
 
 
 log = logging.getLogger(__name__)
-
-
-def _url_db(url: str) -> int:
-    path = urlsplit(url).path.strip("/")
-    return int(path) if path.isdigit() else 0
 
 
 class Sampler:
@@ -84,7 +78,12 @@ class Sampler:
             return None, None
         try:
             if self._redis is None:
-                from context_core.redis_conn import cluster_enabled, make_client, split_cluster_url
+                from context_core.redis_conn import (
+                    cluster_enabled,
+                    make_client,
+                    split_cluster_url,
+                    url_db,
+                )
 
                 plain, named = split_cluster_url(self.redis_url)
                 cluster = named or cluster_enabled(plain, connect_timeout=1.0, timeout=1.0)
@@ -95,7 +94,7 @@ class Sampler:
                     socket_timeout=1.0,
                     socket_connect_timeout=1.0,
                 )
-                self._db = 0 if cluster else _url_db(plain)
+                self._db = 0 if cluster else url_db(plain)
                 self._cluster = cluster
             if self._cluster:  # every primary's own figures, summed
                 from redis.cluster import RedisCluster

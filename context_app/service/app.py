@@ -124,7 +124,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     # outermost: a shed request costs no body read, no routing, no thread
     app.add_middleware(LoadShed, gauge=gauge, get_services=lambda: holder.get("svc"))
-    install_upload_routes(app, settings)
+    install_upload_routes(app)
     return app
 
 

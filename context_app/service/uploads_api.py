@@ -106,10 +106,9 @@ UPLOAD_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def install_upload_routes(app: FastAPI, settings: Settings) -> None:
+def install_upload_routes(app: FastAPI) -> None:
     """The upload route (see the module doc). Its body limit is :func:`upload_raw_bodies`,
     given to the app's :class:`BodyLimit`."""
-    del settings  # the route reads the running service's settings
 
     @app.post(
         UPLOAD_PATH,

@@ -226,9 +226,19 @@ def uvicorn_stack() -> str:
     return f"uvicorn {ver('uvicorn')}, loop {loop}, http {proto}"
 
 
+class Procs:
+    """Several processes measured as one (the uvicorn parent with its workers, and the edge
+    server owning the Edge shards): what :func:`tree_cpu_s` sums."""
+
+    def __init__(self, *procs: Any) -> None:
+        self.procs = [p for p in procs if p is not None]
+
+
 def tree_cpu_s(proc: Any) -> float:
     """User + system CPU seconds of ``proc`` (all its threads), its reaped children and its
-    live children."""
+    live children (of each process of a :class:`Procs`)."""
+    if isinstance(proc, Procs):
+        return sum(tree_cpu_s(p) for p in proc.procs)
     t = proc.cpu_times()
     total = t.user + t.system + t.children_user + t.children_system
     for child in proc.children(recursive=True):
@@ -240,19 +250,23 @@ def tree_cpu_s(proc: Any) -> float:
 
 @contextlib.contextmanager
 def serve(
-    app: str, env: Mapping[str, str], log_path: Path, ready_timeout_s: float = 180.0
+    app: str,
+    env: Mapping[str, str],
+    log_path: Path,
+    ready_timeout_s: float = 180.0,
+    workers: int = 1,
 ) -> Iterator[tuple[str, Any]]:
-    """Run ``app`` under the campaign's uvicorn command; yields (base URL, psutil.Process)."""
+    """Run ``app`` under the campaign's uvicorn command (``--workers`` when > 1); yields
+    (base URL, psutil.Process of the uvicorn parent)."""
     import psutil
 
     from loadtests.campaign import _free_port, _stop_service, _wait_ready
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
+    cmd = uvicorn_cmd(app, port) + (["--workers", str(workers)] if workers > 1 else [])
     with log_path.open("wb") as log_fh:
-        proc = subprocess.Popen(
-            uvicorn_cmd(app, port), env=dict(env), stdout=log_fh, stderr=subprocess.STDOUT
-        )
+        proc = subprocess.Popen(cmd, env=dict(env), stdout=log_fh, stderr=subprocess.STDOUT)
     try:
         _wait_ready(url, proc, ready_timeout_s)
         yield url, psutil.Process(proc.pid)
@@ -582,6 +596,30 @@ def profile_mix() -> tuple[int, float, dict[str, float]]:
     return int(p.steps_per_session), float(p.user_step_rate_at(0.0)), weights
 
 
+@contextlib.contextmanager
+def _edge_server(
+    settings: Any, data_dir: Path, run_dir: Path, env: dict[str, str]
+) -> Iterator[Any]:
+    """The edge server a multi-worker campaign starts; sets ``CTX_EDGE_SOCKET`` in ``env``;
+    yields its psutil.Process (its CPU is the service's too)."""
+    import psutil
+
+    from context_core.knowledge.edge_server import start_edge_server, stop_edge_server
+
+    sock = Path(tempfile.mkdtemp(prefix="ctx-edge-")) / "edge.sock"
+    edge = start_edge_server(
+        settings.model_copy(update={"data_dir": data_dir}).qdrant_dir,
+        sock,
+        settings.qdrant_search_threads or None,
+        log_path=run_dir / "edge_server.log",
+    )
+    env["CTX_EDGE_SOCKET"] = str(sock)
+    try:
+        yield psutil.Process(edge.pid)
+    finally:
+        stop_edge_server(edge)
+
+
 def measure_cpu(
     settings: Any,
     *,
@@ -590,9 +628,13 @@ def measure_cpu(
     bare_requests: int,
     redis_gets: int,
     warmup_sessions: int = 20,
+    workers: int = 1,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Service CPU per endpoint, the bare ASGI floor and the Redis GET floor, in one go."""
+    """Service CPU per endpoint, the bare ASGI floor and the Redis GET floor, in one go.
+
+    ``workers`` > 1: the service as a campaign runs it (that many uvicorn workers and the edge
+    server owning the Edge shards), its CPU = every one of those processes'."""
     from context_core.auth import generate_keys
     from loadtests.campaign import FLEET_PURPOSES, _seed_knowledge
 
@@ -610,14 +652,28 @@ def measure_cpu(
     )
     keys = json.loads(raw.read_text(encoding="utf-8"))
     seeded = _seed_knowledge(settings, data_dir, run_dir, say)
-    out: dict[str, Any] = {"steps": steps, "seeded": seeded, "stack": uvicorn_stack()}
-    with campaign_valkey(run_dir / "valkey") as (redis_url, vk_proc):
+    out: dict[str, Any] = {
+        "steps": steps,
+        "seeded": seeded,
+        "stack": uvicorn_stack(),
+        "workers": workers,
+    }
+    with campaign_valkey(run_dir / "valkey") as (redis_url, vk_proc), contextlib.ExitStack() as st:
         env = _service_env(redis_url, data_dir, run_dir, digests)
         if settings.qdrant_url:  # as the campaign does
             env["CTX_QDRANT_URL"] = settings.qdrant_url
+        edge = None
+        if workers > 1:  # the campaign's layout: N workers, an edge server owning the shards
+            metrics_dir = run_dir / "metrics"
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+            metrics_dir.mkdir()
+            env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+            if not settings.qdrant_url:
+                edge = st.enter_context(_edge_server(settings, data_dir, run_dir, env))
         t0 = time.perf_counter()
-        with serve(SERVICE_APP, env, run_dir / "service.log") as (url, proc):
-            say(f"service up in {time.perf_counter() - t0:.1f} s ({url})")
+        with serve(SERVICE_APP, env, run_dir / "service.log", workers=workers) as (url, parent):
+            proc = Procs(parent, edge)
+            say(f"service up in {time.perf_counter() - t0:.1f} s ({url}, {workers} worker(s))")
             driver = Driver(url, concurrency)
             try:
                 drive_sessions(driver, keys, warmup_sessions, steps, step_rate, proc, None, "wu")
@@ -969,6 +1025,14 @@ def main(argv: list[str]) -> int:
         "ctx loadtest (an edge server owns the Edge shards when > 1)",
     )
     ap.add_argument(
+        "--cpu-workers",
+        type=int,
+        default=0,
+        help="service worker processes in the CPU phases; 0 = the campaign's count (an edge "
+        "server owns the Edge shards when > 1, its CPU counted as the service's); 1 = one "
+        "process with Edge in it",
+    )
+    ap.add_argument(
         "--bare-requests", type=int, default=20000, help="POSTs against the bare ASGI floor"
     )
     ap.add_argument("--redis-gets", type=int, default=20000, help="GETs in the Redis floor loop")
@@ -996,6 +1060,7 @@ def main(argv: list[str]) -> int:
         concurrency=args.concurrency,
         bare_requests=args.bare_requests,
         redis_gets=args.redis_gets,
+        workers=args.cpu_workers or auto_workers(),
     )
     print(f"CPU part: {time.perf_counter() - t_cpu:.0f} s", flush=True)
     rows = table_rows(cpu, steps, best)

@@ -65,7 +65,9 @@ from context_core.errors import (
     ContextMissError,
     VersionConflictError,
 )
+from context_core.on_loop import blocking
 from context_core.redis_conn import REDIS_ERRORS
+from context_core.redis_ops import cmd, execute, ok
 from context_core.working_memory.keys import canonical, user_key_id
 
 if TYPE_CHECKING:
@@ -448,8 +450,9 @@ def store_snapshot(sm: SessionMemory, effective: EffectiveProfile) -> str:
     key = sm.key(SNAPSHOT_KIND, SNAPSHOT_IDENT)
     data = wm._gateway.clean(effective.to_snapshot(), where="L2.compliance")
     body = canonical({"stored_at": wm.now(), "data": data})
-    with wm._guard(f"SET {key}"):
-        wm._write(wm._api_put_script, keys=[key, sm.index_key], args=[body, wm.default_ttl_s])
+    wm._write_later(
+        f"SET {key}", wm._api_put_script, keys=[key, sm.index_key], args=[body, wm.default_ttl_s]
+    )
     return key
 
 
@@ -680,9 +683,9 @@ class RedisComplianceStore(_StoreBase):
         org_key, _ = self.keys(org_id)
         user_key, _ = self.keys(org_id, user_id)
         with self._guard(f"HGETALL {org_key}"):
-            pipe = self._r.pipeline(transaction=False)
-            pipe.hgetall(org_key).hgetall(user_key)
-            org_h, user_h = pipe.execute()
+            org_h, user_h = ok(
+                execute(self._r, [cmd("HGETALL", org_key), cmd("HGETALL", user_key)])
+            )
         org = self._record(org_id, None, org_h)
         user = self._record(org_id, user_id, user_h)
         return EffectiveProfile(org_id, org.version, user.version, merge(org.profile, user.profile))
@@ -923,7 +926,11 @@ class PostgresComplianceStore(_StoreBase):
         ]
 
     def effective(self, org_id: str, user_id: str) -> EffectiveProfile:
-        """Both records in one transaction."""
+        """Both records in one transaction (on a worker thread when called on the service's
+        event loop: the driver blocks, :func:`context_core.on_loop.blocking`)."""
+        return blocking(self._effective, org_id, user_id)
+
+    def _effective(self, org_id: str, user_id: str) -> EffectiveProfile:
         with self._tx(org_id) as cur:
             org = self._select(cur, org_id, None, lock=False)
             user = self._select(cur, org_id, user_id, lock=False)

@@ -291,12 +291,21 @@ class Settings(BaseSettings):
         None, description="JSON {agent_id: {key_sha256, namespaces, purposes}}"
     )
     max_body_bytes: int = Field(256 * 1024, gt=0)
+    service_execution: Literal["loop", "threads"] = Field(
+        "loop",
+        description="Where the service runs its hot endpoints: 'loop' = on the event loop, "
+        "each Redis round trip awaited with an asynchronous twin of the client (no thread "
+        "hop, no GIL handover per request; the loop keeps answering while a request waits); "
+        "'threads' = one worker thread per request (anyio's pool). A Redis Cluster always "
+        "runs on threads.",
+    )
     service_threads: int = Field(
         40,
         ge=1,
         le=1000,
-        description="Worker threads per service process for the blocking endpoints (anyio's "
-        "default limiter). Fewer threads interleave fewer requests under the GIL.",
+        description="Worker threads per service process for the endpoints that run on threads "
+        "(all of them with CTX_SERVICE_EXECUTION=threads; anyio's default limiter). Fewer "
+        "threads interleave fewer requests under the GIL.",
     )
     shed_inflight: int = Field(
         96,

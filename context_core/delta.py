@@ -56,7 +56,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from context_core.errors import BackendUnavailableError
-from context_core.redis_conn import REDIS_ERRORS, call_script
+from context_core.redis_conn import REDIS_ERRORS
+from context_core.redis_ops import call
 from context_core.working_memory.base import index_key
 from context_core.working_memory.index import INDEX_ADD_LUA
 from context_core.working_memory.keys import check_sid, session_prefix
@@ -206,11 +207,12 @@ class BundleLog:
         m = _BUNDLE_ID.match(since_bundle or "")
         key = log_key(session_id)
         try:
-            seq, raw = call_script(
+            seq, raw = call(
                 self._client,
                 self._script,
                 [key, index_key(session_prefix(session_id))],
                 [m.group(1) if m else "", manifest, self.keep, self.ttl_s],
+                durable=True,
                 min_replicas=self._min_replicas,
                 wait_ms=self._wait_ms,
             )

@@ -9,23 +9,29 @@ Expired vs never written is decided in Redis, not in process memory: a missing s
 traced ``expired`` when :meth:`SessionMemory.key_expired` says this session wrote it and it is
 gone, so every router process (or service worker) over the same Redis gives the same answer.
 Preferences (``pref`` keys, per user, no TTL) are never ``expired``, only missing.
+
+Round trips: the L2 and preference reads are operations (:mod:`context_core.redis_ops`) and
+the namespace reads hand back their commands, so the router sends all of a route's reads,
+with its touch, in one round trip (a second one only for the "was it ever written?" check of
+keys that missed).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from context_core.bundle import Fragment, hours_since
 from context_core.errors import AccessDeniedError, ContextError, ContextMissError
 from context_core.intents import ALL_PREFERENCES, IntentSpec, L2KeySpec, TemplateParamError, fill
+from context_core.redis_ops import Cmd, Op, ok
 
 if TYPE_CHECKING:
     from context_core.namespaces import NamespaceRegistry
     from context_core.session import SessionState
     from context_core.working_memory import SessionMemory, WorkingMemory
 
-__all__ = ["L2Trace", "read_l1", "read_l2", "read_namespaces", "read_prefs"]
+__all__ = ["L2Trace", "NsRead", "read_l1", "read_l2", "read_namespaces", "read_prefs"]
 
 #: The route's ``l2`` trace block: key lists plus ``contract_lost`` (bool).
 L2Trace = dict[str, Any]
@@ -76,9 +82,10 @@ def read_l2(
     params: Mapping[str, Any],
     now: float,
     l2_trace: L2Trace,
-) -> tuple[Fragment | None, ContextMissError | None]:
-    """One session L2 key: its fragment, or the miss (traced ``expired`` when Redis says this
-    session wrote the key and it is gone, :meth:`SessionMemory.key_expired`)."""
+) -> Op[tuple[Fragment | None, ContextMissError | None]]:
+    """Operation (:mod:`context_core.redis_ops`): one session L2 key: its fragment, or the
+    miss (traced ``expired`` when Redis says this session wrote the key and it is gone,
+    :meth:`SessionMemory.key_expired`: a second round, for misses only)."""
     try:
         ident = fill(key_spec.ident, values)
     except TemplateParamError as e:
@@ -95,14 +102,11 @@ def read_l2(
     content: Any
     stored_at: float | None
     try:
-        if key_spec.kind == "api":
-            loaded = sm.get_api_response(ident, api_params)
-            content, stored_at = loaded.value, loaded.stored_at
-        elif key_spec.kind == "step":
-            loaded = sm.get_step_result(ident)
+        if key_spec.kind in ("api", "step"):
+            loaded = yield from (sm.string_op(key) if key_spec.kind == "api" else sm.hash_op(key))
             content, stored_at = loaded.value, loaded.stored_at
         elif key_spec.kind == "series":
-            points = sm.series(ident)
+            points = yield from sm.series_op(ident)
             if not points:
                 raise ContextMissError(key)
             content = {
@@ -112,7 +116,7 @@ def read_l2(
             }
             stored_at = points[-1][0]
         elif key_spec.kind == "contract":
-            contract = sm.contract()
+            contract = yield from sm.contract_op()
             if contract.version == 0:
                 raise ContextMissError(key)
             content = {
@@ -127,7 +131,7 @@ def read_l2(
             raise ValueError(f"read_l2 cannot read {key_spec.kind!r} keys")
     except ContextMissError as e:
         l2_trace["missing"].append(key)
-        if sm.key_expired(key):
+        if (yield from sm.key_expired_op(key)):
             l2_trace["expired"].append(key)
         return None, e
     l2_trace["found"].append(key)
@@ -142,8 +146,8 @@ def read_prefs(
     values: Mapping[str, Any],
     now: float,
     l2_trace: L2Trace,
-) -> tuple[list[Fragment], ContextMissError | None]:
-    """The session user's preferences: one type, or all of them (ident ``*``).
+) -> Op[tuple[list[Fragment], ContextMissError | None]]:
+    """Operation: the session user's preferences: one type, or all of them (ident ``*``).
 
     Traced under the preference key (``pref:{<uid>}:<type>``, or ``pref:{<uid>}:*`` for all,
     found when the user has at least one). Each preference is a fragment
@@ -164,13 +168,14 @@ def read_prefs(
         if ident == ALL_PREFERENCES:
             key = f"pref:{{{prefs.user_id}}}:{ALL_PREFERENCES}"
             _request(l2_trace, key, key_spec)
-            found = sorted(prefs.all().values(), key=lambda p: (-p.confidence, p.type))
+            every = yield from prefs.all_op()
+            found = sorted(every.values(), key=lambda p: (-p.confidence, p.type))
             if not found:
                 raise ContextMissError(key, "the user has no preferences yet")
         else:
             key = prefs.key(ident)
             _request(l2_trace, key, key_spec)
-            found = [prefs.get(ident)]
+            found = [(yield from prefs.get_op(ident))]
     except ContextMissError as e:
         l2_trace["missing"].append(key)
         return [], e
@@ -194,6 +199,10 @@ def read_prefs(
     return frags, None
 
 
+#: What :func:`read_namespaces` hands back per shared-namespace entry.
+NsRead = tuple[Fragment | None, AccessDeniedError | None]
+
+
 def read_namespaces(
     namespaces: NamespaceRegistry | None,
     spec: IntentSpec,
@@ -201,35 +210,51 @@ def read_namespaces(
     agent_id: str | None,
     now: float,
     ns_trace: dict[str, list[str]],
-) -> list[tuple[Fragment | None, AccessDeniedError | None]]:
-    """Shared-namespace reads as the agent; a denial is returned only for a required entry."""
+) -> tuple[list[Cmd], Callable[[list[Any]], list[NsRead]]]:
+    """Shared-namespace reads as the agent, for the caller's own round trip: the commands
+    (every entry's ACL line and value, :meth:`NamespaceRegistry.entry_read`) and the function
+    that takes their replies, decides, traces and returns a ``(fragment, denial)`` per entry
+    found or refused; a denial is returned only for a required entry. Nothing is traced or
+    audited until that function runs, so a caller that ends up not wanting the entries (a
+    required L2 key is missing) drops the replies and it is as if nothing was read."""
     if namespaces is None:
-        return []
-    out: list[tuple[Fragment | None, AccessDeniedError | None]] = []
+        return [], lambda _replies: []
+    planned: list[tuple[Any, str, int, int, Callable[[list[Any]], Any]]] = []
+    wanted: list[Cmd] = []
     for ns in spec.namespaces:
         try:
             key = fill(ns.key, values)
         except TemplateParamError:
             continue  # nothing to look up yet (e.g. no device): not requested
-        ref = f"{ns.namespace}/{key}"
-        ns_trace["requested"].append(ref)
-        try:
-            entry = namespaces.read_entry(ns.namespace, key, agent_id=agent_id, purpose=ns.purpose)
-        except AccessDeniedError as e:
-            ns_trace["denied"].append(ref)
-            out.append((None, e if ns.required else None))
-            continue
-        except ContextMissError:
-            continue
-        ns_trace["found"].append(ref)
-        frag = Fragment(
-            "NS",
-            f"NS:{entry.redis_key}",
-            entry.value,
-            1.0,
-            hours_since(entry.stored_at, now),
-            1.0,
-            "exact",
+        cmds, decide = namespaces.entry_read(
+            ns.namespace, key, agent_id=agent_id, purpose=ns.purpose
         )
-        out.append((frag, None))
-    return out
+        planned.append((ns, f"{ns.namespace}/{key}", len(wanted), len(wanted) + len(cmds), decide))
+        wanted.extend(cmds)
+
+    def interpret(replies: list[Any]) -> list[NsRead]:
+        out: list[NsRead] = []
+        for ns, ref, start, end, decide in planned:
+            ns_trace["requested"].append(ref)
+            try:
+                entry = decide(ok(replies[start:end]))
+            except AccessDeniedError as e:
+                ns_trace["denied"].append(ref)
+                out.append((None, e if ns.required else None))
+                continue
+            except ContextMissError:
+                continue
+            ns_trace["found"].append(ref)
+            frag = Fragment(
+                "NS",
+                f"NS:{entry.redis_key}",
+                entry.value,
+                1.0,
+                hours_since(entry.stored_at, now),
+                1.0,
+                "exact",
+            )
+            out.append((frag, None))
+        return out
+
+    return wanted, interpret

@@ -50,7 +50,9 @@ from context_core.errors import (
     ConfigError,
     ContextMissError,
 )
+from context_core.on_loop import blocking
 from context_core.redis_conn import REDIS_ERRORS, RedisClient
+from context_core.redis_ops import Cmd, Op, cmd, ok, run
 
 if TYPE_CHECKING:
     from context_core.config import Settings
@@ -143,8 +145,9 @@ class NamespaceRegistry:
         self.acl_sync = sync
 
     def _check_sync(self) -> None:
-        if self.acl_sync is not None:
-            self.acl_sync.check()
+        sync = self.acl_sync
+        if sync is not None and sync.due():  # on the service's loop: on a worker thread
+            blocking(sync.check)
 
     @classmethod
     def from_settings(
@@ -236,22 +239,30 @@ class NamespaceRegistry:
 
     # --- access -----------------------------------------------------------------------
     def _authorize(self, op: str, name: str, key: str, agent_id: str | None, purpose: str) -> None:
+        raw: str | None = None
+        if agent_id and purpose:
+            self._check_sync()
+            raw = self._r.hget(self._acl_key(name), agent_id)  # type: ignore[assignment]
+        self._decide(op, name, key, agent_id, purpose, raw)
+
+    def _decide(
+        self, op: str, name: str, key: str, agent_id: str | None, purpose: str, raw: str | None
+    ) -> None:
+        """Refuse (audited :class:`AccessDeniedError`) unless ``raw``, the agent's ACL entry
+        of ``name`` (None: not in the ACL), grants ``purpose`` (and writing, for a write)."""
         reason = ""
         if not agent_id:
             reason = "no agent id given"
         elif not purpose:
             reason = "no purpose declared"
+        elif raw is None:
+            reason = f"agent {agent_id!r} is not in the ACL"
         else:
-            self._check_sync()
-            raw = self._r.hget(self._acl_key(name), agent_id)
-            if raw is None:
-                reason = f"agent {agent_id!r} is not in the ACL"
-            else:
-                grant = Grant.from_json(str(raw))
-                if not grant.allows(purpose):
-                    reason = f"purpose {purpose!r} not granted (granted: {sorted(grant.purposes)})"
-                elif op == "write" and not grant.write:
-                    reason = "agent has no write grant"
+            grant = Grant.from_json(str(raw))
+            if not grant.allows(purpose):
+                reason = f"purpose {purpose!r} not granted (granted: {sorted(grant.purposes)})"
+            elif op == "write" and not grant.write:
+                reason = "agent has no write grant"
         if reason:
             rec = AccessRecord(time.time(), op, name, key, agent_id, purpose, reason)
             self._audit(rec)
@@ -284,20 +295,45 @@ class NamespaceRegistry:
 
     def read_entry(self, name: str, key: str, *, agent_id: str | None, purpose: str) -> NsEntry:
         """Read one key after the ACL check; a miss raises ``ContextMissError``."""
-        rkey = self.kv_key(name, key)
-        self._authorize("read", name, key, agent_id, purpose)
         try:
-            pipe = self._r.pipeline(transaction=False)
-            pipe.get(rkey)
-            pipe.pttl(rkey)
-            raw, pttl = pipe.execute()
+            return run(self._r, self.read_entry_op(name, key, agent_id=agent_id, purpose=purpose))
         except REDIS_ERRORS as e:
-            raise BackendUnavailableError(f"could not read {rkey}: {e}") from e
-        if raw is None:
-            raise ContextMissError(rkey, f"shared namespace {name!r} has no (live) key {key!r}")
-        doc = json.loads(raw)
-        ttl = None if pttl is None or pttl < 0 else pttl / 1000.0
-        return NsEntry(name, key, rkey, doc["v"], float(doc["stored_at"]), ttl)
+            raise BackendUnavailableError(f"could not read {self.kv_key(name, key)}: {e}") from e
+
+    def read_entry_op(
+        self, name: str, key: str, *, agent_id: str | None, purpose: str
+    ) -> Op[NsEntry]:
+        """Operation (:mod:`context_core.redis_ops`): :meth:`read_entry` in one round (see
+        :meth:`entry_read`)."""
+        wanted, decide = self.entry_read(name, key, agent_id=agent_id, purpose=purpose)
+        return decide(ok((yield wanted)))
+
+    def entry_read(
+        self, name: str, key: str, *, agent_id: str | None, purpose: str
+    ) -> tuple[list[Cmd], Callable[[list[Any]], NsEntry]]:
+        """:meth:`read_entry` split for a caller that sends the commands with its own round
+        trip: the commands (the agent's ACL entry and the value, read together) and the
+        function that takes their replies and decides. Nothing is decided, audited or
+        returned until that function runs; when the ACL refuses, the value read is dropped
+        unseen (the refusal is audited as always)."""
+        rkey = self.kv_key(name, key)
+        wanted = [cmd("GET", rkey), cmd("PTTL", rkey)]
+        asks = bool(agent_id and purpose)
+        if asks:
+            self._check_sync()
+            wanted.insert(0, cmd("HGET", self._acl_key(name), agent_id))
+
+        def decide(replies: list[Any]) -> NsEntry:
+            grant = replies[0] if asks else None
+            self._decide("read", name, key, agent_id, purpose, grant)
+            raw, pttl = replies[-2:]
+            if raw is None:
+                raise ContextMissError(rkey, f"shared namespace {name!r} has no (live) key {key!r}")
+            doc = json.loads(raw)
+            ttl = None if pttl is None or pttl < 0 else pttl / 1000.0
+            return NsEntry(name, key, rkey, doc["v"], float(doc["stored_at"]), ttl)
+
+        return wanted, decide
 
     def read(self, name: str, key: str, agent_id: str | None, purpose: str) -> Any:
         """The value only; see :meth:`read_entry` for provenance."""
@@ -395,6 +431,10 @@ class AclSync:
         reg._r.set(self.marker_key, json.dumps({"at": time.time(), "grants": len(self.grants)}))
         self._next = self._clock() + self.interval_s
         return len(self.grants)
+
+    def due(self) -> bool:
+        """True when :meth:`check` would look at Redis (at most once per ``interval_s``)."""
+        return self._clock() >= self._next
 
     def check(self, *, force: bool = False) -> bool:
         """Re-sync if Redis lost the marker; True when it did. Never raises for Redis errors."""

@@ -286,6 +286,35 @@ def make_client(
     )
 
 
+def make_async_twin(client: RedisClient) -> Any:
+    """A ``redis.asyncio`` client on the same server, database, credentials, timeouts and
+    reply decoding as ``client`` (a single server), with the request path's retry rule (a
+    broken connection once, immediately; never a timeout): what
+    :func:`context_core.redis_ops.attach_async` pairs with it for the event-loop path."""
+    import redis.asyncio as aredis
+    from redis.asyncio.retry import Retry as AsyncRetry
+
+    if not isinstance(client, redis.Redis):
+        raise ConfigError("a Redis Cluster client has no event-loop twin here")
+    kw = dict(client.connection_pool.connection_kwargs)
+    keep = (
+        "host", "port", "db", "username", "password", "path", "socket_timeout",
+        "socket_connect_timeout", "decode_responses", "encoding", "encoding_errors",
+        "client_name",
+    )  # fmt: skip
+    args: dict[str, Any] = {k: kw[k] for k in keep if k in kw and kw[k] is not None}
+    # the retry rule is the connections' (a client handed a pool does not pass its own on)
+    args["retry"] = AsyncRetry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
+    args["retry_on_error"] = [redis.ConnectionError]
+    ssl = client.connection_pool.connection_class.__name__ == "SSLConnection"
+    if "path" in args:
+        pool = aredis.ConnectionPool(connection_class=aredis.UnixDomainSocketConnection, **args)
+    else:
+        cls = aredis.SSLConnection if ssl else aredis.Connection
+        pool = aredis.ConnectionPool(connection_class=cls, **args)
+    return aredis.Redis(connection_pool=pool)
+
+
 def is_cluster_client(client: object) -> bool:
     return isinstance(client, RedisCluster)
 

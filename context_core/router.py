@@ -93,6 +93,8 @@ from context_core.errors import AccessDeniedError, ConfigError, ContextMissError
 from context_core.exact_reads import L2Trace, read_l1, read_l2, read_namespaces, read_prefs
 from context_core.intents import IntentRegistry, IntentSpec, template_fields
 from context_core.knowledge.memory import UNREVIEWED, hot_scopes, hot_visible
+from context_core.on_loop import wait_future
+from context_core.redis_ops import Cmd, Op
 from context_core.relevance import query_length
 from context_core.traces import TraceWriter, fragment_entry, new_trace_id
 
@@ -285,9 +287,10 @@ class ContextRouter:
         ranked: list[tuple[Tier, Fragment]] = [("l1", f) for f in read_l1(state, spec, now)]
         t_l1 = time.perf_counter()
 
-        # 3. L2 (+ 4. shared namespaces); the route is session activity.
+        # 3. L2 (+ 4. shared namespaces); the route is session activity. The touch, every
+        # L2 read and the namespace entries go to Redis in one round trip (a second one
+        # only for the "ever written?" check of keys that missed).
         sm = self.wm.session(state.session_id)
-        sm.touch()
         l2_trace: L2Trace = {
             "requested": [],
             "required": [],
@@ -298,11 +301,22 @@ class ContextRouter:
         ns_trace: dict[str, list[str]] = {"requested": [], "found": [], "denied": []}
         required_miss: ContextMissError | None = None
         required_denied: AccessDeniedError | None = None
+        ops: list[Op[Any]] = [sm.touch_op()]
         for key_spec in spec.l2_keys:
             if key_spec.kind == "pref":
-                frags, err = read_prefs(self.wm, state.user_id, key_spec, values, now, l2_trace)
+                ops.append(read_prefs(self.wm, state.user_id, key_spec, values, now, l2_trace))
             else:
-                frag, err = read_l2(sm, key_spec, values, params, now, l2_trace)
+                ops.append(read_l2(sm, key_spec, values, params, now, l2_trace))
+        ns_cmds, ns_interpret = read_namespaces(
+            self.namespaces, spec, values, agent_id, now, ns_trace
+        )
+        ops.append(_replies_of(ns_cmds))
+        _, *l2_results, ns_replies = self.wm.run_all(ops, f"route {state.session_id}")
+        for key_spec, got in zip(spec.l2_keys, l2_results, strict=True):
+            if key_spec.kind == "pref":
+                frags, err = got
+            else:
+                frag, err = got
                 frags = [frag] if frag is not None else []
             tier: Tier = (
                 "required"
@@ -316,10 +330,8 @@ class ContextRouter:
                 required_miss = err
         contract_key = sm.key("contract", "current")
         l2_trace["contract_lost"] = contract_key in l2_trace["expired"]
-        if required_miss is None:
-            for ns_frag, denied in read_namespaces(
-                self.namespaces, spec, values, agent_id, now, ns_trace
-            ):
+        if required_miss is None:  # else the entries read are dropped unseen
+            for ns_frag, denied in ns_interpret(ns_replies):
                 if ns_frag is not None:
                     ranked.append(("namespace", ns_frag))
                 if denied is not None and required_denied is None:
@@ -334,7 +346,7 @@ class ContextRouter:
         if future is not None and required_miss is None and required_denied is None:
             remaining = self.l3_timeout_ms / 1000.0 - (time.perf_counter() - l3_submitted)
             try:
-                outcome = future.result(timeout=max(0.0, remaining))
+                outcome = wait_future(future, max(0.0, remaining))
             except FutureTimeout:
                 future.cancel()
                 outcome = _L3Outcome(error=f"timeout after {self.l3_timeout_ms:g} ms")
@@ -688,3 +700,10 @@ def _declared(spec: IntentSpec) -> dict[str, frozenset[str]]:
     for ns in spec.namespaces:
         out.setdefault(ns.namespace, set()).add(ns.purpose)
     return {name: frozenset(p) for name, p in out.items()}
+
+
+def _replies_of(cmds: list[Cmd]) -> Op[list[Any]]:
+    """Operation: send ``cmds`` (none: no round) and return their raw replies."""
+    if not cmds:
+        return []
+    return list((yield cmds))

@@ -25,7 +25,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 import redis
@@ -256,3 +256,96 @@ def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> AirflowHome:
     """
     home = tmp_path_factory.mktemp("airflow_home")
     return AirflowHome(home=home, dags_folder=REPO_ROOT / "dags").prepare()
+
+
+class RoundTrips:
+    """Records, at the wire, every round trip the Redis clients of this process send while
+    active: one entry per packet, the command names in it in order (``[["EVALSHA", "ZADD"],
+    ["HGETALL"]]``). Commands are parsed from the RESP arrays themselves, so the count holds
+    whatever code path built them. ``trips``: synchronous clients; ``loop_trips``: those of
+    them sent by code running on the event loop (:func:`context_core.redis_ops.on_loop`:
+    they block the loop, the hot endpoints must send none); ``async_trips``: the
+    asynchronous twins' (what code on the loop awaits)."""
+
+    def __init__(self) -> None:
+        self.trips: list[list[str]] = []
+        self.loop_trips: list[list[str]] = []
+        self.async_trips: list[list[str]] = []
+        self._orig: Any = None
+        self._orig_async: Any = None
+
+    def __enter__(self) -> RoundTrips:
+        import redis.asyncio.connection as arc
+        import redis.connection as rc
+
+        from context_core.on_loop import on_loop_now
+
+        self._orig = orig = rc.AbstractConnection.send_packed_command
+        self._orig_async = orig_async = arc.AbstractConnection.send_packed_command
+        trips, loop_trips, async_trips = self.trips, self.loop_trips, self.async_trips
+
+        def send(conn: Any, command: Any, check_health: bool = True) -> Any:
+            names = _resp_names(_joined(command))
+            if not _HANDSHAKE.issuperset(names):  # a new connection's setup is not a trip
+                trips.append(names)
+                if on_loop_now():
+                    loop_trips.append(names)
+            return orig(conn, command, check_health)
+
+        async def send_async(conn: Any, command: Any, check_health: bool = True) -> Any:
+            names = _resp_names(_joined(command))
+            if not _HANDSHAKE.issuperset(names):
+                async_trips.append(names)
+            return await orig_async(conn, command, check_health)
+
+        rc.AbstractConnection.send_packed_command = send  # type: ignore[method-assign]
+        arc.AbstractConnection.send_packed_command = send_async  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import redis.asyncio.connection as arc
+        import redis.connection as rc
+
+        rc.AbstractConnection.send_packed_command = self._orig  # type: ignore[method-assign]
+        arc.AbstractConnection.send_packed_command = self._orig_async  # type: ignore[method-assign]
+
+    def names(self) -> list[str]:
+        return [n for trip in self.trips for n in trip]
+
+    def clear(self) -> None:
+        self.trips.clear()
+        self.loop_trips.clear()
+        self.async_trips.clear()
+
+
+#: What a client sends when it opens a connection (not counted as a round trip).
+_HANDSHAKE = frozenset({"HELLO", "CLIENT", "AUTH", "SELECT", "READONLY"})
+
+
+def _joined(command: Any) -> bytes:
+    chunks = command if isinstance(command, list | tuple) else [command]
+    return b"".join(c.encode() if isinstance(c, str) else bytes(c) for c in chunks)
+
+
+def _resp_names(blob: bytes) -> list[str]:
+    """The command name of each RESP array in ``blob``."""
+    names: list[str] = []
+    pos = 0
+    while pos < len(blob):
+        assert blob[pos : pos + 1] == b"*", blob[pos : pos + 20]
+        end = blob.index(b"\r\n", pos)
+        count = int(blob[pos + 1 : end])
+        pos = end + 2
+        for i in range(count):
+            end = blob.index(b"\r\n", pos)
+            size = int(blob[pos + 1 : end])
+            if i == 0:
+                names.append(blob[end + 2 : end + 2 + size].decode().upper())
+            pos = end + 2 + size + 2
+    return names
+
+
+@pytest.fixture
+def round_trips() -> Iterator[RoundTrips]:
+    with RoundTrips() as rt:
+        yield rt

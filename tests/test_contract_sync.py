@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import redis_client
+from conftest import RoundTrips, redis_client
 from pydantic import ValidationError
 from test_ops_hardening import run_app
 from test_service import cleanup_service_keys, service_settings
@@ -284,37 +284,17 @@ def test_update_contract_returns_the_version_it_wrote(env: _Env) -> None:
 # --- the cheap check -------------------------------------------------------------------------
 
 
-class _Counting:
-    """A proxy of the session's Redis client recording the commands sent through it."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.sent: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.inner, name)
-        if not callable(attr):
-            return attr
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            self.sent.append(name)
-            return attr(*args, **kwargs)
-
-        return call
-
-
 def test_contract_since_reads_the_version_only_while_unchanged(env: _Env) -> None:
     sm = env.wm().session(env.sid)
     assert contract_since(sm, 0) is None  # no contract yet: version 0
     sm.update_contract({"goal": "g"}, expected_version=0)
-    counting = _Counting(sm._r)
-    sm._r = counting
-    assert contract_since(sm, 1) is None
-    assert counting.sent == ["hget"]  # one round trip, the version field only
-    counting.sent.clear()
-    c = contract_since(sm, 0)
-    assert c is not None and c.version == 1 and c.fields == {"goal": "g"}
-    assert counting.sent == ["hget", "hgetall"]
+    with RoundTrips() as rt:
+        assert contract_since(sm, 1) is None
+        assert rt.trips == [["HGET"]]  # one round trip, the version field only
+        rt.clear()
+        c = contract_since(sm, 0)
+        assert c is not None and c.version == 1 and c.fields == {"goal": "g"}
+        assert rt.trips == [["HGET"], ["HGETALL"]]
     assert contract_since(sm, 5) is not None  # any other version is news (a lower one too)
     with pytest.raises(ContextError, match="since_version"):
         contract_since(sm, -1)

@@ -664,3 +664,41 @@ def test_repeated_sparse_query_sees_every_write(hybrid: VectorStore) -> None:
     hybrid.delete(HYB, ids=[new])
     hits = hybrid.search(HYB, q, limit=3, mode="sparse", sparse=sq)
     assert [h.id for h in hits] == [IDS[1]]
+
+
+# --- Edge: answers kept until the next write -------------------------------------------------
+
+
+def test_edge_keeps_answers_until_the_next_write_and_never_serves_a_stale_one(
+    tmp_path: Path,
+) -> None:
+    s = EdgeStore(tmp_path / "qdrant")
+    try:
+        s.create_collection(COLL, dim=DIM, model="test-16d")
+        assert s.search(COLL, QUERIES[0], limit=5) == []  # empty: answered without a search
+        s.upsert(COLL, _records())
+        q = QUERIES[0]
+        first = s.search(COLL, q, limit=5, filter={"section": "PUMP"})
+        again = s.search(COLL, q, limit=5, filter={"section": "PUMP"})
+        assert [h.id for h in again] == [h.id for h in first]
+        assert [h.score for h in again] == [h.score for h in first]
+        assert s.answer_cache_stats(COLL)["hits"] == 1
+        again[0].payload["text"] = "changed by a caller"  # a copy: the kept answer is intact
+        assert s.search(COLL, q, limit=5, filter={"section": "PUMP"})[0].payload["text"] != (
+            "changed by a caller"
+        )
+        # a write: the next search sees it (a new point nearest to the query)
+        new = point_id("page-new", 0)
+        s.upsert(COLL, [PointRecord(new, q, {**_payload(0), "section": "PUMP"})])
+        after = s.search(COLL, q, limit=5, filter={"section": "PUMP"})
+        assert after[0].id == new
+        s.delete(COLL, ids=[new])
+        assert s.search(COLL, q, limit=5, filter={"section": "PUMP"})[0].id != new
+        # a time-dependent filter (a range) is searched every time
+        before = s.answer_cache_stats(COLL)
+        for _ in range(2):
+            s.search(COLL, q, limit=5, filter={"expires_at": {"gt": 1_100.0}})
+        assert s.answer_cache_stats(COLL)["hits"] == before["hits"]
+        assert [h.id for h in s.search(COLL, q, limit=5)] == _expected(q)
+    finally:
+        s.close()

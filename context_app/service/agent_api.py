@@ -26,6 +26,7 @@ from fastapi import FastAPI, Path
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import Response
 
+from context_app.service.execution import endpoint
 from context_app.service.http_deps import BodyBytes, Svc, Who
 from context_app.service.models import (
     ConfirmationRequest,
@@ -86,23 +87,31 @@ def install_agent_routes(app: FastAPI) -> None:
         response_model=PlanResponse,
         responses=ERRORS,
     )
+    @endpoint
     def put_plan(
         session_id: PathSessionId, body: PlanRequest, svc: Svc, who: Who, nbytes: BodyBytes
     ) -> Response:
         """Store the step dependency plan; step outputs' TTLs follow it (see the module doc).
         A step nobody depends on keeps the default TTL; an overdue dependent still finds its
         input for at least ``CTX_WM_MIN_TTL_S``."""
-        svc.owners.check(session_id, who.agent_id)
-        svc.quotas.charge(who.agent_id, nbytes, session_id=session_id)
+        svc.run(
+            [
+                svc.owners.access_op("owner", session_id, who.agent_id),
+                svc.quotas.charge_op(who.agent_id, nbytes, session_id=session_id),
+            ],
+            "checking the session owner and quotas",
+        )  # the owner's error first, as it is checked first
         plan = StepPlan.of(
             *(PlannedStep(s.step_id, tuple(s.depends_on), float(s.est_start_s)) for s in body.steps)
         )
         sm = svc.wm.session(session_id)
         ttls = sm.apply_plan(plan, factor=float(body.factor))
-        sm.touch()
+        with svc.wm.deferred():  # the touch goes with the plan's read
+            sm.touch()
+            current = sm.current_plan()
         now = time.time()
         return wire_response(
-            {"session_id": session_id, "ttls": ttls, "plan": _plan_out(sm.current_plan(), now)}
+            {"session_id": session_id, "ttls": ttls, "plan": _plan_out(current, now)}
         )
 
     @app.get(

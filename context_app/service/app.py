@@ -81,6 +81,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         import anyio.to_thread
 
         svc = await anyio.to_thread.run_sync(build_services, settings)
+        svc.start_loop()  # the hot endpoints on this loop (CTX_SERVICE_EXECUTION)
         holder["svc"] = svc
         app.state.services = svc
         # /readyz gets threads of its own: it must answer while hung requests hold the pool
@@ -106,6 +107,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             holder.pop("svc", None)
+            await svc.stop_loop()
             await anyio.to_thread.run_sync(svc.close)
 
     app = FastAPI(

@@ -22,7 +22,8 @@ from context_core.auth import KeyStore
 from context_core.errors import BackendUnavailableError, SessionExistsError, UnknownSessionError
 from context_core.knowledge.store import search_batch
 from context_core.platform import Platform, build_platform, fail_fast_client
-from context_core.redis_conn import REDIS_ERRORS, RedisClient
+from context_core.redis_conn import REDIS_ERRORS, RedisClient, is_cluster_client, make_async_twin
+from context_core.redis_ops import Op, attach_async, detach_async, run_all
 
 if TYPE_CHECKING:
     from context_core.auth import AgentKey
@@ -200,6 +201,9 @@ class Services:
     registry: IntentRegistry = field(init=False)
     lifecycle: LifecycleManager = field(init=False)
     compliance: ComplianceStore = field(init=False)
+    #: True while the hot endpoints run on the event loop (:mod:`.execution`): set by
+    #: :meth:`start_loop`, cleared by :meth:`stop_loop`.
+    on_loop: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         p = self.platform
@@ -220,6 +224,43 @@ class Services:
 
     def intents(self) -> list[str]:
         return list(self.registry.names())
+
+    def start_loop(self) -> bool:
+        """Run the hot endpoints on the event loop (``CTX_SERVICE_EXECUTION=loop``): give the
+        Redis client its asynchronous twin. Call on the loop that serves requests. False
+        (threads, logged once) for ``threads`` or a Redis Cluster."""
+        if self.settings.service_execution != "loop":
+            return False
+        if is_cluster_client(self.redis):
+            log.info("Redis Cluster: the endpoints run on worker threads (no event-loop twin)")
+            return False
+        attach_async(self.redis, make_async_twin(self.redis))
+        self.on_loop = True
+        return True
+
+    async def stop_loop(self) -> None:
+        """Back to threads; the twin's connections closed (on the loop that used them)."""
+        self.on_loop = False
+        twin = detach_async(self.redis)
+        if twin is not None:
+            await twin.aclose()
+
+    def run(
+        self, ops: Sequence[Op[object]], what: str, *, return_exceptions: bool = False
+    ) -> list[object]:
+        """Run operations of several parts (quotas, owners, L2) on the service's Redis client
+        in shared round trips (:func:`context_core.redis_ops.run_all`); a Redis failure is a
+        :class:`BackendUnavailableError` naming ``what``."""
+        try:
+            return run_all(
+                self.redis,
+                ops,
+                min_replicas=self.settings.redis_min_replicas,
+                wait_ms=self.settings.redis_replica_wait_ms,
+                return_exceptions=return_exceptions,
+            )
+        except REDIS_ERRORS as e:
+            raise BackendUnavailableError(f"Redis failed while {what}: {e}") from e
 
     def close(self) -> None:
         self.platform.close()

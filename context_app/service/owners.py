@@ -45,7 +45,8 @@ from context_core.errors import (
     StaleStateError,
     UnknownSessionError,
 )
-from context_core.redis_conn import REDIS_ERRORS, RedisClient, call_script
+from context_core.redis_conn import REDIS_ERRORS, RedisClient
+from context_core.redis_ops import Cmd, Op, call, cmd, ok, run, script
 from context_core.working_memory.index import FIXED_KEYS, index_key
 from context_core.working_memory.keys import session_prefix
 
@@ -196,11 +197,12 @@ class OwnerBinding:
         self, what: str, script: Any, keys: list[str], args: list[Any], *, durable: bool = False
     ) -> Any:
         try:
-            return call_script(
+            return call(
                 self._r,
                 script,
                 keys,
                 args,
+                durable=durable,
                 min_replicas=self.min_replicas if durable else 0,
                 wait_ms=self.replica_wait_ms,
             )
@@ -259,13 +261,32 @@ class OwnerBinding:
     def _access_check(
         self, mode: str, session_id: str, agent_id: str, nonce: str = "", version: int = 0
     ) -> tuple[int, str]:
+        try:
+            return run(self._r, self.access_op(mode, session_id, agent_id, nonce, version))
+        except REDIS_ERRORS as e:
+            raise BackendUnavailableError(
+                f"Redis failed while checking the session owner: {e}"
+            ) from e
+
+    def access_op(
+        self, mode: str, session_id: str, agent_id: str, nonce: str = "", version: int = 0
+    ) -> Op[tuple[int, str]]:
+        """Operation (:mod:`context_core.redis_ops`): the access script for ``mode``
+        (``owner``, ``read`` or ``write``: see :meth:`check`, :meth:`verify`,
+        :meth:`reserve`); returns the latest version and the lease token (``write``)."""
         token = secrets.token_hex(8) if mode == "write" else ""
-        status, current = self._run(
-            "checking the session owner",
-            self._access,
-            self._keys(session_id),
-            [mode, agent_id, self.ttl_s, nonce, version, token, self.lease_ms],
+        (reply,) = ok(
+            (
+                yield [
+                    script(
+                        self._access,
+                        self._keys(session_id),
+                        [mode, agent_id, self.ttl_s, nonce, version, token, self.lease_ms],
+                    )
+                ]
+            )
         )
+        status, current = reply
         now = int(current) if current not in (None, "") else None
         if status == "unknown":
             raise UnknownSessionError(session_id)
@@ -308,6 +329,11 @@ class OwnerBinding:
         _, token = self._access_check("write", session_id, agent_id, nonce, version)
         return Lease(session_id, nonce, version, token)
 
+    def reserve_op(self, session_id: str, agent_id: str, nonce: str, version: int) -> Op[Lease]:
+        """Operation: :meth:`reserve`."""
+        _, token = yield from self.access_op("write", session_id, agent_id, nonce, version)
+        return Lease(session_id, nonce, version, token)
+
     def commit(self, lease: Lease, state_json: str) -> int:
         """Make ``state_json`` (version ``lease.version + 1``) the latest; returns it."""
         new = lease.version + 1
@@ -342,6 +368,17 @@ class OwnerBinding:
             [state_json, self.ttl_s],
             durable=True,
         )
+
+    def publish_cmd(self, session_id: str, state_json: str) -> Cmd:
+        """:meth:`publish_initial` as a command, for a caller that sends it with its own
+        round trip (a fire-and-forget write: the creation's deferred writes)."""
+        return script(
+            self._publish, [self.state_key(session_id)], [state_json, self.ttl_s], durable=True
+        )
+
+    def release_cmds(self, session_id: str) -> list[Cmd]:
+        """:meth:`release` as commands (with the close's other cleanup in one round trip)."""
+        return [cmd("DEL", *self._keys(session_id))]
 
     def server_state(self, session_id: str) -> str | None:
         """The latest signed state of a session whoever owns it (server-side jobs only, such
@@ -443,23 +480,40 @@ class AgentQuotas:
         """Count ``nbytes`` against this minute's budget and (re)register ``session_id`` as
         live; a new session beyond the live-session cap, or bytes beyond the budget, raise
         :class:`QuotaExceededError` and count nothing."""
-        now = time.time()
-        minute = int(now // 60)
         try:
-            status, wait = self._script(
-                keys=[self.sessions_key(agent_id), self.bytes_key(agent_id, minute)],
-                args=[
-                    repr(now),
-                    session_id,
-                    "1" if new_session else "0",
-                    self.max_sessions,
-                    self.session_ttl_s,
-                    int(nbytes),
-                    self.max_bytes_per_min,
-                ],
+            run(
+                self._r,
+                self.charge_op(agent_id, nbytes, session_id=session_id, new_session=new_session),
             )
         except REDIS_ERRORS as e:
             raise BackendUnavailableError(f"Redis failed while checking quotas: {e}") from e
+
+    def charge_op(
+        self, agent_id: str, nbytes: int, *, session_id: str = "", new_session: bool = False
+    ) -> Op[None]:
+        """Operation (:mod:`context_core.redis_ops`): :meth:`charge`."""
+        now = time.time()
+        minute = int(now // 60)
+        (reply,) = ok(
+            (
+                yield [
+                    script(
+                        self._script,
+                        [self.sessions_key(agent_id), self.bytes_key(agent_id, minute)],
+                        [
+                            repr(now),
+                            session_id,
+                            "1" if new_session else "0",
+                            self.max_sessions,
+                            self.session_ttl_s,
+                            int(nbytes),
+                            self.max_bytes_per_min,
+                        ],
+                    )
+                ]
+            )
+        )
+        status, wait = reply
         if status == "sessions":
             raise QuotaExceededError(
                 f"agent {agent_id!r} already holds {self.max_sessions} live sessions "
@@ -478,6 +532,10 @@ class AgentQuotas:
                 limit=self.max_bytes_per_min,
                 retry_after_s=math.ceil((minute + 1) * 60 - now),
             )
+
+    def forget_cmds(self, agent_id: str, session_id: str) -> list[Cmd]:
+        """:meth:`forget` as commands (with the close's other cleanup in one round trip)."""
+        return [cmd("ZREM", self.sessions_key(agent_id), session_id)]
 
     def forget(self, agent_id: str, session_id: str) -> None:
         """The session is closed: it no longer counts as live."""

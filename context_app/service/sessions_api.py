@@ -32,6 +32,7 @@ from fastapi.responses import Response
 
 from context_app.service.deps import Services
 from context_app.service.errors_map import json_response
+from context_app.service.execution import endpoint
 from context_app.service.http_deps import BodyBytes, Svc, Who
 from context_app.service.models import (
     ID_PATTERN,
@@ -55,6 +56,7 @@ from context_app.service.models import (
     WireState,
     error_responses,
 )
+from context_app.service.owners import Lease
 from context_core.errors import (
     AccessDeniedError,
     BackendUnavailableError,
@@ -66,6 +68,7 @@ from context_core.errors import (
 )
 from context_core.output_sanitizer import sanitize_output
 from context_core.redis_conn import REDIS_ERRORS
+from context_core.redis_ops import Cmd, Op, ok
 from context_core.session import AuthContext, OffloadedPayload, SessionState, TraceOffload
 from context_core.wire import encode_json
 from context_core.working_memory.contract_sync import contract_since
@@ -237,6 +240,7 @@ def install_session_routes(app: FastAPI) -> None:
         response_model=StateResponse,
         responses=ERRORS,
     )
+    @endpoint
     def create_session(
         body: CreateSessionRequest, svc: Svc, who: Who, nbytes: BodyBytes
     ) -> Response:
@@ -249,19 +253,22 @@ def install_session_routes(app: FastAPI) -> None:
             svc.owners.release(sid)
             raise
         try:
-            result = svc.lifecycle.apply(
-                "session_start",
-                None,
-                session_id=sid,
-                user_id=body.user_id,
-                user_query=body.user_query,
-                auth=_auth(who),
-                contract=body.contract,
-                device_id=body.device_id,
-                org_id=who.org,  # the compliance profile snapshot: the agent key's org
-            )
-            text = _wire_out(svc, result.state, 0, nonce)
-            svc.owners.publish_initial(sid, text.decode())
+            # the start's fire-and-forget writes (snapshot, activity, the published state)
+            # share round trips with its reads (see WorkingMemory.deferred)
+            with svc.wm.deferred():
+                result = svc.lifecycle.apply(
+                    "session_start",
+                    None,
+                    session_id=sid,
+                    user_id=body.user_id,
+                    user_query=body.user_query,
+                    auth=_auth(who),
+                    contract=body.contract,
+                    device_id=body.device_id,
+                    org_id=who.org,  # the compliance profile snapshot: the agent key's org
+                )
+                text = _wire_out(svc, result.state, 0, nonce)
+                svc.wm.defer(svc.owners.publish_cmd(sid, text.decode()))
         except BaseException:
             _undo_create(svc, sid, who.agent_id)
             raise
@@ -273,6 +280,7 @@ def install_session_routes(app: FastAPI) -> None:
         response_model=StateResponse,
         responses=EVENT_ERRORS,
     )
+    @endpoint
     def post_event(
         session_id: PathSessionId, body: EventRequest, svc: Svc, who: Who, nbytes: BodyBytes
     ) -> Response:
@@ -284,24 +292,26 @@ def install_session_routes(app: FastAPI) -> None:
         state is the session's new latest; the one sent is stale from then on."""
         wire = body.state
         _signed_for(svc, wire, session_id)
-        svc.quotas.charge(who.agent_id, nbytes, session_id=session_id)
         ev = body.event
         if isinstance(ev, ToolCallEvent):
             _require_result(ev)
-        lease = svc.owners.reserve(session_id, who.agent_id, wire.nonce, wire.version)
+        lease = _charge_and_reserve(svc, who.agent_id, nbytes, session_id, wire)
         try:
-            offload = _offload(svc, session_id)
-            state = wire.to_state(gateway=svc.gateway, auth=_auth(who), offload=offload)
-            if isinstance(ev, ToolCallEvent):
-                done = _tool_call(svc, state, ev, offload, who.org)
-                result, effects = done["result"], done["effects"]
-            else:
-                payload = ev.model_dump(exclude={"type"}, exclude_none=True)
-                if ev.type == "goal_achieved":  # answers checked against the org's profile
-                    payload["org_id"] = who.org
-                result = svc.lifecycle.apply(ev.type, state, **payload)
-                effects = result.effects
-            text = _wire_out(svc, result.state, lease.version + 1, lease.nonce)
+            # the event's L2 writes go to Redis together, in one round trip when the scope
+            # ends (or with the next read); the new state is committed only after them
+            with svc.wm.deferred():
+                offload = _offload(svc, session_id)
+                state = wire.to_state(gateway=svc.gateway, auth=_auth(who), offload=offload)
+                if isinstance(ev, ToolCallEvent):
+                    done = _tool_call(svc, state, ev, offload, who.org)
+                    result, effects = done["result"], done["effects"]
+                else:
+                    payload = ev.model_dump(exclude={"type"}, exclude_none=True)
+                    if ev.type == "goal_achieved":  # answers checked against the org's profile
+                        payload["org_id"] = who.org
+                    result = svc.lifecycle.apply(ev.type, state, **payload)
+                    effects = result.effects
+                text = _wire_out(svc, result.state, lease.version + 1, lease.nonce)
             svc.owners.commit(lease, text.decode())
         except BaseException:
             svc.owners.abort(lease)
@@ -314,6 +324,7 @@ def install_session_routes(app: FastAPI) -> None:
         response_model=ContextResponse | ContextDeltaResponse,
         responses=ERRORS,
     )
+    @endpoint
     def load_context(body: ContextRequest, svc: Svc, who: Who, request: Request) -> Response:
         """Route one step: the bundle of L1/L2/L3/shared fragments, each with provenance.
         Under load (``CTX_DEGRADE_INFLIGHT`` requests in flight) L3 is skipped and the bundle
@@ -376,6 +387,7 @@ def install_session_routes(app: FastAPI) -> None:
         response_model=OutputResponse,
         responses=ERRORS,
     )
+    @endpoint
     def post_output(
         session_id: PathSessionId, body: OutputRequest, svc: Svc, who: Who, nbytes: BodyBytes
     ) -> Response:
@@ -385,8 +397,13 @@ def install_session_routes(app: FastAPI) -> None:
         what was removed (``removed``), also written to the audit file."""
         wire = body.state
         _signed_for(svc, wire, session_id)
-        svc.quotas.charge(who.agent_id, nbytes, session_id=session_id)
-        svc.owners.verify(session_id, who.agent_id, wire.nonce, wire.version)
+        svc.run(
+            [
+                svc.quotas.charge_op(who.agent_id, nbytes, session_id=session_id),
+                svc.owners.access_op("read", session_id, who.agent_id, wire.nonce, wire.version),
+            ],
+            "checking quotas and the session owner",
+        )  # the quota's error first, as it is checked first
         step = wire.current_step if body.step is None else body.step
         clean = sanitize_output(
             body.output,
@@ -531,15 +548,53 @@ def install_session_routes(app: FastAPI) -> None:
         response_model=CloseResponse,
         responses=ERRORS,
     )
+    @endpoint
     def close_session(session_id: PathSessionId, svc: Svc, who: Who) -> Response:
         """Close the session: its working memory is deleted now rather than left to expire;
         its states are void (a session created again under the id starts a new incarnation)."""
         svc.owners.check(session_id, who.agent_id)
         n = svc.wm.session(session_id).clear()
-        svc.wm.forget_activity(session_id)
-        svc.owners.release(session_id)
-        svc.quotas.forget(who.agent_id, session_id)
+        svc.run(  # what is left of the session, in one round trip
+            [
+                _sent(
+                    [
+                        *svc.wm.forget_activity_cmds(session_id),
+                        *svc.owners.release_cmds(session_id),
+                        *svc.quotas.forget_cmds(who.agent_id, session_id),
+                    ]
+                )
+            ],
+            "closing the session",
+        )
         return wire_response({"session_id": session_id, "deleted_keys": n})
+
+
+def _charge_and_reserve(
+    svc: Services, agent_id: str, nbytes: int, session_id: str, wire: WireState
+) -> Lease:
+    """An event's quota charge and write lease in one round trip. A refused quota wins (it
+    is checked first, as before): a lease taken meanwhile is given back."""
+    charged, lease = svc.run(
+        [
+            svc.quotas.charge_op(agent_id, nbytes, session_id=session_id),
+            svc.owners.reserve_op(session_id, agent_id, wire.nonce, wire.version),
+        ],
+        "checking quotas and the session owner",
+        return_exceptions=True,
+    )
+    if isinstance(charged, BaseException):
+        if isinstance(lease, Lease):
+            svc.owners.abort(lease)
+        raise charged
+    if isinstance(lease, BaseException):
+        raise lease
+    assert isinstance(lease, Lease)
+    return lease
+
+
+def _sent(cmds: list[Cmd]) -> Op[None]:
+    """Operation: send ``cmds`` and raise the first error reply."""
+    ok((yield cmds))
 
 
 def _undo_create(svc: Services, session_id: str, agent_id: str) -> None:

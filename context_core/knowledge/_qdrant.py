@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,11 @@ HYBRID_CANDIDATES = 10
 HYBRID_MIN_CANDIDATES = 30
 RRF_K = 60
 
+#: Built driver filters by (driver, conditions), re-used across searches (see
+#: :meth:`QdrantModels.filter`); cleared when it reaches this size.
+_FILTER_CACHE = 256
+_FILTERS: dict[tuple[str, str], Any] = {}
+
 
 @dataclass(frozen=True, slots=True)
 class QdrantModels:
@@ -70,9 +76,25 @@ class QdrantModels:
 
     def filter(self, conditions: list[Condition], ids: Sequence[str] | None = None) -> Any:
         """The driver's ``Filter`` for parsed conditions (all must hold), restricted to the
-        point ``ids`` when given; None for no condition at all."""
+        point ``ids`` when given; None for no condition at all. Filters without ids or a
+        range (the hot points' clock) are built once and re-used: a route asks for the same
+        few section filters again and again."""
         if not conditions and ids is None:
             return None
+        key: tuple[str, str] | None = None
+        if ids is None and not any(isinstance(c, Range) for c in conditions):
+            key = (self.module_name, repr(conditions))  # repr: True and 1 are not one value
+            cached = _FILTERS.get(key)
+            if cached is not None:
+                return cached
+        built = self._build_filter(conditions, ids)
+        if key is not None:
+            if len(_FILTERS) >= _FILTER_CACHE:
+                _FILTERS.clear()
+            _FILTERS[key] = built
+        return built
+
+    def _build_filter(self, conditions: list[Condition], ids: Sequence[str] | None) -> Any:
         m = self.models
         must: list[Any] = []
         if ids is not None:
@@ -317,16 +339,21 @@ def _feedback_query(
     if missing:
         rows = run([Leg("dense", len(missing), missing, vectors=True)])[0]
         vectors = {**vectors, **{r[0]: r[3] for r in rows}}
-    vecs = [v for v in (dense_of(vectors.get(i)) for i in top) if v]
+    vecs = []
+    for i in top:  # the dense part as the driver gave it: numpy converts it in one go
+        v = vectors.get(i)
+        v = v.get("") if isinstance(v, dict) else v
+        if v is not None and len(v):
+            vecs.append(v)
     q = np.asarray(query, dtype=np.float64)
-    qn = float(np.linalg.norm(q))
+    qn = math.sqrt(float(q @ q))
     if not vecs or qn == 0.0:
         return None
     m = np.asarray(vecs, dtype=np.float64)
-    m /= np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-12)
+    m /= np.maximum(np.sqrt(np.einsum("ij,ij->i", m, m))[:, None], 1e-12)
     moved = q / qn + weight * m.mean(axis=0)
-    norm = float(np.linalg.norm(moved))
-    return None if norm == 0.0 else tuple(float(v) for v in moved / norm)
+    norm = math.sqrt(float(moved @ moved))
+    return None if norm == 0.0 else tuple((moved / norm).tolist())
 
 
 def _complete(

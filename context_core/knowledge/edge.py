@@ -31,6 +31,7 @@ local shard with no replicas. Only the server backend (:mod:`.server`) passes th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -89,33 +90,74 @@ _UPSERT_BATCH = 1024
 
 # Sparse candidate lists kept per open shard (see _OpenShard.sparse_rows).
 SPARSE_CACHE_SIZE = 512
+#: Whole answers kept per open shard (see :class:`_OpenShard`); a few hundred distinct step
+#: queries cover a fleet's templated intents.
+ANSWER_CACHE_SIZE = 512
 
 
 class _OpenShard:
-    """An open shard, its reference count, and the sparse answers of recent queries.
+    """An open shard, its reference count, and the answers of recent queries.
 
-    A route asks the same step queries again and again, and a sparse search walks the posting
-    lists of its terms: ~1 ms at 100k chunks when the terms are common, where the dense search
-    takes ~0.3 ms; a hybrid search does it twice (the candidate list, then the BM25 scores of
-    the dense candidates). The answers (ids and BM25 scores, the IDF included) change only
-    when the shard does, and every write to the shard goes through this process (the WAL
-    lock), so they are kept until the next write: :meth:`changed` drops them and bumps
-    ``generation``, and an answer computed across a write is never stored.
+    A route asks the same step queries again and again (an intent's query is a template of
+    the device, ``"{device_prefix} vibration limits and assessment"``): a hybrid search with
+    feedback is five engine batches and their fusion in Python, ~1 ms per route. The answers
+    change only when the shard does, and every write to the shard goes through this process
+    (the WAL lock), so they are kept until the next write: :meth:`changed` drops them and
+    bumps ``generation``, and an answer computed across a write is never stored. So a cached
+    answer is exactly the one a search would compute now. Kept: whole answers (``answers``,
+    for searches without a time-dependent filter), sparse candidate lists (``sparse_cache``,
+    the costly leg, for the others), and the point count (an empty collection, such as a hot
+    collection nobody confirmed into yet, answers ``[]`` without a search).
     """
 
-    __slots__ = ("cache_lock", "generation", "refs", "shard", "sparse_cache")
+    __slots__ = (
+        "answers",
+        "cache_lock",
+        "count",
+        "generation",
+        "hits",
+        "misses",
+        "refs",
+        "shard",
+        "sparse_cache",
+    )
 
     def __init__(self, shard: Any) -> None:
         self.shard = shard
         self.refs = 0
         self.generation = 0
         self.sparse_cache: OrderedDict[Any, Any] = OrderedDict()
+        self.answers: OrderedDict[Any, list[Hit]] = OrderedDict()
+        self.count: int | None = None
+        self.hits = 0
+        self.misses = 0
         self.cache_lock = threading.Lock()
 
     def changed(self) -> None:
         with self.cache_lock:
             self.generation += 1
             self.sparse_cache.clear()
+            self.answers.clear()
+            self.count = None
+
+    def answer(self, key: Any) -> tuple[list[Hit] | None, int]:
+        """(a copy of the stored answer or None, the generation to store a fresh one under)."""
+        with self.cache_lock:
+            hits = self.answers.get(key)
+            if hits is None:
+                self.misses += 1
+                return None, self.generation
+            self.answers.move_to_end(key)
+            self.hits += 1
+        return [dataclasses.replace(h, payload=dict(h.payload)) for h in hits], self.generation
+
+    def keep_answer(self, key: Any, hits: list[Hit], generation: int) -> None:
+        with self.cache_lock:
+            if generation != self.generation:
+                return  # the shard changed while it was searched
+            self.answers[key] = [dataclasses.replace(h, payload=dict(h.payload)) for h in hits]
+            while len(self.answers) > ANSWER_CACHE_SIZE:
+                self.answers.popitem(last=False)
 
     def cached(self, key: Any) -> tuple[Any, int]:
         """(the stored list or None, the generation to store a fresh one under)."""
@@ -433,8 +475,6 @@ class EdgeStore:
         sparse: SparseVector | None = None,
         feedback: int = 0,
     ) -> list[Hit]:
-        import qdrant_edge as qe
-
         check_mode(mode, fusion)
         shard = self._shard(name)
         vec = vector_list(vector, collection=name, dim=int(self._meta[name]["dim"]))
@@ -442,6 +482,63 @@ class EdgeStore:
         if mode != "dense" and self._sparse_of(name) is None:
             warn_dense_only(name)
             mode = "dense"
+        entry = self._entry(name)
+        if self._empty(name, shard, entry):
+            return []
+        # a time-dependent filter (hot points' expiry) would never be asked for twice
+        cacheable = not any(isinstance(c, Range) for c in conditions)
+        if not cacheable:
+            return self._search(name, shard, entry, vec, conditions, limit, exact, mode, fusion,
+                                sparse, feedback, cacheable)  # fmt: skip
+        key = (
+            tuple(vec), repr(conditions), limit, exact, mode, fusion, feedback,
+            (sparse.indices, sparse.values) if sparse is not None else None,
+        )  # fmt: skip
+        found, gen = entry.answer(key)
+        if found is not None:
+            return found
+        hits = self._search(
+            name, shard, entry, vec, conditions, limit, exact, mode, fusion, sparse, feedback, True
+        )
+        entry.keep_answer(key, hits, gen)
+        return hits
+
+    def _empty(self, name: str, shard: Any, entry: _OpenShard) -> bool:
+        """The collection has no point (its count, remembered until the next write)."""
+        n = entry.count
+        if n is None:
+            import qdrant_edge as qe
+
+            gen = entry.generation
+            n = int(self._call(name, "count", shard.count, qe.CountRequest(exact=True)))
+            with entry.cache_lock:
+                if gen == entry.generation:
+                    entry.count = n
+        return n == 0
+
+    def answer_cache_stats(self, name: str) -> dict[str, int]:
+        """Searches of ``name`` answered from the cache (``hits``) or searched (``misses``)
+        since it was opened in this process."""
+        entry = self._entry(name)
+        return {"hits": entry.hits, "misses": entry.misses, "kept": len(entry.answers)}
+
+    def _search(
+        self,
+        name: str,
+        shard: Any,
+        entry: _OpenShard,
+        vec: list[float],
+        conditions: list[Any],
+        limit: int,
+        exact: bool,
+        mode: str,
+        fusion: str,
+        sparse: SparseVector | None,
+        feedback: int,
+        cacheable: bool,
+    ) -> list[Hit]:
+        import qdrant_edge as qe
+
         if mode == "dense" or sparse is None or not len(sparse):
             req = qe.QueryRequest(
                 limit=limit,
@@ -453,9 +550,6 @@ class EdgeStore:
             found = self._call(name, "search", shard.query, req)
             return [to_hit(p, r) for r, p in enumerate(found, 1)]
         query_sparse = qe.Query.Nearest(EDGE.sparse_vector(sparse), using=SPARSE_NAME)
-        entry = self._entry(name)
-        # a time-dependent filter (hot points' expiry) would never be asked for twice
-        cacheable = not any(isinstance(c, Range) for c in conditions)
 
         def run(legs: list[Leg]) -> list[Rows]:
             out: list[Rows | None] = [None] * len(legs)
@@ -521,8 +615,17 @@ class EdgeStore:
                 )
             )
         got = self._call(name, "search", shard.query_batch, qe.QueryBatchRequest(reqs))
+        # read only the fields a leg asked for: each attribute is converted on access
         return [
-            [(p.id, p.score, p.payload, p.vector if leg.vectors else None) for p in pts]
+            [
+                (
+                    p.id,
+                    p.score,
+                    p.payload if leg.payload else None,
+                    p.vector if leg.vectors else None,
+                )
+                for p in pts
+            ]
             for leg, pts in zip(legs, got, strict=True)
         ]
 
@@ -573,6 +676,7 @@ class EdgeStore:
         """Build HNSW + int8 copies for segments over the indexing threshold; then flush."""
         shard = self._shard(name)
         self._call(name, "optimize", shard.optimize)
+        self._changed(name)  # approximate answers may differ from the kept ones now
         self._call(name, "flush", shard.flush)
         return self.index_status(name)
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from context_core.errors import ContextError, ContractLockedError, VersionConflictError
+from context_core.redis_ops import Op, cmd, ok
 from context_core.working_memory.base import SessionBase
 from context_core.working_memory.index import INDEX_ADD_LUA
 from context_core.working_memory.keys import canonical
@@ -156,9 +157,13 @@ class ContractOps(SessionBase):
     def contract(self) -> TaskContract:
         """The current contract; version 0 with no fields when none was written yet (or it
         is gone)."""
+        return self.wm.run(self.contract_op(), f"HGETALL {self._contract_keys()[0]}")
+
+    def contract_op(self) -> Op[TaskContract]:
+        """Operation (:mod:`context_core.redis_ops`): :meth:`contract`."""
         key, _ = self._contract_keys()
-        with self.wm._guard(f"HGETALL {key}"):
-            return contract_from_hash(self._r.hgetall(key))
+        (h,) = ok((yield [cmd("HGETALL", key)]))
+        return contract_from_hash(h)
 
     def contract_version(self) -> int:
         """The current contract's version alone: one ``HGET`` of ``_version`` (0 when none
@@ -190,7 +195,7 @@ class ContractOps(SessionBase):
         cleaned = self._gw.clean(dict(fields), where="L2.contract")
         encoded = json.dumps({k: canonical(v) for k, v in cleaned.items()})
         wm = self.wm
-        with wm._guard(f"contract update {key}"):
+        with wm._guard(f"contract update {key}", flush=False):
             status, version, *written = wm._write(
                 wm._contract_script,
                 keys=[key, hist, self._idx],
@@ -235,7 +240,7 @@ class ContractOps(SessionBase):
 
     def _set_lock(self, flag: str) -> None:
         key, _ = self._contract_keys()
-        with self.wm._guard(f"HSET {key} _locked"):
+        with self.wm._guard(f"HSET {key} _locked", flush=False):
             self.wm._write(
                 self.wm._lock_script, keys=[key, self._idx], args=[flag, self.wm.contract_ttl_s]
             )
@@ -257,7 +262,7 @@ class ContractOps(SessionBase):
     def _set_status(self, status: str) -> TaskContract:
         key, hist = self._contract_keys()
         wm = self.wm
-        with wm._guard(f"contract status {key}"):
+        with wm._guard(f"contract status {key}", flush=False):
             _, flat = wm._write(
                 wm._contract_status_script,
                 keys=[key, hist],

@@ -54,6 +54,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from context_core.redis_ops import cmd, execute, ok
 from context_core.working_memory.base import SessionBase, expired_key, index_key
 from context_core.working_memory.keys import check_kind
 
@@ -340,7 +341,7 @@ class IndexOps(SessionBase):
         payloads: list[Any] = []
         with self.wm._guard(f"{op} via {self._idx}"):
             for _ in range(SWEEP_ROUNDS):
-                members = self._r.smembers(self._idx)
+                (members,) = ok(execute(self._r, [cmd("SMEMBERS", self._idx)]))
                 own = {m for m in members if m.startswith(self._prefix) and m not in bookkeeping}
                 snapshot = sorted(own.union(fixed))
                 payload, unlisted = self.wm._write(

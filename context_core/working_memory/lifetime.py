@@ -27,9 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import redis
-
-from context_core.redis_conn import is_cluster_client
+from context_core.redis_ops import Cmd, Op, cmd, ok, script
 from context_core.working_memory.contract import ContractOps
 from context_core.working_memory.index import INDEX_ADD_LUA, IndexOps
 
@@ -83,7 +81,9 @@ class LifetimeOps(IndexOps, ContractOps):
     __slots__ = ()
 
     def touch(self) -> None:
-        """Record session activity (one round trip).
+        """Record session activity (one round trip; none of its own inside a
+        :meth:`~context_core.working_memory.WorkingMemory.deferred` scope, where it joins the
+        scope's next round trip).
 
         The contract's TTL slides to ``contract_ttl_s`` (an ``expired`` one is resumed, a
         ``completed`` one left alone), the history's to ``contract_history_ttl_s``, the
@@ -92,44 +92,49 @@ class LifetimeOps(IndexOps, ContractOps):
         ``ZADD ctx:activity <now> <sid>``. The ZADD is a separate command in the same
         pipeline, not part of the script: its key is global, the script's keys are all in
         this session's slot (on a Redis Cluster, two calls: the slots are on different
-        nodes anyway). The Set is ``wm.activity_key`` (``ctx:activity`` unless
-        configured).
+        nodes anyway, see :mod:`context_core.redis_ops`). The Set is ``wm.activity_key``
+        (``ctx:activity`` unless configured).
         """
+        cmds = self.touch_cmds()
+        if self.wm.deferring:
+            for c in cmds:
+                self.wm.defer(c)
+            return
+        self.wm.run(_replies(cmds), f"touch {self._sid}")
+
+    def touch_cmds(self) -> list[Cmd]:
+        """The commands of :meth:`touch` (the script, then the activity ZADD), for a caller
+        that sends them with its own round trip (the router, with its reads)."""
         wm = self.wm
         current, hist = self._contract_keys()
-        keys = [current, hist, self._idx, self._exp]
         now = wm.now()
-        args: list[Any] = [wm.contract_ttl_s, wm.contract_history_ttl_s, repr(now)]
-        with wm._guard(f"touch {self._sid}"):
-            if is_cluster_client(self._r):
-                # The script's keys and the activity Set live on different slots (nodes), and
-                # redis-py's cluster pipeline refuses EVALSHA: two calls, the same order.
-                wm._touch_script(keys=keys, args=args)
-                self._r.zadd(wm.activity_key, {self._sid: now})
-                return
-            for attempt in (1, 2):
-                pipe = self._r.pipeline(transaction=False)
-                pipe.evalsha(wm._touch_script.sha, len(keys), *keys, *args)
-                pipe.zadd(wm.activity_key, {self._sid: now})
-                replies = pipe.execute(raise_on_error=False)
-                err = next((r for r in replies if isinstance(r, Exception)), None)
-                if err is None:
-                    return
-                if attempt == 1 and isinstance(err, redis.exceptions.NoScriptError):
-                    # Server restarted or SCRIPT FLUSHed: load once, then one more try (the
-                    # ZADD is idempotent, so sending it twice is harmless).
-                    self._r.script_load(wm._touch_script.script)
-                    continue
-                raise err
+        return [
+            script(
+                wm._touch_script,
+                [current, hist, self._idx, self._exp],
+                [wm.contract_ttl_s, wm.contract_history_ttl_s, repr(now)],
+            ),
+            cmd("ZADD", wm.activity_key, now, self._sid),
+        ]
+
+    def touch_op(self) -> Op[None]:
+        """Operation: :meth:`touch`."""
+        yield from _replies(self.touch_cmds())
 
     def key_expired(self, key: str) -> bool:
         """True when ``key`` (one of this session's) was written in this session and is gone
         now: listed in the key index but missing, or remembered by a sweep or a timeout.
         Decided in Redis, so every process gives the same answer; a key that exists, or was
         never written, is not expired. A :meth:`clear` forgets everything."""
+        return self.wm.run(self.key_expired_op(key), f"expired? {key}")
+
+    def key_expired_op(self, key: str) -> Op[bool]:
+        """Operation: :meth:`key_expired`."""
         self._own(key)
-        with self.wm._guard(f"expired? {key}"):
-            return bool(self.wm._key_expired_script(keys=[key, self._idx, self._exp]))
+        (found,) = ok(
+            (yield [script(self.wm._key_expired_script, [key, self._idx, self._exp], [])])
+        )
+        return bool(found)
 
     def timeout(self) -> dict[str, Any]:
         """The session timed out: every key deleted except the task contract and its history,
@@ -148,3 +153,8 @@ class LifetimeOps(IndexOps, ContractOps):
             "contract_version": c.version,
             "contract_status": c.status if c.version else "none",
         }
+
+
+def _replies(cmds: list[Cmd]) -> Op[list[Any]]:
+    """Operation: send ``cmds``, raise the first error reply, return the replies."""
+    return ok((yield cmds))

@@ -38,7 +38,8 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from contextvars import ContextVar
+from typing import Any, TypeVar
 
 from redis.commands.core import Script
 
@@ -55,10 +56,13 @@ from context_core.redis_conn import (
     REDIS_ERRORS,
     RedisClient,
     RedisProvider,
-    call_script,
     client_location,
     connection_kwargs,
 )
+from context_core.redis_ops import Cmd, Op, cmd, ok
+from context_core.redis_ops import call as _call_script
+from context_core.redis_ops import run_all as _run_ops
+from context_core.redis_ops import script as _script_cmd
 from context_core.working_memory.contract import CONTRACT_LUA, CONTRACT_STATUS_LUA, LOCK_LUA
 from context_core.working_memory.index import (
     API_PUT_LUA,
@@ -97,6 +101,14 @@ __all__ = ["SessionMemory", "WorkingMemory"]
 DEFAULT_CONTRACT_TTL_S = defaults.WM_CONTRACT_TTL_S
 DEFAULT_CONTRACT_HISTORY_TTL_S = defaults.WM_CONTRACT_HISTORY_TTL_S
 DEFAULT_IDLE_S = defaults.SESSION_IDLE_S
+
+T = TypeVar("T")
+
+#: The open :meth:`WorkingMemory.deferred` scope of this thread/task: its store and the
+#: writes it holds back.
+_DEFERRED: ContextVar[tuple[WorkingMemory, list[Cmd]] | None] = ContextVar(
+    "ctx_wm_deferred", default=None
+)
 
 
 # --------------------------------------------------------------------------------------
@@ -265,21 +277,123 @@ class WorkingMemory:
         with self._guard(f"ZREM {self.activity_key}"):
             self._client.zrem(self.activity_key, session_id)
 
+    def forget_activity_cmds(self, session_id: str) -> list[Cmd]:
+        """:meth:`forget_activity` as commands, for a caller's own round trip."""
+        return [cmd("ZREM", self.activity_key, check_sid(session_id))]
+
+    # ---- round trips (see context_core.redis_ops) ----------------------------------------
+    def run(self, op: Op[T], what: str) -> T:
+        """Run one operation on this store's client (its rounds, one round trip each, the
+        writes a :meth:`deferred` scope holds back at the head of the first); Redis failures
+        are :class:`BackendUnavailableError` naming ``what``."""
+        return self.run_all([op], what)[0]  # type: ignore[no-any-return]
+
+    def run_all(self, ops: Sequence[Op[Any]], what: str) -> list[Any]:
+        """:func:`context_core.redis_ops.run_all` on this store's client (see :meth:`run`)."""
+        with self._guard(what, flush=False):
+            return _run_ops(
+                self._client,
+                ops,
+                min_replicas=self.min_replicas,
+                wait_ms=self.replica_wait_ms,
+                first=self._take_deferred(),
+            )
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Hold this thread's fire-and-forget L2 writes (step results, API responses, series
+        points, session activity) back and send them together: at the head of the next
+        operation's round trip inside the scope, or when the scope ends. Every other Redis
+        operation of this store flushes them first, so the order of operations is the one the
+        code wrote; only the number of round trips changes. If the block raises, the writes
+        still held are dropped (none of them was sent); the ones already sent stay.
+
+        The HTTP service wraps an event in one scope: its writes go to Redis in one round
+        trip instead of one each. Scopes nest; a thread sees only its own."""
+        outer = _DEFERRED.get()
+        if outer is not None and outer[0] is self:
+            yield  # already deferring: the outer scope flushes
+            return
+        token = _DEFERRED.set((self, []))
+        try:
+            yield
+            self.flush()
+        finally:
+            _DEFERRED.reset(token)
+
+    def flush(self) -> None:
+        """Send the writes the current :meth:`deferred` scope holds (one round trip)."""
+        queued = self._take_deferred()
+        if queued:
+            with self._guard("deferred writes", flush=False):
+                _run_ops(
+                    self._client,
+                    [],
+                    min_replicas=self.min_replicas,
+                    wait_ms=self.replica_wait_ms,
+                    first=queued,
+                )
+
+    def defer(self, command: Cmd) -> bool:
+        """Queue ``command`` (a fire-and-forget write, possibly of another part on the same
+        client, like the service's state publication) in the open :meth:`deferred` scope;
+        False (nothing queued) when there is none."""
+        scope = _DEFERRED.get()
+        if scope is None or scope[0] is not self:
+            return False
+        scope[1].append(command)
+        return True
+
+    @property
+    def deferring(self) -> bool:
+        """True inside this thread's :meth:`deferred` scope of this store."""
+        scope = _DEFERRED.get()
+        return scope is not None and scope[0] is self
+
+    def _take_deferred(self) -> list[Cmd]:
+        scope = _DEFERRED.get()
+        if scope is None or scope[0] is not self or not scope[1]:
+            return []
+        queued = list(scope[1])
+        scope[1].clear()
+        return queued
+
     def _write(self, script: Script, *, keys: list[str], args: list[Any]) -> Any:
         """Run a write script, then ``WAIT`` for ``min_replicas`` when set (see the class
-        doc); call inside :meth:`_guard`."""
-        return call_script(
+        doc); call inside :meth:`_guard`. Writes held back by a :meth:`deferred` scope go
+        first, in the same round trip."""
+        queued = self._take_deferred()
+        if queued:
+            return _run_ops(
+                self._client,
+                [_reply_of(_script_cmd(script, keys, args, durable=True))],
+                min_replicas=self.min_replicas,
+                wait_ms=self.replica_wait_ms,
+                first=queued,
+            )[0]
+        return _call_script(
             self._client,
             script,
             keys,
             args,
+            durable=True,
             min_replicas=self.min_replicas,
             wait_ms=self.replica_wait_ms,
         )
 
+    def _write_later(self, what: str, script: Script, *, keys: list[str], args: list[Any]) -> None:
+        """A write whose reply nobody needs: held back inside a :meth:`deferred` scope, else
+        run now (as :meth:`_write`, guarded with ``what``)."""
+        if self.defer(_script_cmd(script, keys, args, durable=True)):
+            return
+        with self._guard(what):
+            self._write(script, keys=keys, args=args)
+
     @contextmanager
-    def _guard(self, op: str) -> Iterator[None]:
+    def _guard(self, op: str, *, flush: bool = True) -> Iterator[None]:
         try:
+            if flush:
+                self.flush()  # held-back writes before any other operation: same order
             yield
         except REDIS_ERRORS as e:
             raise BackendUnavailableError(
@@ -313,10 +427,12 @@ class SessionMemory(LifetimeOps):
         key = self.api_key(endpoint, params)
         data = self._gw.clean_response(response, where=f"L2.api {endpoint}")
         body = canonical({"stored_at": self.wm._now(), "data": data})
-        with self.wm._guard(f"SET {key}"):
-            self.wm._write(
-                self.wm._api_put_script, keys=[key, self._idx], args=[body, self._ttl(ttl_s)]
-            )
+        self.wm._write_later(
+            f"SET {key}",
+            self.wm._api_put_script,
+            keys=[key, self._idx],
+            args=[body, self._ttl(ttl_s)],
+        )
         return key
 
     def put_call_result(
@@ -328,20 +444,24 @@ class SessionMemory(LifetimeOps):
         cleaned = self._gw.clean(data, where=f"L2.result {call_id}")
         body = canonical({"stored_at": self.wm._now(), "data": cleaned})
         check_size(f"tool result {call_id!r}", len(body.encode()), max_bytes, "BODY")
-        with self.wm._guard(f"SET {key}"):
-            self.wm._write(
-                self.wm._api_put_script, keys=[key, self._idx], args=[body, self._ttl(ttl_s)]
-            )
+        self.wm._write_later(
+            f"SET {key}",
+            self.wm._api_put_script,
+            keys=[key, self._idx],
+            args=[body, self._ttl(ttl_s)],
+        )
         return key
 
     def get_api_response(self, endpoint: str, params: Mapping[str, Any]) -> Loaded:
         return self._load_string(self.api_key(endpoint, params))
 
     def _load_string(self, key: str) -> Loaded:
-        with self.wm._guard(f"GET {key}"):
-            pipe = self._r.pipeline(transaction=False)
-            pipe.get(key).pttl(key)
-            raw, pttl = pipe.execute()
+        return self.wm.run(self.string_op(key), f"GET {key}")
+
+    def string_op(self, key: str) -> Op[Loaded]:
+        """Operation (:mod:`context_core.redis_ops`): one of this session's String values
+        (GET + PTTL); a miss raises :class:`ContextMissError`."""
+        raw, pttl = ok((yield [cmd("GET", self._own(key)), cmd("PTTL", key)]))
         if raw is None:
             raise ContextMissError(key)
         return string_loaded(key, raw, pttl)
@@ -378,20 +498,24 @@ class SessionMemory(LifetimeOps):
         args: list[str | int] = [repr(now), explicit, wm.default_ttl_s, step_id, wm.min_ttl_s]
         for field, value in mapping.items():
             args += [field, value]
-        with self.wm._guard(f"HSET {key}"):
-            self.wm._write(
-                self.wm._step_put_script, keys=[key, self._plan_key(), self._idx], args=args
-            )
+        self.wm._write_later(
+            f"HSET {key}",
+            self.wm._step_put_script,
+            keys=[key, self._plan_key(), self._idx],
+            args=args,
+        )
         return key
 
     def get_step_result(self, step_id: str) -> Loaded:
         return self._load_hash(self.key("step", step_id))
 
     def _load_hash(self, key: str) -> Loaded:
-        with self.wm._guard(f"HGETALL {key}"):
-            pipe = self._r.pipeline(transaction=False)
-            pipe.hgetall(key).pttl(key)
-            h, pttl = pipe.execute()
+        return self.wm.run(self.hash_op(key), f"HGETALL {key}")
+
+    def hash_op(self, key: str) -> Op[Loaded]:
+        """Operation: one of this session's Hash values (HGETALL + PTTL); a miss raises
+        :class:`ContextMissError`."""
+        h, pttl = ok((yield [cmd("HGETALL", self._own(key)), cmd("PTTL", key)]))
         if not h:
             raise ContextMissError(key)
         return hash_loaded(key, h, pttl)
@@ -487,15 +611,20 @@ class SessionMemory(LifetimeOps):
         args: list[Any] = [self.wm.series_window, self.wm.default_ttl_s]
         for ts_f, val_f in cleaned:
             args += [repr(ts_f), f"{ts_f!r}|{val_f!r}"]
-        with self.wm._guard(f"ZADD {key}"):
-            self.wm._write(self.wm._series_add_script, keys=[key, self._idx], args=args)
+        self.wm._write_later(
+            f"ZADD {key}", self.wm._series_add_script, keys=[key, self._idx], args=args
+        )
 
     def series(self, series: str, since: float | None = None) -> list[tuple[float, float]]:
         """Points ``(ts, value)`` oldest first, optionally from ``since`` (inclusive)."""
         key = self.key("series", series)
+        return self.wm.run(self.series_op(series, since), f"ZRANGEBYSCORE {key}")
+
+    def series_op(self, series: str, since: float | None = None) -> Op[list[tuple[float, float]]]:
+        """Operation: :meth:`series`."""
+        key = self.key("series", series)
         lo = "-inf" if since is None else repr(float(since))
-        with self.wm._guard(f"ZRANGEBYSCORE {key}"):
-            members = self._r.zrangebyscore(key, lo, "+inf")
+        (members,) = ok((yield [cmd("ZRANGEBYSCORE", key, lo, "+inf")]))
         return [decode_point(m) for m in members]
 
     # ---- pending tasks (Set, no TTL) ----------------------------------------------------
@@ -508,15 +637,16 @@ class SessionMemory(LifetimeOps):
     def add_pending(self, task_id: str) -> None:
         key = self.key("pending", "tasks")
         member = self._pending_member(task_id)
-        with self.wm._guard(f"SADD {key}"):
-            self.wm._write(self.wm._pending_add_script, keys=[key, self._idx], args=[member])
+        self.wm._write_later(
+            f"SADD {key}", self.wm._pending_add_script, keys=[key, self._idx], args=[member]
+        )
 
     def remove_pending(self, task_id: str) -> bool:
         """Forget a task id. When the last one goes the Set is gone, and the key index,
         kept without TTL while it existed, gets its longest member's TTL back."""
         key = self.key("pending", "tasks")
         member = self._pending_member(task_id)
-        with self.wm._guard(f"SREM {key}"):
+        with self.wm._guard(f"SREM {key}", flush=False):
             removed, still_there = self.wm._write(
                 self.wm._pending_remove_script, keys=[key], args=[member]
             )
@@ -562,7 +692,7 @@ class SessionMemory(LifetimeOps):
         args: list[str | int] = [keep, *(ttls[s] for s in keys)]
         for field, value in stored.items():
             args += [field, value]
-        with self.wm._guard(f"apply_plan {plan_key}"):
+        with self.wm._guard(f"apply_plan {plan_key}", flush=False):
             done = self.wm._write(
                 self.wm._plan_apply_script, keys=[plan_key, self._idx, *keys.values()], args=args
             )
@@ -571,9 +701,12 @@ class SessionMemory(LifetimeOps):
     def current_plan(self) -> AnchoredPlan | None:
         """The stored plan (``None`` if none was applied or it expired); see
         :meth:`AnchoredPlan.relative` for its starts as seconds from now."""
-        key = self._plan_key()
-        with self.wm._guard(f"HGETALL {key}"):
-            return AnchoredPlan.from_hash(self._r.hgetall(key))
+        return self.wm.run(self.plan_op(), f"HGETALL {self._plan_key()}")
+
+    def plan_op(self) -> Op[AnchoredPlan | None]:
+        """Operation: :meth:`current_plan`."""
+        (h,) = ok((yield [cmd("HGETALL", self._plan_key())]))
+        return AnchoredPlan.from_hash(h)
 
     def ttl(self, key: str) -> float | None:
         """Seconds left on one of this session's keys; None = no expiry; miss raises."""
@@ -583,3 +716,11 @@ class SessionMemory(LifetimeOps):
         if pttl == -2:
             raise ContextMissError(key)
         return ttl_from_pttl(pttl)
+
+
+def _reply_of(command: Cmd) -> Op[Any]:
+    """The operation that sends ``command`` and returns its reply (raising an error reply)."""
+    (reply,) = yield [command]
+    if isinstance(reply, Exception):
+        raise reply
+    return reply

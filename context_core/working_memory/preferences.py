@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from context_core.errors import ContextError, ContextMissError
+from context_core.redis_ops import Op, cmd, ok
 from context_core.working_memory.keys import (
     canonical,
     check_kind,
@@ -104,26 +105,33 @@ class Preferences:
         return Preference(pref_type, json.loads(encoded), float(confidence), now)
 
     def get(self, pref_type: str) -> Preference:
+        return self._wm.run(self.get_op(pref_type), f"HGETALL {self.key(pref_type)}")
+
+    def get_op(self, pref_type: str) -> Op[Preference]:
+        """Operation (:mod:`context_core.redis_ops`): :meth:`get`."""
         key = self.key(pref_type)
-        with self._wm._guard(f"HGETALL {key}"):
-            h = self._wm._client.hgetall(key)
+        (h,) = ok((yield [cmd("HGETALL", key)]))
         if not h:
             raise ContextMissError(key, f"no {pref_type!r} preference for this user")
         return _pref(pref_type, h)
 
     def all(self) -> dict[str, Preference]:
         """Every preference of this user, by type, read through the user's index (no SCAN)."""
-        with self._wm._guard(f"SMEMBERS {self._index}"):
-            types = sorted(t for t in self._wm._client.smembers(self._index) if _valid(t))
-            pipe = self._wm._client.pipeline(transaction=False)
-            for t in types:
-                pipe.hgetall(self._prefix + t)
-            values = pipe.execute() if types else []
+        return self._wm.run(self.all_op(), f"SMEMBERS {self._index}")
+
+    def all_op(self) -> Op[dict[str, Preference]]:
+        """Operation: :meth:`all` (two rounds when the user has preferences: the index, then
+        the values)."""
+        (members,) = ok((yield [cmd("SMEMBERS", self._index)]))
+        types = sorted(t for t in members if _valid(t))
+        if not types:
+            return {}
+        values = ok((yield [cmd("HGETALL", self._prefix + t) for t in types]))
         return {t: _pref(t, h) for t, h in zip(types, values, strict=True) if h}
 
     def delete(self, pref_type: str) -> bool:
         key = self.key(pref_type)
-        with self._wm._guard(f"DEL {key}"):
+        with self._wm._guard(f"DEL {key}", flush=False):
             return bool(
                 self._wm._write(
                     self._wm._pref_delete_script, keys=[key, self._index], args=[pref_type]

@@ -1021,7 +1021,7 @@ def main(argv: list[str]) -> int:
         "--workers",
         type=int,
         default=0,
-        help="service worker processes in the campaign steps; 0 = one per CPU plus one, like "
+        help="service worker processes in the campaign steps; 0 = the campaign's count, like "
         "ctx loadtest (an edge server owns the Edge shards when > 1)",
     )
     ap.add_argument(

@@ -67,7 +67,7 @@ from context_core.errors import (
 )
 from context_core.on_loop import blocking
 from context_core.redis_conn import REDIS_ERRORS
-from context_core.redis_ops import cmd, execute, ok
+from context_core.redis_ops import Op, cmd, execute, ok
 from context_core.working_memory.keys import canonical, user_key_id
 
 if TYPE_CHECKING:
@@ -458,8 +458,14 @@ def store_snapshot(sm: SessionMemory, effective: EffectiveProfile) -> str:
 
 def load_snapshot(sm: SessionMemory) -> EffectiveProfile | None:
     """The session's snapshot, or None when there is none (never stored, expired, timed out)."""
-    try:  # one round trip (GET + PTTL), the value is always a string
-        loaded = sm._load_string(sm.key(SNAPSHOT_KIND, SNAPSHOT_IDENT))
+    return sm.wm.run(snapshot_op(sm), f"GET {sm.key(SNAPSHOT_KIND, SNAPSHOT_IDENT)}")
+
+
+def snapshot_op(sm: SessionMemory) -> Op[EffectiveProfile | None]:
+    """Operation (:mod:`context_core.redis_ops`): :func:`load_snapshot` (GET + PTTL), for a
+    caller that reads it with its own round trip."""
+    try:  # the value is always a string
+        loaded = yield from sm.string_op(sm.key(SNAPSHOT_KIND, SNAPSHOT_IDENT))
     except ContextMissError:
         return None
     return EffectiveProfile.from_snapshot(loaded.value)

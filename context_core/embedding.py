@@ -26,6 +26,7 @@ import numpy as np
 
 from context_core.config import Settings
 from context_core.errors import ConfigError, ModelLoadError
+from context_core.on_loop import blocking
 from context_core.redis_conn import REDIS_ERRORS, RedisClient
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; the real import is lazy (torch is heavy)
@@ -173,6 +174,13 @@ class Encoder:
             )
         self._model = model
         self._tokenizer: Any = model.tokenizer
+        backend = getattr(self._tokenizer, "backend_tokenizer", None)
+        # only a backend without truncation/padding gives exactly the wrapper's ids
+        self._backend: Any = (
+            backend
+            if backend is not None and backend.truncation is None and backend.padding is None
+            else None
+        )
         self._redis = redis_client
         self._ttl = cache_ttl_s
         self.batch_size = batch_size
@@ -191,7 +199,12 @@ class Encoder:
 
     # --- tokenizer -------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
-        """Token ids without [CLS]/[SEP]: what the text itself costs in the model's window."""
+        """Token ids without [CLS]/[SEP]: what the text itself costs in the model's window.
+        Straight from the fast tokenizer's Rust backend when there is one (the same ids, a
+        quarter less CPU than the transformers wrapper: the L1 budget counts every event)."""
+        backend = self._backend
+        if backend is not None:
+            return list(backend.encode(text, add_special_tokens=False).ids)
         ids = self._tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
         return list(ids)
 
@@ -254,7 +267,7 @@ class Encoder:
         because losing L3 over a cache outage would be the wrong trade.
         """
         if self._redis is None:
-            first: np.ndarray = self.encode([text])[0]
+            first: np.ndarray = blocking(self.encode, [text])[0]
             return first
         key = self.cache_key(text)
         with self._recent_lock:
@@ -263,6 +276,12 @@ class Encoder:
                 self._recent.move_to_end(key)
         if local is not None:
             return np.frombuffer(local, dtype=np.float32).copy()
+        # not seen by this process yet: the Redis cache, else the model (tens of ms of CPU);
+        # on the service's event loop that runs on a worker thread, awaited
+        return blocking(self._encode_query_cached, text, key)
+
+    def _encode_query_cached(self, text: str, key: str) -> np.ndarray:
+        assert self._redis is not None
         try:
             raw = self._redis.get(key)
         except REDIS_ERRORS as e:

@@ -72,7 +72,12 @@ from typing import TYPE_CHECKING, Any
 
 from context_core import defaults
 from context_core.corrections import DEFAULT_MIN_CONFIDENCE, detect_correction
-from context_core.errors import ConfigError, ContextError, UnknownEventError
+from context_core.errors import (
+    ConfigError,
+    ContextError,
+    UnknownEventError,
+    VersionConflictError,
+)
 from context_core.tokens import TokenCounter, pair_tokens
 from context_core.working_memory.keys import check_sid
 
@@ -421,9 +426,11 @@ class LifecycleManager:
                 "profile_version": snap.version,
                 "snapshot_key": store_snapshot(sm, snap),
             }
-        current = sm.contract()
         fields = {"goal": new.user_query, **dict(contract or {})}
-        c = sm.update_contract(fields, expected_version=current.version)
+        try:  # a new session has no contract yet: version 0, no read first
+            c = sm.update_contract(fields, expected_version=0)
+        except VersionConflictError as e:  # an id started again: merge into the live one
+            c = sm.update_contract(fields, expected_version=int(e.current_version or 0))
         new = new.advance(shared_state_ref=c.version)  # the contract version this L1 acted on
         effects: dict[str, Any] = {"contract_version": c.version, "contract": c.fields}
         if compliance:
@@ -445,8 +452,11 @@ class LifecycleManager:
         series: Mapping[str, Sequence[tuple[float, float]]] | None = None,
         ttl_s: int | None = None,
         org_id: str | None = None,
+        snapshot: EffectiveProfile | None = None,
     ) -> EventResult:
-        snap = self.compliance_snapshot(state, org_id)
+        # ``snapshot``: the session's compliance snapshot as the caller already read it (the
+        # service reads it with its access check, :func:`context_core.compliance.snapshot_op`)
+        snap = snapshot if snapshot is not None else self.compliance_snapshot(state, org_id)
         if snap is not None:  # refused before anything is applied
             from context_core.compliance import check_tool
 

@@ -51,9 +51,9 @@ def await_(awaitable: Awaitable[T]) -> T:
 
 
 def wait_future(future: Future[T], timeout_s: float) -> T:
-    """``future.result(timeout_s)``; on the loop (:func:`on_loop`) awaited instead of
-    blocking. A timeout raises :class:`TimeoutError` either way (the future is left to
-    finish; cancel it if it must not)."""
+    """``future.result(timeout_s)`` for a thread's future; on the loop (:func:`on_loop`)
+    awaited instead of blocking. A timeout raises :class:`TimeoutError` either way (the
+    future is left to finish; cancel it if it must not)."""
     if not on_loop_now():
         return future.result(timeout=timeout_s)
     return await_(_wait_wrapped(future, timeout_s))

@@ -287,15 +287,22 @@ def make_client(
 
 
 def make_async_twin(client: RedisClient) -> Any:
-    """A ``redis.asyncio`` client on the same server, database, credentials, timeouts and
-    reply decoding as ``client`` (a single server), with the request path's retry rule (a
-    broken connection once, immediately; never a timeout): what
-    :func:`context_core.redis_ops.attach_async` pairs with it for the event-loop path."""
+    """An asynchronous client on the same server, database, credentials, timeouts and reply
+    decoding as ``client`` (a single server), with the request path's retry rule (a broken
+    connection once, immediately; never a timeout): what
+    :func:`context_core.redis_ops.attach_async` pairs with it for the event-loop path. The
+    lean :class:`context_core.redis_loop.LoopRedis` where it serves the connection, else a
+    ``redis.asyncio`` client (TLS, a credential provider)."""
     import redis.asyncio as aredis
     from redis.asyncio.retry import Retry as AsyncRetry
 
+    from context_core.redis_loop import LoopRedis
+
     if not isinstance(client, redis.Redis):
         raise ConfigError("a Redis Cluster client has no event-loop twin here")
+    lean = LoopRedis.from_client(client)  # the lean one; redis.asyncio for TLS and the like
+    if lean is not None:
+        return lean
     kw = dict(client.connection_pool.connection_kwargs)
     keep = (
         "host", "port", "db", "username", "password", "path", "socket_timeout",

@@ -57,6 +57,7 @@ from redis.commands.core import Script
 
 from context_core.on_loop import await_, on_loop_now
 from context_core.redis_conn import RedisClient, ReplicaAckError, call_script, is_cluster_client
+from context_core.redis_loop import Command, LoopRedis
 
 __all__ = [
     "Cmd",
@@ -230,23 +231,33 @@ async def execute_async(
     """:func:`execute` with a ``redis.asyncio`` client (same semantics)."""
     if not cmds:
         return []
-    if _is_async_cluster(client):
-        return [await _one_async(client, c, min_replicas, wait_ms) for c in cmds]
-    pipe = _queue(client.pipeline(transaction=False), cmds, min_replicas, wait_ms)
-    replies = _acked(list(await pipe.execute(raise_on_error=False)), cmds, min_replicas, wait_ms)
+    replies = await _round_async(client, cmds, min_replicas, wait_ms)
     missing = _noscript(cmds, replies)
     if missing:
         for sc in _scripts_of(cmds, missing):
             sc.sha = await client.script_load(sc.script)
         resend = _resend(cmds, missing)
-        again_cmds = [cmds[n] for n in resend]
-        pipe = _queue(client.pipeline(transaction=False), again_cmds, min_replicas, wait_ms)
-        again = _acked(
-            list(await pipe.execute(raise_on_error=False)), again_cmds, min_replicas, wait_ms
-        )
+        again = await _round_async(client, [cmds[n] for n in resend], min_replicas, wait_ms)
         for n, r in zip(resend, again, strict=True):
             replies[n] = r
     return replies
+
+
+async def _round_async(
+    client: Any, cmds: Sequence[Cmd], min_replicas: int, wait_ms: int
+) -> list[Any]:
+    if isinstance(client, LoopRedis):
+        words: list[Command] = [
+            (("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.args), {})
+            if c.script is not None
+            else ((c.name, *c.args), dict(c.options))
+            for c in cmds
+        ]
+        if min_replicas > 0 and any(c.durable for c in cmds):
+            words.append((("WAIT", min_replicas, wait_ms), {}))
+        return _acked(await client.execute(words), cmds, min_replicas, wait_ms)
+    pipe = _queue(client.pipeline(transaction=False), cmds, min_replicas, wait_ms)
+    return _acked(list(await pipe.execute(raise_on_error=False)), cmds, min_replicas, wait_ms)
 
 
 def _resend(cmds: Sequence[Cmd], missing: Sequence[int]) -> list[int]:
@@ -324,18 +335,6 @@ def _one(client: RedisClient, c: Cmd, min_replicas: int, wait_ms: int) -> Any:
         return client.execute_command(c.name, *c.args, **dict(c.options))  # type: ignore[no-untyped-call]
     except redis.exceptions.ResponseError as e:
         return e
-
-
-async def _one_async(client: Any, c: Cmd, min_replicas: int, wait_ms: int) -> Any:
-    raise NotImplementedError(  # attach_async refuses cluster clients: never reached
-        "the event-loop path does not drive a Redis Cluster client"
-    )
-
-
-def _is_async_cluster(client: Any) -> bool:
-    from redis.asyncio.cluster import RedisCluster as AsyncCluster
-
-    return isinstance(client, AsyncCluster)
 
 
 # --- the event-loop twins ----------------------------------------------------------------------

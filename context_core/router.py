@@ -256,9 +256,19 @@ class ContextRouter:
         skip_l3: str | None = None,
         delta: bool = False,
         since_bundle: str | None = None,
+        preflight: Op[Any] | None = None,
+        touch_guard: tuple[str, str, str] | None = None,
     ) -> ContextBundle:
         """The bundle for one step. ``skip_l3`` (a reason, e.g. the service is under load)
         leaves L3 out and marks the bundle degraded, as an L3 timeout would.
+
+        ``preflight``: an operation (:mod:`context_core.redis_ops`) that must succeed before
+        anything of the route counts, such as the service's check that the caller owns the
+        session and sent its latest state. It goes in the route's own first round trip; if
+        it raises, the route raises that before reading the replies, tracing or waiting for
+        L3 (the reads sent with it are dropped unseen). ``touch_guard``: the activity touch
+        only applies when that guard holds (:meth:`SessionMemory.touch_op`), so a refused
+        route touches nothing.
 
         ``delta``: also log the bundle and diff it against ``since_bundle`` (a ``bundle_id``
         of this session's earlier delta routes; None, unknown or expired: a full delta); the
@@ -301,7 +311,7 @@ class ContextRouter:
         ns_trace: dict[str, list[str]] = {"requested": [], "found": [], "denied": []}
         required_miss: ContextMissError | None = None
         required_denied: AccessDeniedError | None = None
-        ops: list[Op[Any]] = [sm.touch_op()]
+        ops: list[Op[Any]] = [sm.touch_op(touch_guard)]
         for key_spec in spec.l2_keys:
             if key_spec.kind == "pref":
                 ops.append(read_prefs(self.wm, state.user_id, key_spec, values, now, l2_trace))
@@ -311,7 +321,17 @@ class ContextRouter:
             self.namespaces, spec, values, agent_id, now, ns_trace
         )
         ops.append(_replies_of(ns_cmds))
-        _, *l2_results, ns_replies = self.wm.run_all(ops, f"route {state.session_id}")
+        if preflight is not None:
+            ops.insert(0, preflight)
+        try:
+            results = self.wm.run_all(ops, f"route {state.session_id}")
+        except BaseException:
+            if future is not None:
+                future.cancel()
+            raise
+        if preflight is not None:
+            results = results[1:]
+        _, *l2_results, ns_replies = results
         for key_spec, got in zip(spec.l2_keys, l2_results, strict=True):
             if key_spec.kind == "pref":
                 frags, err = got

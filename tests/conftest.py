@@ -265,7 +265,8 @@ class RoundTrips:
     whatever code path built them. ``trips``: synchronous clients; ``loop_trips``: those of
     them sent by code running on the event loop (:func:`context_core.redis_ops.on_loop`:
     they block the loop, the hot endpoints must send none); ``async_trips``: the
-    asynchronous twins' (what code on the loop awaits)."""
+    asynchronous twins' (what code on the loop awaits: the lean client's rounds, or
+    ``redis.asyncio``'s packets)."""
 
     def __init__(self) -> None:
         self.trips: list[list[str]] = []
@@ -273,6 +274,7 @@ class RoundTrips:
         self.async_trips: list[list[str]] = []
         self._orig: Any = None
         self._orig_async: Any = None
+        self._orig_lean: Any = None
 
     def __enter__(self) -> RoundTrips:
         import redis.asyncio.connection as arc
@@ -298,16 +300,28 @@ class RoundTrips:
                 async_trips.append(names)
             return await orig_async(conn, command, check_health)
 
+        from context_core.redis_loop import LoopRedis
+
+        self._orig_lean = orig_lean = LoopRedis.execute
+
+        async def lean(client: Any, commands: Any) -> Any:
+            async_trips.append([str(words[0]).split()[0].upper() for words, _ in commands])
+            return await orig_lean(client, commands)
+
         rc.AbstractConnection.send_packed_command = send  # type: ignore[method-assign]
         arc.AbstractConnection.send_packed_command = send_async  # type: ignore[method-assign]
+        LoopRedis.execute = lean  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
         import redis.asyncio.connection as arc
         import redis.connection as rc
 
+        from context_core.redis_loop import LoopRedis
+
         rc.AbstractConnection.send_packed_command = self._orig  # type: ignore[method-assign]
         arc.AbstractConnection.send_packed_command = self._orig_async  # type: ignore[method-assign]
+        LoopRedis.execute = self._orig_lean  # type: ignore[method-assign]
 
     def names(self) -> list[str]:
         return [n for trip in self.trips for n in trip]

@@ -22,12 +22,12 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import RoundTrips, cleanup_keys
+from conftest import RoundTrips, cleanup_keys, redis_client
 from test_ops_hardening import context_body, private_redis, run_app, start_session, stuck_requests
 from test_service import cleanup_service_keys, service_settings
 
 #: Round trips per request on a single Redis (the agent's sequence of loadtests/user.py).
-MAX_ROUND_TRIPS = {"create": 6, "plan": 3, "event": 4, "context": 2, "output": 2, "close": 4}
+MAX_ROUND_TRIPS = {"create": 5, "plan": 3, "event": 3, "context": 1, "output": 1, "close": 4}
 
 
 def _sequence(c: httpx.Client, rt: RoundTrips) -> dict[str, Any]:
@@ -206,3 +206,33 @@ def test_a_cluster_runs_on_threads(tmp_path: Path, cluster_redis_url: str) -> No
             state = start_session(c)
             assert c.post("/v1/context", json=context_body(state)).status_code == 200
     cleanup_service_keys(cluster_redis_url)
+
+
+def test_a_refused_request_touches_nothing_of_the_session(
+    services: dict[str, tuple[str, Any, dict[str, str]]], default_redis_url: str
+) -> None:
+    """The owner check rides on the route's (and the output's) round trip; the activity touch
+    in it is guarded by the owner record, so another agent holding a leaked state gets the
+    usual 404 and the session's activity stays as the owner left it."""
+    url, _app, raw = services["loop"]
+    r = redis_client(default_redis_url, decode_responses=True)
+    with (
+        _client(services["loop"]) as a,
+        httpx.Client(base_url=url, headers={"X-API-Key": raw["agent-b"]}, timeout=30) as b,
+    ):
+        state = start_session(a)
+        sid = state["session_id"]
+        before = r.zscore("ctx:activity", sid)
+        assert before is not None
+        time.sleep(0.05)
+        got = b.post("/v1/context", json=context_body(state))
+        assert got.status_code == 404, got.text
+        out = b.post(
+            f"/v1/sessions/{sid}/outputs",
+            json={"state": state, "trace_id": "t-" + "0" * 30, "output": "x"},
+        )
+        assert out.status_code == 404, out.text
+        assert r.zscore("ctx:activity", sid) == before  # untouched
+        assert a.post("/v1/context", json=context_body(state)).status_code == 200
+        assert r.zscore("ctx:activity", sid) > before  # the owner's request touches it
+    r.close()

@@ -247,8 +247,9 @@ def loadtest(
         0,
         "--service-workers",
         min=0,
-        help="Service (uvicorn) worker processes; 0 = one per CPU plus one (an edge server "
-        "then owns the Qdrant Edge shards). One process is bound by the GIL near 650 req/s.",
+        help="Service (uvicorn) worker processes; 0 = one per CPU (CTX_SERVICE_EXECUTION=loop, "
+        "the default; one per CPU plus one on threads). With more than one an edge server "
+        "owns the Qdrant Edge shards.",
     ),
 ) -> None:
     """Run a load-test campaign on this machine and exit 0 (SLOs held) or 1 (breached).

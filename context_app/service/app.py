@@ -59,13 +59,20 @@ async def _process_samples(svc: Services, gauge: LoadGauge, every_s: float = 2.0
 
 
 async def _idle_sweeps(svc: Services, interval_s: float) -> None:
-    """Every ``interval_s``: one idle sweep (on a worker thread; one instance at a time)."""
+    """Every ``interval_s``: one idle sweep (one instance at a time), on the event loop with
+    its round trips awaited (:mod:`.execution`), else on a worker thread: a thread would
+    take the GIL from the loop at every one of its round trips."""
     import anyio.to_thread
+
+    from context_core.on_loop import on_loop
 
     while True:
         await asyncio.sleep(interval_s)
         try:
-            await anyio.to_thread.run_sync(sweep_idle_once, svc)
+            if svc.on_loop:
+                await on_loop(sweep_idle_once, svc)
+            else:
+                await anyio.to_thread.run_sync(sweep_idle_once, svc)
         except Exception as e:  # a down Redis must not end the loop
             log.warning("idle sweep failed: %s: %s", type(e).__name__, e)
 

@@ -21,6 +21,7 @@ from context_app.service.owners import AgentQuotas, OwnerBinding
 from context_core.auth import KeyStore
 from context_core.errors import BackendUnavailableError, SessionExistsError, UnknownSessionError
 from context_core.knowledge.store import search_batch
+from context_core.on_loop import blocking
 from context_core.platform import Platform, build_platform, fail_fast_client
 from context_core.redis_conn import REDIS_ERRORS, RedisClient, is_cluster_client, make_async_twin
 from context_core.redis_ops import Op, attach_async, detach_async, run_all
@@ -87,7 +88,7 @@ class SlowStore:
         sparse: SparseVector | None = None,
         feedback: int = 0,
     ) -> list[Hit]:
-        time.sleep(self.delay_s)
+        blocking(time.sleep, self.delay_s)
         return self._inner.search(
             name,
             vector,
@@ -103,11 +104,11 @@ class SlowStore:
     def search_batch(
         self, vector: Vector, queries: Sequence[SearchQuery], sparse: SparseVector | None = None
     ) -> list[list[Hit] | Exception]:
-        time.sleep(self.delay_s * len(queries))  # one sleep per search, as if sent one by one
+        blocking(time.sleep, self.delay_s * len(queries))  # one per search, as if sent one by one
         return search_batch(self._inner, vector, queries, sparse=sparse)
 
     def count(self, name: str, *, filter: Filter | None = None) -> int:
-        time.sleep(self.delay_s)
+        blocking(time.sleep, self.delay_s)
         return int(self._inner.count(name, filter=filter))
 
     # --- the rest of the store protocol, undelayed ----------------------------------------

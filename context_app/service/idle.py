@@ -30,6 +30,7 @@ from context_app.service.owners import OwnerBinding
 from context_core.gateway import Gateway
 from context_core.lifecycle import LifecycleManager
 from context_core.redis_conn import REDIS_ERRORS, RedisClient
+from context_core.redis_ops import cmd, execute, ok
 from context_core.session import ANONYMOUS
 from context_core.wire import WireState
 
@@ -118,14 +119,16 @@ def sweep_idle_once(
     """One sweep, if no other instance is running one (Redis lock ``IDLE_LOCK_KEY``)."""
     token = secrets.token_hex(8)
     r = svc.redis
-    if not r.set(IDLE_LOCK_KEY, token, nx=True, px=lock_ms):
+    # its round trips through redis_ops: awaited when the service runs it on its event loop
+    (got,) = ok(execute(r, [cmd("SET", IDLE_LOCK_KEY, token, "NX", "PX", lock_ms)]))
+    if not got:
         return IdleSweep(ran=False)
     try:
         timed_out = list(svc.lifecycle.sweep_idle(now=now))
         cleared = [sid for sid in timed_out if clear_l1(svc, sid)]
     finally:
         try:
-            r.eval(_RELEASE_LUA, 1, IDLE_LOCK_KEY, token)
+            ok(execute(r, [cmd("EVAL", _RELEASE_LUA, 1, IDLE_LOCK_KEY, token)]))
         except REDIS_ERRORS as e:  # it expires on its own
             log.warning("idle sweep: could not release the lock: %s", e)
     if timed_out:

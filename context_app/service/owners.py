@@ -46,7 +46,7 @@ from context_core.errors import (
     UnknownSessionError,
 )
 from context_core.redis_conn import REDIS_ERRORS, RedisClient
-from context_core.redis_ops import Cmd, Op, call, cmd, ok, run, script
+from context_core.redis_ops import Cmd, Op, call, cmd, execute, ok, run, script
 from context_core.working_memory.index import FIXED_KEYS, index_key
 from context_core.working_memory.keys import session_prefix
 
@@ -316,6 +316,12 @@ class OwnerBinding:
             )
         return (now or 0), token
 
+    def owner_guard(self, session_id: str, agent_id: str) -> tuple[str, str, str]:
+        """``(key, field, value)`` that holds while ``agent_id`` owns the session: a guard for
+        writes sent in the same round trip as the access check (the route's activity touch),
+        so a refused request changes nothing of a session that is not the caller's."""
+        return self.key(session_id), "owner", agent_id
+
     def check(self, session_id: str, agent_id: str) -> int:
         """The session is ``agent_id``'s (no state involved); returns the latest version."""
         return self._access_check("owner", session_id, agent_id)[0]
@@ -384,7 +390,7 @@ class OwnerBinding:
         """The latest signed state of a session whoever owns it (server-side jobs only, such
         as the idle sweep); ``None`` when the session has none."""
         try:
-            raw = self._r.get(self.state_key(session_id))
+            (raw,) = ok(execute(self._r, [cmd("GET", self.state_key(session_id))]))
         except REDIS_ERRORS as e:
             raise BackendUnavailableError(f"Redis failed while reading the state: {e}") from e
         if raw is None:

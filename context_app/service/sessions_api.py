@@ -57,6 +57,7 @@ from context_app.service.models import (
     error_responses,
 )
 from context_app.service.owners import Lease
+from context_core.compliance import EffectiveProfile, snapshot_op
 from context_core.errors import (
     AccessDeniedError,
     BackendUnavailableError,
@@ -160,14 +161,26 @@ def _offload(svc: Services, session_id: str) -> TraceOffload:
 
 
 def _tool_call(
-    svc: Services, state: SessionState, ev: ToolCallEvent, offload: TraceOffload, org_id: str
+    svc: Services,
+    state: SessionState,
+    ev: ToolCallEvent,
+    offload: TraceOffload,
+    org_id: str,
+    snapshot: EffectiveProfile | None = None,
 ) -> dict[str, Any]:
     """Apply a tool call; the step result is written here, not by the lifecycle, so a result
     too big for a step (``CTX_MAX_STEP_RESULT_BYTES``) can point at the call's L2 copy. A
-    tool outside the session's compliance ``approved_tools`` is refused first (403)."""
+    tool outside the session's compliance ``approved_tools`` is refused first (403).
+    ``snapshot``: the session's compliance snapshot, read with the access check."""
     payload = ev.model_dump(exclude={"type", "result", "store_step"}, exclude_none=True)
     result = svc.lifecycle.apply(
-        "tool_call", state, result=ev.result, store_step=False, org_id=org_id, **payload
+        "tool_call",
+        state,
+        result=ev.result,
+        store_step=False,
+        org_id=org_id,
+        snapshot=snapshot,
+        **payload,
     )
     effects = dict(result.effects)
     if ev.store_step:
@@ -295,7 +308,9 @@ def install_session_routes(app: FastAPI) -> None:
         ev = body.event
         if isinstance(ev, ToolCallEvent):
             _require_result(ev)
-        lease = _charge_and_reserve(svc, who.agent_id, nbytes, session_id, wire)
+        lease, snapshot = _charge_and_reserve(
+            svc, who.agent_id, nbytes, session_id, wire, snapshot=isinstance(ev, ToolCallEvent)
+        )
         try:
             # the event's L2 writes go to Redis together, in one round trip when the scope
             # ends (or with the next read); the new state is committed only after them
@@ -303,7 +318,7 @@ def install_session_routes(app: FastAPI) -> None:
                 offload = _offload(svc, session_id)
                 state = wire.to_state(gateway=svc.gateway, auth=_auth(who), offload=offload)
                 if isinstance(ev, ToolCallEvent):
-                    done = _tool_call(svc, state, ev, offload, who.org)
+                    done = _tool_call(svc, state, ev, offload, who.org, snapshot)
                     result, effects = done["result"], done["effects"]
                 else:
                     payload = ev.model_dump(exclude={"type"}, exclude_none=True)
@@ -347,11 +362,11 @@ def install_session_routes(app: FastAPI) -> None:
         try:
             wire = body.state
             _signed_for(svc, wire, body.session_id)
-            svc.owners.verify(body.session_id, who.agent_id, wire.nonce, wire.version)
             state = wire.to_state(gateway=svc.gateway, auth=_auth(who))
             gauge = getattr(request.app.state, "load", None)
             skip = gauge.degrade_reason() if gauge is not None else None
-            bundle = svc.router.route(
+            sid = body.session_id
+            bundle = svc.router.route(  # the owner check rides on the route's round trip
                 state,
                 body.step_intent,
                 params=body.params.model_dump(exclude_unset=True),
@@ -359,6 +374,8 @@ def install_session_routes(app: FastAPI) -> None:
                 skip_l3=skip,
                 delta=body.delta,
                 since_bundle=body.since_bundle,
+                preflight=svc.owners.access_op("read", sid, who.agent_id, wire.nonce, wire.version),
+                touch_guard=svc.owners.owner_guard(sid, who.agent_id),
             )
         except ContextMissError:
             m.load_failures.labels(reason="l2_miss").inc()
@@ -397,10 +414,12 @@ def install_session_routes(app: FastAPI) -> None:
         what was removed (``removed``), also written to the audit file."""
         wire = body.state
         _signed_for(svc, wire, session_id)
-        svc.run(
+        sm = svc.wm.session(session_id)
+        svc.run(  # the checks and the (owner-guarded) activity in one round trip
             [
                 svc.quotas.charge_op(who.agent_id, nbytes, session_id=session_id),
                 svc.owners.access_op("read", session_id, who.agent_id, wire.nonce, wire.version),
+                sm.touch_op(svc.owners.owner_guard(session_id, who.agent_id)),
             ],
             "checking quotas and the session owner",
         )  # the quota's error first, as it is checked first
@@ -412,7 +431,6 @@ def install_session_routes(app: FastAPI) -> None:
             where=f"output:{session_id}:{body.trace_id}",
         )
         svc.tracer.record_output(body.trace_id, session_id, step, clean.text)
-        svc.wm.session(session_id).touch()
         info = {"step": step, "trace_id": body.trace_id}
         removed = [r.to_dict() for r in clean.removed]
         payload = b'{"state":%b,"info":%b,"output":%b,"removed":%b}' % (
@@ -570,17 +588,26 @@ def install_session_routes(app: FastAPI) -> None:
 
 
 def _charge_and_reserve(
-    svc: Services, agent_id: str, nbytes: int, session_id: str, wire: WireState
-) -> Lease:
-    """An event's quota charge and write lease in one round trip. A refused quota wins (it
-    is checked first, as before): a lease taken meanwhile is given back."""
-    charged, lease = svc.run(
-        [
-            svc.quotas.charge_op(agent_id, nbytes, session_id=session_id),
-            svc.owners.reserve_op(session_id, agent_id, wire.nonce, wire.version),
-        ],
-        "checking quotas and the session owner",
-        return_exceptions=True,
+    svc: Services,
+    agent_id: str,
+    nbytes: int,
+    session_id: str,
+    wire: WireState,
+    *,
+    snapshot: bool = False,
+) -> tuple[Lease, EffectiveProfile | None]:
+    """An event's quota charge and write lease in one round trip, with the session's
+    compliance snapshot when ``snapshot`` (a tool call checks it; read speculatively, used
+    only once the lease is held). A refused quota wins (it is checked first, as before): a
+    lease taken meanwhile is given back."""
+    ops: list[Op[object]] = [
+        svc.quotas.charge_op(agent_id, nbytes, session_id=session_id),
+        svc.owners.reserve_op(session_id, agent_id, wire.nonce, wire.version),
+    ]
+    if snapshot:
+        ops.append(snapshot_op(svc.wm.session(session_id)))
+    charged, lease, *snap = svc.run(
+        ops, "checking quotas and the session owner", return_exceptions=True
     )
     if isinstance(charged, BaseException):
         if isinstance(lease, Lease):
@@ -589,7 +616,8 @@ def _charge_and_reserve(
     if isinstance(lease, BaseException):
         raise lease
     assert isinstance(lease, Lease)
-    return lease
+    found = snap[0] if snap and isinstance(snap[0], EffectiveProfile) else None
+    return lease, found
 
 
 def _sent(cmds: list[Cmd]) -> Op[None]:

@@ -66,6 +66,7 @@ from context_core.knowledge.store import (
     check_mode,
     search_batch,
 )
+from context_core.on_loop import blocking
 from context_core.sparse import SparseEncoder
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -225,8 +226,8 @@ def hot_visible(
         return False
     cache = acl_cache if acl_cache is not None else {}
     try:
-        if scope not in cache:
-            cache[scope] = namespaces.acl(scope)
+        if scope not in cache:  # a blocking read: on the service's loop, on a thread
+            cache[scope] = blocking(namespaces.acl, scope)
     except Exception as e:  # fail closed: an ACL we cannot read shows nothing shared
         log.warning("hot visibility: ACL of namespace %r unavailable: %s", scope, e)
         return False

@@ -27,23 +27,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from context_core.redis_conn import is_cluster_client
 from context_core.redis_ops import Cmd, Op, cmd, ok, script
 from context_core.working_memory.contract import ContractOps
 from context_core.working_memory.index import INDEX_ADD_LUA, IndexOps
 
-__all__ = ["ACTIVITY_KEY", "KEY_EXPIRED_LUA", "TOUCH_LUA", "LifetimeOps"]
+__all__ = ["ACTIVITY_KEY", "KEY_EXPIRED_LUA", "TOUCH_GUARDED_LUA", "TOUCH_LUA", "LifetimeOps"]
 
 #: Global Sorted Set of sessions by last activity (member = session id, score = epoch s).
 ACTIVITY_KEY = "ctx:activity"
 
-# Session activity. KEYS: 1 contract hash, 2 history list, 3 index, 4 expired Set.
-# ARGV: 1 contract ttl seconds, 2 history ttl seconds, 3 now.
+# The body of a session's activity. KEYS: 1 contract hash, 2 history list, 3 index, 4 expired
+# Set. ARGV: 1 contract ttl seconds, 2 history ttl seconds, 3 now.
 # A completed contract is left as it is (the goal was reached: it expires after the grace
 # period); an expired one becomes active again. Never creates a contract.
-# Returns 1 when an expired contract was resumed, else 0.
-TOUCH_LUA = (
-    INDEX_ADD_LUA
-    + """
+_TOUCH_BODY = """
 local resumed = 0
 local ttl = tonumber(ARGV[1])
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -63,6 +61,24 @@ if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('EXPIRE', KEYS[4], ttl) en
 -- known as written (key_expired) while the session is active, with or without a contract
 local ipttl = redis.call('PTTL', KEYS[3])
 if ipttl >= 0 and ipttl < ttl * 1000 then redis.call('EXPIRE', KEYS[3], ttl) end
+"""
+
+# Session activity (see _TOUCH_BODY). Returns 1 when an expired contract was resumed, else 0.
+TOUCH_LUA = INDEX_ADD_LUA + _TOUCH_BODY + "return resumed\n"
+
+# Session activity only if a guard holds: KEYS 1-4 and ARGV 1-3 as TOUCH_LUA, KEYS[5] a Hash
+# of the same slot, ARGV 4 a field of it and ARGV 5 the value it must hold (the caller's
+# "this session is mine": the service's owner record); then, when KEYS[6] is given (a single
+# server: the activity Set is another slot on a cluster), ZADD KEYS[6] ARGV[3] ARGV[6].
+# Returns -1 (nothing touched) when the guard does not hold, else as TOUCH_LUA.
+TOUCH_GUARDED_LUA = (
+    INDEX_ADD_LUA
+    + """
+if redis.call('HGET', KEYS[5], ARGV[4]) ~= ARGV[5] then return -1 end
+"""
+    + _TOUCH_BODY
+    + """
+if KEYS[6] then redis.call('ZADD', KEYS[6], ARGV[3], ARGV[6]) end
 return resumed
 """
 )
@@ -117,9 +133,41 @@ class LifetimeOps(IndexOps, ContractOps):
             cmd("ZADD", wm.activity_key, now, self._sid),
         ]
 
-    def touch_op(self) -> Op[None]:
-        """Operation: :meth:`touch`."""
-        yield from _replies(self.touch_cmds())
+    def touch_op(self, guard: tuple[str, str, str] | None = None) -> Op[bool]:
+        """Operation: :meth:`touch`; True when the session was touched.
+
+        ``guard`` ``(hash key, field, value)``, a Hash of this session's slot: touch only if
+        the field holds the value, in the same script (the service's "the caller owns this
+        session", so a request that turns out refused leaves another agent's session as it
+        was). On a single server the activity ZADD is inside that script too; on a cluster
+        (another slot) it follows in a second round, only when the guard held."""
+        if guard is None:
+            yield from _replies(self.touch_cmds())
+            return True
+        wm = self.wm
+        current, hist = self._contract_keys()
+        now = wm.now()
+        g_key, g_field, g_value = guard
+        if _hash_tag(g_key) != self._sid:  # one script, one slot
+            raise ValueError(f"touch guard {g_key!r} is not in session {self._sid!r}'s slot")
+        keys = [current, hist, self._idx, self._exp, g_key]
+        args: list[Any] = [
+            wm.contract_ttl_s,
+            wm.contract_history_ttl_s,
+            repr(now),
+            g_field,
+            g_value,
+        ]
+        cluster = is_cluster_client(wm._client)
+        if not cluster:
+            keys.append(wm.activity_key)
+            args.append(self._sid)
+        (done,) = ok((yield [script(wm._touch_guarded_script, keys, args)]))
+        if int(done) < 0:
+            return False
+        if cluster:
+            ok((yield [cmd("ZADD", wm.activity_key, now, self._sid)]))
+        return True
 
     def key_expired(self, key: str) -> bool:
         """True when ``key`` (one of this session's) was written in this session and is gone
@@ -158,3 +206,11 @@ class LifetimeOps(IndexOps, ContractOps):
 def _replies(cmds: list[Cmd]) -> Op[list[Any]]:
     """Operation: send ``cmds``, raise the first error reply, return the replies."""
     return ok((yield cmds))
+
+
+def _hash_tag(key: str) -> str | None:
+    """The Redis Cluster hash tag of ``key`` (what between its first ``{`` and the next ``}``
+    decides its slot), None when it has none."""
+    start = key.find("{")
+    end = key.find("}", start + 1) if start >= 0 else -1
+    return key[start + 1 : end] if start >= 0 and end > start + 1 else None

@@ -83,6 +83,7 @@ from context_core.working_memory.keys import (
 from context_core.working_memory.lifetime import (
     ACTIVITY_KEY,
     KEY_EXPIRED_LUA,
+    TOUCH_GUARDED_LUA,
     TOUCH_LUA,
     LifetimeOps,
 )
@@ -205,6 +206,7 @@ class WorkingMemory:
         self._plan_apply_script = reg(PLAN_APPLY_LUA)
         self._sweep_script = reg(INDEX_SWEEP_LUA)
         self._touch_script = reg(TOUCH_LUA)
+        self._touch_guarded_script = reg(TOUCH_GUARDED_LUA)
         self._key_expired_script = reg(KEY_EXPIRED_LUA)
         self._pref_set_script = reg(PREF_SET_LUA)
         self._pref_delete_script = reg(PREF_DELETE_LUA)
@@ -263,19 +265,26 @@ class WorkingMemory:
         if limit <= 0:
             return []
         key = self.activity_key
-        with self._guard(f"ZRANGEBYSCORE {key}"):
-            return list(self._client.zrangebyscore(key, "-inf", repr(cutoff), start=0, num=limit))
+        found = self._one(
+            cmd("ZRANGEBYSCORE", key, "-inf", repr(cutoff), "LIMIT", 0, limit),
+            f"ZRANGEBYSCORE {key}",
+        )
+        return list(found)
 
     def last_activity(self, session_id: str) -> float | None:
         """Epoch seconds of the session's last activity, ``None`` if not recorded."""
-        with self._guard(f"ZSCORE {self.activity_key}"):
-            score = self._client.zscore(self.activity_key, session_id)
+        key = self.activity_key
+        score = self._one(cmd("ZSCORE", key, session_id), f"ZSCORE {key}")
         return None if score is None else float(score)
 
     def forget_activity(self, session_id: str) -> None:
         """Remove the session from ``ctx:activity`` (timed out, or its goal reached)."""
-        with self._guard(f"ZREM {self.activity_key}"):
-            self._client.zrem(self.activity_key, session_id)
+        key = self.activity_key
+        self._one(cmd("ZREM", key, session_id), f"ZREM {key}")
+
+    def _one(self, command: Cmd, what: str) -> Any:
+        """One command, one round trip (awaited on the service's event loop); its reply."""
+        return self.run(_reply_of(command), what)
 
     def forget_activity_cmds(self, session_id: str) -> list[Cmd]:
         """:meth:`forget_activity` as commands, for a caller's own round trip."""

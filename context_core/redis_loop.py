@@ -1,0 +1,287 @@
+"""A lean asyncio Redis client for the service's event-loop path (one round trip per call).
+
+What :func:`context_core.redis_ops.execute` awaits for a client on the loop (the client's
+*twin*, :func:`context_core.redis_ops.attach_async`). ``redis.asyncio`` does the same job,
+but on this service its per-round overhead (a pool lock, a retry wrapper, a timeout context
+per reply, observability hooks) cost ~95 µs of CPU per pipelined round trip against ~38 µs
+here (``benchmarks/service_capacity.py`` section ``service``, the round-trip rows): with about
+three round trips a request, that was a tenth of the service's CPU. This client only does
+what the operations need: a list of commands written in one go, their replies read by hiredis
+(C), one timer per round trip.
+
+The replies have exactly the shapes of redis-py's synchronous client (RESP2 on the wire, then
+redis-py's own reply callbacks: a dict for ``HGETALL``, a set for ``SMEMBERS``, ...), and
+errors are redis-py's exception classes (``NoScriptError``, ``ResponseError``,
+``ConnectionError``, ``TimeoutError``), so callers cannot tell the two apart
+(tests/test_redis_loop.py compares them command by command on real servers).
+
+Connection rules, the request path's (:func:`context_core.redis_conn.make_client`'s
+``fail_fast``): connect within ``socket_connect_timeout``; a round trip gives up after
+``socket_timeout`` (the connection is dropped); a connection found broken is replaced and the
+round sent once more, immediately; a timeout is never retried. Authentication (``AUTH``) and
+the database (``SELECT``) are set on each new connection. TLS and Redis Cluster are not
+served here (:meth:`LoopRedis.from_client` answers None and the caller falls back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import hiredis
+import redis
+from redis._parsers.base import BaseParser
+from redis._parsers.encoders import Encoder
+from redis._parsers.response_callbacks import get_response_callbacks
+from redis.exceptions import InvalidResponse
+
+__all__ = ["LoopRedis"]
+
+#: One command of a round: its words (the first may hold a space: ``"SCRIPT LOAD"``) and the
+#: options redis-py's reply callback takes (``withscores=True``).
+Command = tuple[tuple[Any, ...], dict[str, Any]]
+
+#: redis-py's reply callbacks for RESP2 replies (upper-case command names).
+_CALLBACKS: dict[str, Any] = {
+    k.upper(): v for k, v in get_response_callbacks(user_protocol=2, legacy_responses=True).items()
+}
+
+
+class _Conn(asyncio.Protocol):
+    """One connection: at most one round trip in flight."""
+
+    def __init__(self, reader: Any) -> None:
+        self.reader = reader
+        self.transport: Any = None  # asyncio's or uvloop's (not an asyncio.Transport)
+        self.replies: list[Any] = []
+        self.want = 0
+        self.waiter: asyncio.Future[list[Any]] | None = None
+        self.broken: BaseException | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.reader.feed(data)
+        try:
+            while True:
+                reply = self.reader.gets()
+                if reply is False:
+                    break
+                self.replies.append(reply)
+        except Exception as e:  # a protocol error: the connection is unusable
+            self._fail(e)
+            return
+        if self.waiter is not None and len(self.replies) >= self.want and not self.waiter.done():
+            self.waiter.set_result(self.replies)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(redis.ConnectionError(f"Connection closed by server ({exc or 'EOF'})"))
+
+    def eof_received(self) -> bool | None:
+        self._fail(redis.ConnectionError("Connection closed by server."))
+        return None
+
+    def _fail(self, error: BaseException) -> None:
+        if self.broken is None:
+            self.broken = error
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(self.broken)
+        if self.transport is not None:
+            self.transport.abort()
+
+    async def round(self, payload: bytes, n: int, timeout_s: float | None) -> list[Any]:
+        if self.broken is not None:
+            raise self.broken
+        assert self.transport is not None
+        loop = asyncio.get_running_loop()
+        self.replies, self.want = [], n
+        self.waiter = loop.create_future()
+        self.transport.write(payload)
+        timer = (
+            loop.call_later(timeout_s, self._timed_out, self.waiter)
+            if timeout_s is not None
+            else None
+        )
+        try:
+            return await self.waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self.waiter = None
+
+    def _timed_out(self, waiter: asyncio.Future[list[Any]]) -> None:
+        if not waiter.done():
+            waiter.set_exception(redis.TimeoutError("Timeout reading from socket"))
+            self.broken = redis.TimeoutError("the connection timed out")
+            if self.transport is not None:
+                self.transport.abort()
+
+
+class LoopRedis:
+    """Round trips to one Redis server from an event loop (see the module doc). Use from one
+    loop only (the service's); :meth:`aclose` on that loop."""
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 6379,
+        path: str | None = None,
+        db: int = 0,
+        username: str | None = None,
+        password: str | None = None,
+        socket_timeout: float | None = None,
+        socket_connect_timeout: float | None = None,
+        decode_responses: bool = False,
+        encoding: str = "utf-8",
+        encoding_errors: str = "strict",
+        max_idle: int = 64,
+    ) -> None:
+        self.host, self.port, self.path, self.db = host, int(port), path, int(db)
+        self.username, self.password = username, password
+        self.socket_timeout = socket_timeout
+        self.connect_timeout = socket_connect_timeout
+        self.decode_responses = decode_responses
+        self.encoding, self.encoding_errors = encoding, encoding_errors
+        self.encoder = Encoder(encoding, encoding_errors, decode_responses)  # type: ignore[no-untyped-call]
+        self.max_idle = int(max_idle)
+        self._idle: list[_Conn] = []
+        self._closed = False
+
+    @classmethod
+    def from_client(cls, client: Any) -> LoopRedis | None:
+        """The twin of a synchronous ``redis.Redis`` (same server, database, credentials,
+        timeouts, decoding); None for what this client does not serve (TLS, a cluster, a
+        credential provider)."""
+        if not isinstance(client, redis.Redis):
+            return None
+        pool = client.connection_pool
+        kw = pool.connection_kwargs
+        name = pool.connection_class.__name__
+        if name not in ("Connection", "UnixDomainSocketConnection") or kw.get(
+            "credential_provider"
+        ):
+            return None
+        return cls(
+            host=kw.get("host", "127.0.0.1"),
+            port=kw.get("port", 6379),
+            path=kw.get("path"),
+            db=kw.get("db", 0) or 0,
+            username=kw.get("username"),
+            password=kw.get("password"),
+            socket_timeout=kw.get("socket_timeout"),
+            socket_connect_timeout=kw.get("socket_connect_timeout"),
+            decode_responses=bool(kw.get("decode_responses")),
+            encoding=kw.get("encoding", "utf-8"),
+            encoding_errors=kw.get("encoding_errors", "strict"),
+        )
+
+    # --- wire ----------------------------------------------------------------------------
+    def _pack(self, words: Sequence[Any]) -> bytes:
+        if words and isinstance(words[0], str) and " " in words[0]:
+            words = (*words[0].split(), *words[1:])
+        enc = self.encoder.encode
+        parts = [b"*%d\r\n" % len(words)]
+        for w in words:
+            b = enc(w)  # type: ignore[no-untyped-call]
+            parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
+        return b"".join(parts)
+
+    def _reader(self) -> Any:
+        kwargs: dict[str, Any] = {
+            "protocolError": InvalidResponse,
+            "replyError": BaseParser.parse_error,
+            "errors": self.encoding_errors,
+        }
+        if self.decode_responses:
+            kwargs["encoding"] = self.encoding
+        return hiredis.Reader(**kwargs)
+
+    async def _connect(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        conn = _Conn(self._reader())
+        try:
+            if self.path:
+                coro: Any = loop.create_unix_connection(lambda: conn, self.path)
+            else:
+                coro = loop.create_connection(lambda: conn, self.host, self.port)
+            await asyncio.wait_for(coro, self.connect_timeout)
+        except TimeoutError as e:
+            raise redis.TimeoutError(f"Timeout connecting to {self._where()}") from e
+        except OSError as e:
+            raise redis.ConnectionError(f"Error connecting to {self._where()}: {e}") from e
+        hello: list[tuple[Any, ...]] = []
+        if self.password is not None:
+            auth = (self.username, self.password) if self.username else (self.password,)
+            hello.append(("AUTH", *auth))
+        if self.db:
+            hello.append(("SELECT", self.db))
+        if hello:
+            replies = await conn.round(
+                b"".join(self._pack(h) for h in hello), len(hello), self.socket_timeout
+            )
+            for r in replies:
+                if isinstance(r, Exception):
+                    conn._fail(redis.ConnectionError(f"{self._where()}: {r}"))
+                    raise r
+        return conn
+
+    def _where(self) -> str:
+        return self.path or f"{self.host}:{self.port}"
+
+    # --- round trips ---------------------------------------------------------------------
+    async def execute(self, commands: Sequence[Command]) -> list[Any]:
+        """Send ``commands`` in one round trip; their replies in order, each through
+        redis-py's reply callback, an error reply as its exception object (not raised)."""
+        if self._closed:
+            raise redis.ConnectionError("the event-loop Redis client is closed")
+        payload = b"".join(self._pack(words) for words, _ in commands)
+        for attempt in (1, 2):
+            conn = self._idle.pop() if self._idle else await self._connect()
+            try:
+                raw = await conn.round(payload, len(commands), self.socket_timeout)
+            except redis.ConnectionError:
+                conn._fail(redis.ConnectionError("dropped"))
+                if attempt == 2:
+                    raise
+                continue  # broken (a restarted server): once more on a new connection
+            except BaseException:
+                conn._fail(redis.ConnectionError("abandoned"))  # timed out or cancelled
+                raise
+            self._release(conn)
+            return [
+                self._parse(r, words, opts) for r, (words, opts) in zip(raw, commands, strict=True)
+            ]
+        raise AssertionError("unreachable")
+
+    def _release(self, conn: _Conn) -> None:
+        if conn.broken is None and not self._closed and len(self._idle) < self.max_idle:
+            self._idle.append(conn)
+        elif conn.transport is not None:
+            conn.transport.close()
+
+    @staticmethod
+    def _parse(reply: Any, words: Sequence[Any], options: dict[str, Any]) -> Any:
+        if isinstance(reply, Exception):
+            return reply
+        name = str(words[0]).upper()
+        if name == "SCRIPT" and len(words) > 1:
+            name = f"SCRIPT {str(words[1]).upper()}"
+        callback = _CALLBACKS.get(name)
+        return callback(reply, **options) if callback is not None else reply
+
+    async def script_load(self, body: str) -> str:
+        """``SCRIPT LOAD`` (its SHA1)."""
+        (sha,) = await self.execute([(("SCRIPT LOAD", body), {})])
+        if isinstance(sha, Exception):
+            raise sha
+        return str(sha)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            if conn.transport is not None:
+                conn.transport.close()

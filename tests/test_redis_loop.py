@@ -1,0 +1,153 @@
+"""The lean asyncio client of the event-loop path (context_core/redis_loop.py) answers exactly
+like redis-py's synchronous client, on real servers (Redis 7 and the password-protected
+embedded Valkey), and keeps the request path's connection rules: a hung server is a
+TimeoutError after the socket timeout, a restarted one is reconnected to once, at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from conftest import redis_client
+from test_ops_hardening import private_redis
+
+from context_core.redis_conn import make_async_twin, make_client
+from context_core.redis_loop import LoopRedis
+
+INCR_LUA = "return redis.call('INCR', KEYS[1])"
+
+
+@pytest.fixture(params=["redis7", "valkey"])
+def server_url(request: pytest.FixtureRequest) -> str:
+    name = "system_redis_url" if request.param == "redis7" else "embedded_valkey_url"
+    return str(request.getfixturevalue(name))
+
+
+def _commands(tag: str, sha: str) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    k = f"{{{tag}}}"
+    return [
+        (("SET", f"{k}:s", "v"), {}),
+        (("GET", f"{k}:s"), {}),
+        (("GET", f"{k}:none"), {}),
+        (("HSET", f"{k}:h", "a", "1", "b", "é"), {}),
+        (("HGETALL", f"{k}:h"), {}),
+        (("HGETALL", f"{k}:none"), {}),
+        (("HGET", f"{k}:h", "b"), {}),
+        (("HMGET", f"{k}:h", "a", "zz"), {}),
+        (("SADD", f"{k}:set", "x", "y"), {}),
+        (("SMEMBERS", f"{k}:set"), {}),
+        (("SMEMBERS", f"{k}:none"), {}),
+        (("ZADD", f"{k}:z", 1.5, "m1", 2, "m2"), {}),
+        (("ZRANGEBYSCORE", f"{k}:z", "-inf", "+inf"), {}),
+        (("ZRANGE", f"{k}:z", 0, -1, "WITHSCORES"), {"withscores": True}),
+        (("ZSCORE", f"{k}:z", "m1"), {}),
+        (("PTTL", f"{k}:s"), {}),
+        (("EXISTS", f"{k}:s", f"{k}:none"), {}),
+        (("EVALSHA", sha, 1, f"{k}:n"), {}),
+        (("EVALSHA", "0" * 40, 0), {}),  # NOSCRIPT
+        (("INCR", f"{k}:h"), {}),  # WRONGTYPE
+        (("SCRIPT LOAD", INCR_LUA), {}),
+        (("DEL", f"{k}:s", f"{k}:h", f"{k}:set", f"{k}:z", f"{k}:n"), {}),
+    ]
+
+
+def test_replies_and_errors_are_exactly_redis_pys(server_url: str) -> None:
+    sync = redis_client(server_url, decode_responses=True)
+    sha = sync.script_load(INCR_LUA)
+    tag = f"t-lean-{uuid.uuid4().hex[:8]}"
+    lean = LoopRedis.from_client(sync)
+    assert lean is not None
+    got = asyncio.run(_run(lean, _commands(tag, sha)))
+    want = []
+    for words, opts in _commands(tag, sha):
+        p = sync.pipeline(transaction=False)
+        p.execute_command(*words, **opts)
+        want.append(p.execute(raise_on_error=False)[0])
+    for (words, _), g, w in zip(_commands(tag, sha), got, want, strict=True):
+        assert type(g) is type(w), (words[0], g, w)
+        if isinstance(w, Exception):
+            assert str(g) == str(w), words[0]
+        else:
+            assert g == w, (words[0], g, w)
+    assert isinstance(got[18], redis.exceptions.NoScriptError)
+    sync.close()
+
+
+async def _run(lean: LoopRedis, commands: Any) -> list[Any]:
+    try:
+        return await lean.execute(commands)
+    finally:
+        await lean.aclose()
+
+
+def test_many_round_trips_at_once_each_get_their_own_replies(system_redis_url: str) -> None:
+    sync = redis_client(system_redis_url, decode_responses=True)
+    lean = LoopRedis.from_client(sync)
+    assert lean is not None
+    tag = f"t-lean-{uuid.uuid4().hex[:8]}"
+
+    async def main() -> list[Any]:
+        try:
+            return await asyncio.gather(
+                *(
+                    lean.execute([(("SET", f"{tag}:{i}", str(i)), {}), (("GET", f"{tag}:{i}"), {})])
+                    for i in range(200)
+                )
+            )
+        finally:
+            await lean.aclose()
+
+    got = asyncio.run(main())
+    assert [g[1] for g in got] == [str(i) for i in range(200)]
+    sync.delete(*[f"{tag}:{i}" for i in range(200)])
+    sync.close()
+
+
+def test_a_hung_server_times_out_and_a_restarted_one_is_reconnected(tmp_path: Path) -> None:
+    with private_redis(tmp_path / "redis") as server:
+        sync = make_client(
+            server.url,
+            cluster=False,
+            decode_responses=True,
+            socket_timeout=0.15,
+            socket_connect_timeout=0.15,
+            fail_fast=True,
+        )
+        twin = make_async_twin(sync)
+        assert isinstance(twin, LoopRedis)
+
+        async def main() -> tuple[float, Any, Any]:
+            await twin.execute([(("SET", "k", "v"), {})])
+            server.pause()
+            t0 = time.perf_counter()
+            try:
+                await twin.execute([(("GET", "k"), {})])
+                raise AssertionError("a paused server answered")
+            except redis.TimeoutError:
+                took = time.perf_counter() - t0
+            finally:
+                server.resume()
+            after_pause = await twin.execute([(("GET", "k"), {})])  # a new connection
+            server.stop()
+            server.start()  # same port, empty: the pooled connections are dead
+            after_restart = await twin.execute([(("GET", "k"), {})])  # retried once, at once
+            await twin.aclose()
+            return took, after_pause, after_restart
+
+        took, after_pause, after_restart = asyncio.run(main())
+        assert 0.1 < took < 0.6, f"timed out after {took:.2f} s"
+        assert after_pause == ["v"] and after_restart == [None]
+        sync.close()
+
+
+def test_what_it_does_not_serve_falls_back_to_redis_asyncio(tmp_path: Path) -> None:
+    tls = redis.Redis(host="127.0.0.1", port=1, ssl=True)
+    assert LoopRedis.from_client(tls) is None
+    twin = make_async_twin(tls)
+    assert type(twin).__module__.startswith("redis.asyncio")

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import greenlet
 
-__all__ = ["await_", "blocking", "on_loop", "on_loop_now", "wait_future"]
+__all__ = ["await_", "blocking", "on_loop", "on_loop_now", "spawn", "wait_future"]
 
 T = TypeVar("T")
 
@@ -50,17 +50,28 @@ def await_(awaitable: Awaitable[T]) -> T:
     return current.parent.switch(awaitable)  # type: ignore[no-any-return]
 
 
-def wait_future(future: Future[T], timeout_s: float) -> T:
-    """``future.result(timeout_s)`` for a thread's future; on the loop (:func:`on_loop`)
-    awaited instead of blocking. A timeout raises :class:`TimeoutError` either way (the
-    future is left to finish; cancel it if it must not)."""
-    if not on_loop_now():
+def wait_future(future: Future[T] | asyncio.Future[T], timeout_s: float) -> T:
+    """``future.result(timeout_s)`` for a thread's future or a :func:`spawn` task; on the
+    loop (:func:`on_loop`) awaited instead of blocking. A timeout raises
+    :class:`TimeoutError` either way (the future is left to finish; cancel it if it must
+    not)."""
+    if isinstance(future, Future) and not on_loop_now():
         return future.result(timeout=timeout_s)
     return await_(_wait_wrapped(future, timeout_s))
 
 
-async def _wait_wrapped(future: Future[T], timeout_s: float) -> T:
-    wrapped = asyncio.wrap_future(future)
+def spawn(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> asyncio.Task[T]:
+    """Start ``fn(*args, **kwargs)`` in a greenlet of its own on the loop (from code that
+    :func:`on_loop` runs), like submitting it to a thread pool: it runs while the caller
+    next waits, its own waits awaited; :func:`wait_future` collects the result. Only for
+    code that waits through the helpers here (anything else would block the loop)."""
+    if not on_loop_now():
+        raise RuntimeError("spawn outside on_loop: nothing drives an event loop here")
+    return asyncio.get_running_loop().create_task(on_loop(fn, *args, **kwargs))
+
+
+async def _wait_wrapped(future: Future[T] | asyncio.Future[T], timeout_s: float) -> T:
+    wrapped = asyncio.wrap_future(future) if isinstance(future, Future) else future
     done, _ = await asyncio.wait({wrapped}, timeout=max(0.0, timeout_s))
     if not done:
         raise TimeoutError(f"no result within {timeout_s:.3f} s")

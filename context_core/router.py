@@ -8,10 +8,11 @@ needs; this module fetches it and labels it.
 
 Per route:
 
-1. L3 (if the intent wants it) starts first on a small thread pool, so embedding + vector
-   search overlap the Redis reads; the result is awaited for at most ``l3_timeout_ms`` from
-   submission. An error or a timeout leaves L3 out and sets ``degraded=True``: the agent
-   still gets L1 + L2, which are authoritative.
+1. L3 (if the intent wants it) starts first on a small thread pool (on the event loop, in
+   a greenlet of its own, when the store awaits there: the edge server's client), so
+   embedding + vector search overlap the Redis reads; the result is awaited for at most
+   ``l3_timeout_ms`` from submission. An error or a timeout leaves L3 out and sets
+   ``degraded=True``: the agent still gets L1 + L2, which are authoritative.
 2. L1 fields come from the in-process :class:`SessionState`.
 3. The session is touched once (:meth:`SessionMemory.touch`): a route is session activity,
    so it slides the task contract's TTL (the contract lives for the task) and the idle
@@ -62,6 +63,7 @@ and the namespace reads are counted in the ``l2`` timing.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import re
@@ -93,7 +95,7 @@ from context_core.errors import AccessDeniedError, ConfigError, ContextMissError
 from context_core.exact_reads import L2Trace, read_l1, read_l2, read_namespaces, read_prefs
 from context_core.intents import IntentRegistry, IntentSpec, template_fields
 from context_core.knowledge.memory import UNREVIEWED, hot_scopes, hot_visible
-from context_core.on_loop import wait_future
+from context_core.on_loop import on_loop_now, spawn, wait_future
 from context_core.redis_ops import Cmd, Op
 from context_core.relevance import query_length
 from context_core.traces import TraceWriter, fragment_entry, new_trace_id
@@ -287,10 +289,14 @@ class ContextRouter:
         # 1. L3 starts first so it overlaps the Redis round trips.
         l3_wanted = spec.l3 and self.knowledge is not None and not skip_l3
         query = self._l3_query(spec, values, params) if spec.l3 else ""
-        future: Future[_L3Outcome] | None = None
+        future: Future[_L3Outcome] | asyncio.Future[_L3Outcome] | None = None
         if l3_wanted:
             sections = self._sections(spec, values)
-            future = self._pool.submit(self._search, query, sections, agent_id, _declared(spec))
+            args = (query, sections, agent_id, _declared(spec))
+            if on_loop_now() and getattr(self.knowledge, "awaits_on_loop", False):
+                future = spawn(self._search, *args)  # its round trip awaited on the loop
+            else:
+                future = self._pool.submit(self._search, *args)
         l3_submitted = time.perf_counter()
 
         # 2. L1
@@ -368,7 +374,8 @@ class ContextRouter:
             try:
                 outcome = wait_future(future, max(0.0, remaining))
             except FutureTimeout:
-                future.cancel()
+                if isinstance(future, Future):  # a spawned search finishes on its own
+                    future.cancel()
                 outcome = _L3Outcome(error=f"timeout after {self.l3_timeout_ms:g} ms")
             if outcome.error:
                 degraded = True

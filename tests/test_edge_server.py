@@ -586,3 +586,88 @@ def test_hybrid_search_batch_is_proxied_in_one_round_trip(
     assert client.search(COLL, QUERIES[0], limit=3, mode="sparse", sparse=sq) == direct.search(
         COLL, QUERIES[0], limit=3, mode="sparse", sparse=sq
     )
+
+
+# --- on the event loop (context_core.on_loop): the same calls, awaited ----------------------
+
+
+def _on_a_loop(fn: Callable[..., Any], *args: Any) -> Any:
+    import asyncio
+
+    from context_core.on_loop import on_loop
+
+    return asyncio.run(on_loop(fn, *args))
+
+
+def test_calls_on_the_loop_answer_like_blocking_ones_without_the_blocking_pool(
+    served: tuple[EdgeServer, RemoteEdgeStore],
+) -> None:
+    _, client = served
+    blocking = [[h.id for h in client.search(COLL, q, limit=3)] for q in QUERIES[:5]]
+
+    def searches() -> list[list[str]]:
+        return [[h.id for h in client.search(COLL, q, limit=3)] for q in QUERIES[:5]]
+
+    idle_before = len(client._idle)
+    assert _on_a_loop(searches) == blocking
+    assert len(client._idle) == idle_before  # the blocking pool was not used
+    assert client._loop_idle, "the loop's connection is kept for the next call"
+    # a second loop (a test's asyncio.run, a restarted service loop) cannot use the first's
+    assert _on_a_loop(lambda: client.count(COLL)) == N
+    assert len(client._loop_idle) == 1
+    # errors keep their class over the awaited path too
+    with pytest.raises(CollectionNotFoundError):
+        _on_a_loop(client.count, "nope")
+
+
+def test_on_the_loop_a_hung_server_times_out_and_a_dead_one_is_named(sock_dir: Path) -> None:
+    path = sock_dir / "hung.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(8)  # accepts (the kernel does) and never answers
+    client = RemoteEdgeStore(path, timeout_s=0.3)
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(BackendUnavailableError, match=r"did not answer count within 0\.3 s"):
+            _on_a_loop(client.count, COLL)
+        assert time.perf_counter() - t0 < 2.0
+        assert not client._loop_idle  # the timed-out connection is not reused
+    finally:
+        listener.close()
+    path.unlink()
+    with pytest.raises(BackendUnavailableError, match=f"on {path} is unreachable"):
+        _on_a_loop(client.count, COLL)
+    client.close()
+
+
+def test_on_the_loop_a_restarted_server_is_reached_by_reconnecting_once(
+    tmp_path: Path, sock_dir: Path
+) -> None:
+    import asyncio
+
+    from context_core.on_loop import on_loop
+
+    path = sock_dir / "edge.sock"
+    proc = start_edge_server(tmp_path / "qdrant", path, 1)
+    client = RemoteEdgeStore(path, timeout_s=5)
+
+    async def main() -> tuple[int, int]:
+        await on_loop(client.create_collection, COLL, dim=DIM, model="test-16d")
+        await on_loop(client.upsert, COLL, _records())
+        first = await on_loop(client.count, COLL)
+        return first, len(client._loop_idle)
+
+    try:
+        loop = asyncio.new_event_loop()
+        try:
+            first, pooled = loop.run_until_complete(main())
+            assert (first, pooled) == (N, 1)
+            proc.kill()  # the pooled connection now leads to a dead server
+            stop_edge_server(proc)
+            proc = start_edge_server(tmp_path / "qdrant", path, 1)
+            assert loop.run_until_complete(on_loop(client.count, COLL)) == N
+        finally:
+            loop.close()
+    finally:
+        client.close()
+        stop_edge_server(proc)

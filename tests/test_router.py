@@ -523,6 +523,58 @@ def test_slow_store_degrades_to_l1_l2(env: Env) -> None:
     assert rec["l3"]["hits"] == [] and rec["l3"]["used"] is False
 
 
+def test_on_the_loop_a_remote_store_is_searched_without_a_thread_and_a_hung_one_degrades(
+    env: Env,
+) -> None:
+    """With the edge server's client (a store that awaits on the loop) a route run by
+    on_loop searches in a greenlet of its own: the same bundle as the blocking route, no
+    L3 worker thread started; a server that never answers degrades the route on time."""
+    import asyncio
+    import shutil
+    import socket
+    import tempfile
+
+    from context_core.knowledge.edge_server import EdgeServer, RemoteEdgeStore
+    from context_core.on_loop import on_loop
+
+    env.sm().put_step_result("1", {"finding": "bearing wear"})
+    env.store.close()  # the server owns the shards now
+    d = Path(tempfile.mkdtemp(prefix="ctx-edge-"))
+    server = EdgeServer(env.settings.qdrant_dir, d / "edge.sock", search_threads=1).start()
+    remote = RemoteEdgeStore(server.socket_path)
+    hung = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    hung.bind(str(d / "hung.sock"))
+    hung.listen(8)
+    try:
+        km = KnowledgeMemory(remote, env.knowledge.encoder, env.settings, env.gateway)
+        assert km.awaits_on_loop is True
+        with env.router(knowledge=km) as router:
+            blocking = router.route(env.state(), "generate_report")
+        with env.router(knowledge=km) as router:
+            awaited = asyncio.run(on_loop(router.route, env.state(), "generate_report"))
+            assert router._pool._threads == set(), "the search ran on a worker thread"
+        assert awaited.degraded is False and awaited.by_layer("L3")
+        assert [f.source for f in awaited.fragments] == [f.source for f in blocking.fragments]
+
+        stuck = KnowledgeMemory(
+            RemoteEdgeStore(d / "hung.sock", timeout_s=5),
+            env.knowledge.encoder,
+            env.settings,
+            env.gateway,
+        )
+        with env.router(knowledge=stuck, l3_timeout_ms=100) as router:
+            t0 = time.perf_counter()
+            b = asyncio.run(on_loop(router.route, env.state(), "generate_report"))
+            assert time.perf_counter() - t0 < 1.0
+        assert b.degraded is True and b.by_layer("L3") == ()
+        assert env.traces()[-1]["l3"]["error"] == "timeout after 100 ms"
+    finally:
+        hung.close()
+        remote.close()
+        server.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_model_mismatch_surfaces_clearly(env: Env, tmp_path: Path) -> None:
     # Same dimension, other model: a search would "work" and return garbage; the router
     # refuses it with a message naming both models, and degrades to L1+L2.

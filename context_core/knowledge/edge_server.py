@@ -35,6 +35,7 @@ and drops are), so a client that finds its connection dead reconnects once and r
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import errno
 import fcntl
@@ -74,6 +75,7 @@ from context_core.knowledge.store import (
     Vector,
     parse_filter,
 )
+from context_core.on_loop import await_, on_loop_now
 
 __all__ = [
     "MAX_FRAME_BYTES",
@@ -206,6 +208,75 @@ class _Conn:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
+
+
+class _LoopConn(asyncio.Protocol):
+    """:class:`_Conn` for code on the event loop (:mod:`context_core.on_loop`): the same
+    framing, its one exchange awaited (no worker thread, no blocking socket)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.waiter: asyncio.Future[bytes] | None = None
+        self.broken: BaseException | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        waiter, buf = self.waiter, self.buf
+        if waiter is None or waiter.done() or len(buf) < 4:
+            return
+        size = int.from_bytes(buf[:4], "big")
+        if size > MAX_FRAME_BYTES:
+            self._fail(_FrameTooLargeError(size))
+            return
+        end = 4 + size
+        if len(buf) >= end:
+            body = bytes(buf[4:end])
+            del buf[:end]
+            waiter.set_result(body)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(_ConnectionLostError(f"connection closed ({exc or 'EOF'})"))
+
+    def eof_received(self) -> bool | None:
+        self._fail(_ConnectionLostError("connection closed"))
+        return None
+
+    def _fail(self, error: BaseException) -> None:
+        if self.broken is None:
+            self.broken = error
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(self.broken)
+        self.close()
+
+    async def exchange(self, frame: bytes, timeout: float | None) -> bytes:
+        if self.broken is not None:
+            raise self.broken
+        assert self.transport is not None
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bytes] = loop.create_future()
+        self.waiter = waiter
+        self.transport.write(frame)
+        timer = loop.call_later(timeout, self._timed_out, waiter) if timeout is not None else None
+        try:
+            return await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self.waiter = None
+
+    def _timed_out(self, waiter: asyncio.Future[bytes]) -> None:
+        if not waiter.done():
+            self.broken = TimeoutError("timed out")  # a late answer would desynchronise it
+            waiter.set_exception(TimeoutError("timed out"))
+            self.close()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
 
 
 def _error_body(exc: BaseException) -> bytes:
@@ -712,6 +783,13 @@ class RemoteEdgeStore:
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._closed = False
+        # connections of code on the event loop (one loop: the service's); see _exchange_async
+        self._loop_idle: list[_LoopConn] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    #: a call made on the event loop (context_core.on_loop) awaits its exchange instead of
+    #: blocking: the router runs an L3 search on the loop, not on a worker thread
+    awaits_on_loop = True
 
     @property
     def where(self) -> str:
@@ -720,9 +798,7 @@ class RemoteEdgeStore:
     # --- connections ---------------------------------------------------------------------
     def _checkout(self, *, fresh: bool = False) -> _Conn:
         if self._pid != os.getpid():  # forked: the parent's sockets are not ours to use
-            self._lock = threading.Lock()
-            self._idle = []
-            self._pid = os.getpid()
+            self._checkout_reset()
         stale: list[_Conn] = []
         with self._lock:
             if self._closed:
@@ -757,6 +833,24 @@ class RemoteEdgeStore:
             "this process (one process only)"
         )
 
+    def _no_accept(self, op: str) -> BackendUnavailableError:
+        return BackendUnavailableError(
+            f"the Qdrant Edge server on {self.socket_path} did not accept a connection "
+            f"within {self.timeout_s} s ({op})"
+        )
+
+    def _no_answer(self, op: str, timeout: float | None) -> BackendUnavailableError:
+        return BackendUnavailableError(
+            f"the Qdrant Edge server on {self.socket_path} did not answer {op} within "
+            f"{timeout} s; it may be overloaded or stuck"
+        )
+
+    def _too_big(self, op: str, size: int) -> BackendUnavailableError:
+        return BackendUnavailableError(
+            f"the Qdrant Edge server on {self.socket_path} sent a {size}-byte answer "
+            f"to {op}, over the {MAX_FRAME_BYTES}-byte cap (protocol error)"
+        )
+
     def _call(self, op: str, args: dict[str, Any], *, timeout: float | None = None) -> Any:
         try:
             body = _ENCODER.encode({"op": op, "args": args})
@@ -765,43 +859,11 @@ class RemoteEdgeStore:
         if len(body) > MAX_FRAME_BYTES:
             raise _RequestTooLargeError(_too_large_message(f"the {op} request", len(body)))
         timeout = self.timeout_s if timeout is None else timeout
-        last: BaseException | None = None
-        for attempt in range(2):  # a dead pooled connection or server restart: reconnect once
-            try:
-                conn = self._checkout(fresh=attempt > 0)
-            except TimeoutError as e:
-                raise BackendUnavailableError(
-                    f"the Qdrant Edge server on {self.socket_path} did not accept a connection "
-                    f"within {self.timeout_s} s ({op})"
-                ) from e
-            except OSError as e:
-                last = e
-                continue
-            try:
-                conn.set_timeout(timeout)
-                conn.send(body)
-                raw = conn.recv(MAX_FRAME_BYTES)
-            except TimeoutError as e:
-                conn.close()  # the late answer would desynchronise the connection
-                raise BackendUnavailableError(
-                    f"the Qdrant Edge server on {self.socket_path} did not answer {op} within "
-                    f"{timeout} s; it may be overloaded or stuck"
-                ) from e
-            except (OSError, _ConnectionLostError) as e:
-                conn.close()
-                last = e
-                continue
-            except _FrameTooLargeError as e:
-                conn.close()
-                raise BackendUnavailableError(
-                    f"the Qdrant Edge server on {self.socket_path} sent a {e.size}-byte answer "
-                    f"to {op}, over the {MAX_FRAME_BYTES}-byte cap (protocol error)"
-                ) from e
-            self._checkin(conn)
-            break
+        raw: bytes | bytearray
+        if on_loop_now():
+            raw = await_(self._exchange_async(op, body, timeout))
         else:
-            assert last is not None
-            raise self._unreachable(op, last) from last
+            raw = self._exchange(op, body, timeout)
         try:
             reply = _DECODER.decode(raw)
         except msgspec.DecodeError as e:
@@ -818,6 +880,92 @@ class RemoteEdgeStore:
                 )
             raise cls(err.get("message", ""))
         return reply["ok"]
+
+    def _exchange(self, op: str, body: bytes, timeout: float | None) -> bytes | bytearray:
+        last: BaseException | None = None
+        for attempt in range(2):  # a dead pooled connection or server restart: reconnect once
+            try:
+                conn = self._checkout(fresh=attempt > 0)
+            except TimeoutError as e:
+                raise self._no_accept(op) from e
+            except OSError as e:
+                last = e
+                continue
+            try:
+                conn.set_timeout(timeout)
+                conn.send(body)
+                raw = conn.recv(MAX_FRAME_BYTES)
+            except TimeoutError as e:
+                conn.close()  # the late answer would desynchronise the connection
+                raise self._no_answer(op, timeout) from e
+            except (OSError, _ConnectionLostError) as e:
+                conn.close()
+                last = e
+                continue
+            except _FrameTooLargeError as e:
+                conn.close()
+                raise self._too_big(op, e.size) from e
+            self._checkin(conn)
+            return raw
+        assert last is not None
+        raise self._unreachable(op, last) from last
+
+    async def _exchange_async(self, op: str, body: bytes, timeout: float | None) -> bytes:
+        """:meth:`_exchange` on the event loop: the same retries, timeouts and errors."""
+        frame = len(body).to_bytes(4, "big") + body
+        last: BaseException | None = None
+        for attempt in range(2):
+            try:
+                conn = await self._acheckout(fresh=attempt > 0)
+            except TimeoutError as e:
+                raise self._no_accept(op) from e
+            except OSError as e:
+                last = e
+                continue
+            try:
+                raw = await conn.exchange(frame, timeout)
+            except TimeoutError as e:
+                raise self._no_answer(op, timeout) from e
+            except (OSError, _ConnectionLostError) as e:
+                conn.close()
+                last = e
+                continue
+            except _FrameTooLargeError as e:
+                raise self._too_big(op, e.size) from e
+            except BaseException:  # cancelled mid-exchange: its answer would come late
+                conn.close()
+                raise
+            if not self._closed and len(self._loop_idle) < self.max_idle:
+                self._loop_idle.append(conn)
+            else:
+                conn.close()
+            return raw
+        assert last is not None
+        raise self._unreachable(op, last) from last
+
+    async def _acheckout(self, *, fresh: bool) -> _LoopConn:
+        if self._pid != os.getpid():
+            self._checkout_reset()
+        if self._closed:
+            raise BackendUnavailableError(f"RemoteEdgeStore on {self.socket_path} is closed")
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or fresh:  # another loop's connections are not usable here
+            stale, self._loop_idle, self._loop = self._loop_idle, [], loop
+            for old in stale:
+                with contextlib.suppress(Exception):
+                    old.close()
+        if self._loop_idle:
+            return self._loop_idle.pop()
+        _, conn = await asyncio.wait_for(
+            loop.create_unix_connection(_LoopConn, str(self.socket_path)), self.timeout_s
+        )
+        return conn
+
+    def _checkout_reset(self) -> None:
+        self._lock = threading.Lock()
+        self._idle = []
+        self._loop_idle, self._loop = [], None
+        self._pid = os.getpid()
 
     # --- VectorStore ---------------------------------------------------------------------
     def ping(self) -> dict[str, Any]:
@@ -1017,8 +1165,12 @@ class RemoteEdgeStore:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
+            on_loop, self._loop_idle = self._loop_idle, []
         for conn in idle:
             conn.close()
+        for lconn in on_loop:  # from the loop's thread (or after the loop stopped)
+            with contextlib.suppress(Exception):
+                lconn.close()
 
     def __enter__(self) -> RemoteEdgeStore:
         return self

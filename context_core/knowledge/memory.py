@@ -347,6 +347,12 @@ class KnowledgeMemory:
             query=query,
         )
 
+    @property
+    def awaits_on_loop(self) -> bool:
+        """True when the store's calls are awaited on the event loop (the edge server's
+        client), so a search may run there instead of on a worker thread."""
+        return bool(getattr(self.store, "awaits_on_loop", False))
+
     def search_vector(
         self,
         vector: Vector,

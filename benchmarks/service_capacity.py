@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks import _pyspy
 from benchmarks._common import REPORT, markdown_table, print_table, write_section
 from loadtests.shapes import ENDPOINTS as SHAPE_ENDPOINTS
 
@@ -629,6 +630,7 @@ def measure_cpu(
     redis_gets: int,
     warmup_sessions: int = 20,
     workers: int = 1,
+    profile: bool = False,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Service CPU per endpoint, the bare ASGI floor and the Redis GET floor, in one go.
@@ -681,7 +683,13 @@ def measure_cpu(
                 time.sleep(1.0)
                 out["idle_ms_per_s"] = 1000.0 * (tree_cpu_s(proc) - c0)
                 t1 = time.perf_counter()
-                phases = drive_sessions(driver, keys, sessions, steps, step_rate, proc, vk_proc)
+                with contextlib.ExitStack() as spy:
+                    if profile:  # one worker, sampled from outside while the phases run
+                        worker = _a_worker(parent)
+                        folded = run_dir / "profile.folded"
+                        spy.enter_context(_pyspy.record(worker.pid, folded))
+                        out["profile_path"] = folded
+                    phases = drive_sessions(driver, keys, sessions, steps, step_rate, proc, vk_proc)
                 say(f"service phases: {time.perf_counter() - t1:.1f} s")
             finally:
                 driver.close()
@@ -965,6 +973,40 @@ def table_rows(
     return rows
 
 
+def _a_worker(parent: Any) -> Any:
+    """One uvicorn worker process under ``parent`` (the parent itself with one worker; not
+    multiprocessing's resource tracker, which is a child too)."""
+    for child in parent.children():
+        with contextlib.suppress(Exception):
+            if any("spawn_main" in part for part in child.cmdline()):
+                return child
+    return parent
+
+
+def profile_body(folded: Path, top: int = 12) -> str:
+    """The flame summary of one worker's py-spy recording, as markdown."""
+    s = _pyspy.summarise(folded, top)
+    total = int(s["samples"][0][1])
+    if total == 0:
+        return f"\n\npy-spy recorded no samples of the worker ({folded}): no flame summary.\n"
+
+    def table(key: str, what: str) -> str:
+        return markdown_table([{what: k, "share of samples": f"{v:.1%}"} for k, v in s[key]])
+
+    return (
+        f"\n\n### Where one worker's CPU goes (py-spy, {total:,} samples over the phases)\n\n"
+        "Self samples (the frame on top of the stack) by package, then by function; then the "
+        "project's own functions with everything they call (the middleware frames hold the "
+        "whole request). Collapsed stacks for a flame graph (`flamegraph.pl`, speedscope): "
+        f"`{folded.name}` in the run directory.\n\n"
+        + table("self_by_package", "package")
+        + "\n\n"
+        + table("self_by_function", "function (self)")
+        + "\n\n"
+        + table("inclusive_own", "project function (inclusive)")
+    )
+
+
 def section_body(
     rows: Sequence[Mapping[str, Any]], *, step_s: float | None, sessions: int, workers: int = 1
 ) -> str:
@@ -1036,6 +1078,13 @@ def main(argv: list[str]) -> int:
         "--bare-requests", type=int, default=20000, help="POSTs against the bare ASGI floor"
     )
     ap.add_argument("--redis-gets", type=int, default=20000, help="GETs in the Redis floor loop")
+    ap.add_argument(
+        "--profile",
+        action=argparse.BooleanOptionalAction,
+        default=_pyspy.available() is not None,
+        help="sample one service worker with py-spy during the CPU phases and add the flame "
+        "summary to the report (default: on when py-spy is installed)",
+    )
     ap.add_argument("--report", type=Path, default=REPORT, help="markdown report to update")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -1061,6 +1110,7 @@ def main(argv: list[str]) -> int:
         bare_requests=args.bare_requests,
         redis_gets=args.redis_gets,
         workers=args.cpu_workers or auto_workers(),
+        profile=args.profile,
     )
     print(f"CPU part: {time.perf_counter() - t_cpu:.0f} s", flush=True)
     rows = table_rows(cpu, steps, best)
@@ -1071,6 +1121,8 @@ def main(argv: list[str]) -> int:
         sessions=args.sessions,
         workers=args.workers or auto_workers(),
     )
+    if cpu.get("profile_path") is not None:
+        body += profile_body(cpu["profile_path"])
     write_section("service", "Service capacity and CPU per request (short_sessions)", body,
                   report=args.report)  # fmt: skip
     print(f"total {time.perf_counter() - t_start:.0f} s", flush=True)

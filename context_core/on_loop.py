@@ -21,11 +21,11 @@ import contextvars
 import inspect
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import greenlet
 
-__all__ = ["await_", "blocking", "on_loop", "on_loop_now", "spawn", "wait_future"]
+__all__ = ["OneExchange", "await_", "blocking", "on_loop", "on_loop_now", "spawn", "wait_future"]
 
 T = TypeVar("T")
 
@@ -100,3 +100,71 @@ def blocking(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     if not on_loop_now():
         return fn(*args, **kwargs)
     return await_(asyncio.to_thread(fn, *args, **kwargs))
+
+
+R = TypeVar("R")
+
+
+class OneExchange(asyncio.Protocol, Generic[R]):
+    """A loop-side connection with at most one exchange in flight: :meth:`exchange` writes
+    the request and awaits the answer that the subclass's ``data_received`` hands to
+    :meth:`answer`. A timeout or a lost connection breaks it for good (a late answer would
+    be taken for the next request's): the waiter gets the error, the transport is aborted.
+    Subclasses name their errors (:meth:`lost_error`, :meth:`timeout_error`)."""
+
+    def __init__(self) -> None:
+        self.transport: Any = None  # asyncio's or uvloop's (not an asyncio.Transport)
+        self.waiter: asyncio.Future[R] | None = None
+        self.broken: BaseException | None = None
+
+    def lost_error(self, exc: Exception | None) -> BaseException:
+        return ConnectionError(f"connection closed ({exc or 'EOF'})")
+
+    def timeout_error(self) -> BaseException:
+        return TimeoutError("timed out")
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.fail(self.lost_error(exc))
+
+    def eof_received(self) -> bool | None:
+        self.fail(self.lost_error(None))
+        return None
+
+    def answer(self, value: R) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(value)
+
+    def fail(self, error: BaseException) -> None:
+        if self.broken is None:
+            self.broken = error
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(self.broken)
+        self.close()
+
+    async def exchange(self, payload: bytes, timeout_s: float | None) -> R:
+        if self.broken is not None:
+            raise self.broken
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[R] = loop.create_future()
+        self.waiter = waiter
+        self.transport.write(payload)
+        timer = (
+            loop.call_later(timeout_s, self._timed_out, waiter) if timeout_s is not None else None
+        )
+        try:
+            return await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self.waiter = None
+
+    def _timed_out(self, waiter: asyncio.Future[R]) -> None:
+        if not waiter.done():
+            self.fail(self.timeout_error())
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()

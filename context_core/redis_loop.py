@@ -36,6 +36,8 @@ from redis._parsers.encoders import Encoder
 from redis._parsers.response_callbacks import get_response_callbacks
 from redis.exceptions import InvalidResponse
 
+from context_core.on_loop import OneExchange
+
 __all__ = ["LoopRedis"]
 
 #: One command of a round: its words (the first may hold a space: ``"SCRIPT LOAD"``) and the
@@ -48,19 +50,22 @@ _CALLBACKS: dict[str, Any] = {
 }
 
 
-class _Conn(asyncio.Protocol):
-    """One connection: at most one round trip in flight."""
+class _Conn(OneExchange[list[Any]]):
+    """One connection: at most one round trip in flight; its replies read by hiredis."""
 
     def __init__(self, reader: Any) -> None:
+        super().__init__()
         self.reader = reader
-        self.transport: Any = None  # asyncio's or uvloop's (not an asyncio.Transport)
         self.replies: list[Any] = []
         self.want = 0
-        self.waiter: asyncio.Future[list[Any]] | None = None
-        self.broken: BaseException | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
+    def lost_error(self, exc: Exception | None) -> BaseException:
+        if exc is None:
+            return redis.ConnectionError("Connection closed by server.")
+        return redis.ConnectionError(f"Connection closed by server ({exc})")
+
+    def timeout_error(self) -> BaseException:
+        return redis.TimeoutError("Timeout reading from socket")
 
     def data_received(self, data: bytes) -> None:
         self.reader.feed(data)
@@ -71,52 +76,14 @@ class _Conn(asyncio.Protocol):
                     break
                 self.replies.append(reply)
         except Exception as e:  # a protocol error: the connection is unusable
-            self._fail(e)
+            self.fail(e)
             return
-        if self.waiter is not None and len(self.replies) >= self.want and not self.waiter.done():
-            self.waiter.set_result(self.replies)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._fail(redis.ConnectionError(f"Connection closed by server ({exc or 'EOF'})"))
-
-    def eof_received(self) -> bool | None:
-        self._fail(redis.ConnectionError("Connection closed by server."))
-        return None
-
-    def _fail(self, error: BaseException) -> None:
-        if self.broken is None:
-            self.broken = error
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(self.broken)
-        if self.transport is not None:
-            self.transport.abort()
+        if len(self.replies) >= self.want:
+            self.answer(self.replies)
 
     async def round(self, payload: bytes, n: int, timeout_s: float | None) -> list[Any]:
-        if self.broken is not None:
-            raise self.broken
-        assert self.transport is not None
-        loop = asyncio.get_running_loop()
         self.replies, self.want = [], n
-        self.waiter = loop.create_future()
-        self.transport.write(payload)
-        timer = (
-            loop.call_later(timeout_s, self._timed_out, self.waiter)
-            if timeout_s is not None
-            else None
-        )
-        try:
-            return await self.waiter
-        finally:
-            if timer is not None:
-                timer.cancel()
-            self.waiter = None
-
-    def _timed_out(self, waiter: asyncio.Future[list[Any]]) -> None:
-        if not waiter.done():
-            waiter.set_exception(redis.TimeoutError("Timeout reading from socket"))
-            self.broken = redis.TimeoutError("the connection timed out")
-            if self.transport is not None:
-                self.transport.abort()
+        return await self.exchange(payload, timeout_s)
 
 
 class LoopRedis:
@@ -224,7 +191,7 @@ class LoopRedis:
             )
             for r in replies:
                 if isinstance(r, Exception):
-                    conn._fail(redis.ConnectionError(f"{self._where()}: {r}"))
+                    conn.fail(redis.ConnectionError(f"{self._where()}: {r}"))
                     raise r
         return conn
 
@@ -243,12 +210,12 @@ class LoopRedis:
             try:
                 raw = await conn.round(payload, len(commands), self.socket_timeout)
             except redis.ConnectionError:
-                conn._fail(redis.ConnectionError("dropped"))
+                conn.fail(redis.ConnectionError("dropped"))
                 if attempt == 2:
                     raise
                 continue  # broken (a restarted server): once more on a new connection
             except BaseException:
-                conn._fail(redis.ConnectionError("abandoned"))  # timed out or cancelled
+                conn.fail(redis.ConnectionError("abandoned"))  # timed out or cancelled
                 raise
             self._release(conn)
             return [

@@ -75,7 +75,7 @@ from context_core.knowledge.store import (
     Vector,
     parse_filter,
 )
-from context_core.on_loop import await_, on_loop_now
+from context_core.on_loop import OneExchange, await_, on_loop_now
 
 __all__ = [
     "MAX_FRAME_BYTES",
@@ -210,73 +210,31 @@ class _Conn:
             self.sock.close()
 
 
-class _LoopConn(asyncio.Protocol):
+class _LoopConn(OneExchange[bytes]):
     """:class:`_Conn` for code on the event loop (:mod:`context_core.on_loop`): the same
     framing, its one exchange awaited (no worker thread, no blocking socket)."""
 
     def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
+        super().__init__()
         self.buf = bytearray()
-        self.waiter: asyncio.Future[bytes] | None = None
-        self.broken: BaseException | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+    def lost_error(self, exc: Exception | None) -> BaseException:
+        return _ConnectionLostError(f"connection closed ({exc or 'EOF'})")
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
-        waiter, buf = self.waiter, self.buf
-        if waiter is None or waiter.done() or len(buf) < 4:
+        buf = self.buf
+        if self.waiter is None or len(buf) < 4:
             return
         size = int.from_bytes(buf[:4], "big")
         if size > MAX_FRAME_BYTES:
-            self._fail(_FrameTooLargeError(size))
+            self.fail(_FrameTooLargeError(size))
             return
         end = 4 + size
         if len(buf) >= end:
             body = bytes(buf[4:end])
             del buf[:end]
-            waiter.set_result(body)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._fail(_ConnectionLostError(f"connection closed ({exc or 'EOF'})"))
-
-    def eof_received(self) -> bool | None:
-        self._fail(_ConnectionLostError("connection closed"))
-        return None
-
-    def _fail(self, error: BaseException) -> None:
-        if self.broken is None:
-            self.broken = error
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(self.broken)
-        self.close()
-
-    async def exchange(self, frame: bytes, timeout: float | None) -> bytes:
-        if self.broken is not None:
-            raise self.broken
-        assert self.transport is not None
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[bytes] = loop.create_future()
-        self.waiter = waiter
-        self.transport.write(frame)
-        timer = loop.call_later(timeout, self._timed_out, waiter) if timeout is not None else None
-        try:
-            return await waiter
-        finally:
-            if timer is not None:
-                timer.cancel()
-            self.waiter = None
-
-    def _timed_out(self, waiter: asyncio.Future[bytes]) -> None:
-        if not waiter.done():
-            self.broken = TimeoutError("timed out")  # a late answer would desynchronise it
-            waiter.set_exception(TimeoutError("timed out"))
-            self.close()
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
+            self.answer(body)
 
 
 def _error_body(exc: BaseException) -> bytes:

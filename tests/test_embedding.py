@@ -65,6 +65,27 @@ def test_tokenizer_counts_real_tokens(encoder: Encoder) -> None:
     assert encoder.count_tokens(long_text) == 1000  # no truncation, no special tokens
 
 
+def test_tokenize_uses_a_plain_copy_of_the_rust_backend_with_the_wrappers_ids(
+    encoder: Encoder,
+) -> None:
+    """MiniLM's backend truncates and pads to 128 tokens; the encoder counts with a copy that
+    does neither (a third of the wrapper's CPU; the L1 budget counts every event), and the
+    model's own backend is left as it was."""
+    own = encoder.model.tokenizer.backend_tokenizer
+    assert encoder._backend is not None and encoder._backend is not own
+    assert encoder._backend.truncation is None and encoder._backend.padding is None
+    texts = [
+        "Why is the pump vibrating?",
+        "RMS 4.2 mm/s at 2026-12-01T10:00:00Z " * 200,  # far over the 128-token window
+        "泵的振动 温度 123.45 ok",
+        '{"device": "PUMP-0042", "rms_mm_s": 4.2, "status": "running"}',
+        "",
+    ]
+    for text in texts:
+        wrapper = list(encoder.model.tokenizer(text, add_special_tokens=False)["input_ids"])
+        assert encoder.tokenize(text) == wrapper, text[:40]
+
+
 def test_query_cache_in_redis(encoder: Encoder, redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)  # bytes in, bytes out
     counting = CountingEncoder(MODEL_REGISTRY["minilm"], encoder.model, redis_client=client)

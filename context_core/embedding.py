@@ -302,14 +302,14 @@ class Encoder:
 
 
 def _plain_backend(backend: Any) -> Any:
-    """The fast tokenizer's Rust backend without truncation and padding (a copy when the
-    model's has them, as MiniLM's 128-token window does): then its ids are exactly the
-    wrapper's ``tokenizer(text, add_special_tokens=False)``, at about a third of the CPU.
-    None when there is no backend or it cannot be copied (the wrapper is used)."""
+    """A copy of the fast tokenizer's Rust backend without truncation and padding: its ids
+    are exactly the wrapper's ``tokenizer(text, add_special_tokens=False)``, at about a
+    third of the CPU. Always a copy: the model's own backend is reconfigured by every
+    wrapper call (encoding sets MiniLM's 128-token truncation on it), so counting with it
+    would cut every long text to 128 tokens once the model had embedded anything. None when
+    there is no backend or it cannot be copied (the wrapper is used)."""
     if backend is None:
         return None
-    if backend.truncation is None and backend.padding is None:
-        return backend
     try:
         from tokenizers import Tokenizer
 

@@ -86,6 +86,26 @@ def test_tokenize_uses_a_plain_copy_of_the_rust_backend_with_the_wrappers_ids(
         assert encoder.tokenize(text) == wrapper, text[:40]
 
 
+def test_token_counts_are_not_cut_by_the_models_window_after_it_embedded_text() -> None:
+    """The model's backend is reconfigured by each wrapper call: a plain call leaves it
+    without truncation, an embedding sets the 128-token window again. An encoder made on a
+    model in the first state (as a second service in one process is, on the cached model)
+    used to count with that very backend, so after the next embedding every long tool
+    result counted 128 tokens and the L1 budget never overflowed."""
+    from sentence_transformers import SentenceTransformer
+
+    spec = MODEL_REGISTRY["minilm"]
+    model = SentenceTransformer(str(spec.resolve()), device="cpu")
+    model.tokenizer("warm", add_special_tokens=False)  # leaves the backend untruncated
+    assert model.tokenizer.backend_tokenizer.truncation is None
+    fresh = Encoder(spec, model)
+    long_text = " ".join(str(i % 10) for i in range(800))
+    assert fresh.count_tokens(long_text) == 800
+    fresh.encode_query(long_text)  # the model truncates its own input to its window
+    assert fresh.model.tokenizer.backend_tokenizer.truncation is not None
+    assert fresh.count_tokens(long_text) == 800
+
+
 def test_query_cache_in_redis(encoder: Encoder, redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)  # bytes in, bytes out
     counting = CountingEncoder(MODEL_REGISTRY["minilm"], encoder.model, redis_client=client)

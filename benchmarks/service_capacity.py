@@ -605,16 +605,10 @@ def _edge_server(
     yields its psutil.Process (its CPU is the service's too)."""
     import psutil
 
-    from context_core.knowledge.edge_server import start_edge_server, stop_edge_server
+    from context_core.knowledge.edge_server import stop_edge_server
+    from loadtests.campaign import start_campaign_edge
 
-    sock = Path(tempfile.mkdtemp(prefix="ctx-edge-")) / "edge.sock"
-    edge = start_edge_server(
-        settings.model_copy(update={"data_dir": data_dir}).qdrant_dir,
-        sock,
-        settings.qdrant_search_threads or None,
-        log_path=run_dir / "edge_server.log",
-    )
-    env["CTX_EDGE_SOCKET"] = str(sock)
+    edge = start_campaign_edge(settings, data_dir, run_dir, env)
     try:
         yield psutil.Process(edge.pid)
     finally:

@@ -345,18 +345,8 @@ def run_campaign(
                 metrics_dir.mkdir()
                 env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
                 if not settings.qdrant_url:
-                    from context_core.knowledge.edge_server import start_edge_server
-
-                    # short path: AF_UNIX socket paths are limited to ~107 bytes
-                    sock = Path(tempfile.mkdtemp(prefix="ctx-edge-")) / "edge.sock"
-                    edge = start_edge_server(
-                        settings.model_copy(update={"data_dir": data_dir}).qdrant_dir,
-                        sock,
-                        settings.qdrant_search_threads or None,
-                        log_path=run_dir / "edge_server.log",
-                    )
-                    env["CTX_EDGE_SOCKET"] = str(sock)
-                    say(f"edge server: {sock} (owns the Qdrant Edge shards)")
+                    edge = start_campaign_edge(settings, data_dir, run_dir, env)
+                    say(f"edge server: {env['CTX_EDGE_SOCKET']} (owns the Qdrant Edge shards)")
             log_path = run_dir / "service.log"
             with log_path.open("wb") as log_fh:
                 service = subprocess.Popen(
@@ -483,6 +473,26 @@ def _counter_deltas(doc: dict[str, Any], *names: str) -> tuple[float | None, ...
         vals = [r[n] for r in rows if r.get(n) is not None]
         out.append(vals[-1] - vals[0] if len(vals) >= 2 else None)
     return tuple(out)
+
+
+def start_campaign_edge(
+    settings: Settings, data_dir: Path, run_dir: Path, env: dict[str, str]
+) -> subprocess.Popen[bytes]:
+    """The edge server of a multi-worker service on ``data_dir``'s shards (log in
+    ``run_dir``); sets ``CTX_EDGE_SOCKET`` in the service's ``env``. Stop it with
+    :func:`~context_core.knowledge.edge_server.stop_edge_server`."""
+    from context_core.knowledge.edge_server import start_edge_server
+
+    # short path: AF_UNIX socket paths are limited to ~107 bytes
+    sock = Path(tempfile.mkdtemp(prefix="ctx-edge-")) / "edge.sock"
+    edge = start_edge_server(
+        settings.model_copy(update={"data_dir": data_dir}).qdrant_dir,
+        sock,
+        settings.qdrant_search_threads or None,
+        log_path=run_dir / "edge_server.log",
+    )
+    env["CTX_EDGE_SOCKET"] = str(sock)
+    return edge
 
 
 def _seed_knowledge(settings: Settings, data_dir: Path, run_dir: Path, say: Any) -> str:

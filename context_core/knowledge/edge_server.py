@@ -839,30 +839,34 @@ class RemoteEdgeStore:
             raise cls(err.get("message", ""))
         return reply["ok"]
 
+    def _verdict(
+        self, op: str, timeout: float | None, e: BaseException, *, connecting: bool
+    ) -> BackendUnavailableError | None:
+        """What a failed connect or exchange means: None to retry once on a new connection
+        (a dead pooled connection, a restarted server), else the error to raise."""
+        if isinstance(e, TimeoutError):
+            return self._no_accept(op) if connecting else self._no_answer(op, timeout)
+        if isinstance(e, _FrameTooLargeError):
+            return self._too_big(op, e.size)
+        return None
+
     def _exchange(self, op: str, body: bytes, timeout: float | None) -> bytes | bytearray:
         last: BaseException | None = None
         for attempt in range(2):  # a dead pooled connection or server restart: reconnect once
+            conn: _Conn | None = None
             try:
                 conn = self._checkout(fresh=attempt > 0)
-            except TimeoutError as e:
-                raise self._no_accept(op) from e
-            except OSError as e:
-                last = e
-                continue
-            try:
                 conn.set_timeout(timeout)
                 conn.send(body)
                 raw = conn.recv(MAX_FRAME_BYTES)
-            except TimeoutError as e:
-                conn.close()  # the late answer would desynchronise the connection
-                raise self._no_answer(op, timeout) from e
-            except (OSError, _ConnectionLostError) as e:
-                conn.close()
+            except (OSError, _ConnectionLostError, _FrameTooLargeError) as e:
+                if conn is not None:
+                    conn.close()  # a late answer would desynchronise the connection
+                verdict = self._verdict(op, timeout, e, connecting=conn is None)
+                if verdict is not None:
+                    raise verdict from e
                 last = e
                 continue
-            except _FrameTooLargeError as e:
-                conn.close()
-                raise self._too_big(op, e.size) from e
             self._checkin(conn)
             return raw
         assert last is not None
@@ -873,25 +877,21 @@ class RemoteEdgeStore:
         frame = len(body).to_bytes(4, "big") + body
         last: BaseException | None = None
         for attempt in range(2):
+            conn: _LoopConn | None = None
             try:
                 conn = await self._acheckout(fresh=attempt > 0)
-            except TimeoutError as e:
-                raise self._no_accept(op) from e
-            except OSError as e:
-                last = e
-                continue
-            try:
                 raw = await conn.exchange(frame, timeout)
-            except TimeoutError as e:
-                raise self._no_answer(op, timeout) from e
-            except (OSError, _ConnectionLostError) as e:
-                conn.close()
+            except (OSError, _ConnectionLostError, _FrameTooLargeError) as e:
+                if conn is not None:
+                    conn.close()
+                verdict = self._verdict(op, timeout, e, connecting=conn is None)
+                if verdict is not None:
+                    raise verdict from e
                 last = e
                 continue
-            except _FrameTooLargeError as e:
-                raise self._too_big(op, e.size) from e
             except BaseException:  # cancelled mid-exchange: its answer would come late
-                conn.close()
+                if conn is not None:
+                    conn.close()
                 raise
             if not self._closed and len(self._loop_idle) < self.max_idle:
                 self._loop_idle.append(conn)

@@ -228,7 +228,8 @@ def execute(
 async def execute_async(
     client: Any, cmds: Sequence[Cmd], *, min_replicas: int = 0, wait_ms: int = 100
 ) -> list[Any]:
-    """:func:`execute` with a ``redis.asyncio`` client (same semantics)."""
+    """:func:`execute` on a client's asynchronous twin (:class:`LoopRedis`, or a
+    ``redis.asyncio`` client for TLS): the same semantics."""
     if not cmds:
         return []
     replies = await _round_async(client, cmds, min_replicas, wait_ms)

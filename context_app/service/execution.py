@@ -5,10 +5,11 @@ lifecycle, the stores). FastAPI would run each on a worker thread; on this servi
 what a request mostly paid for: a thread hop and, under load, a GIL handover at every round
 trip (measured in ``benchmarks/service_capacity.py`` and the README's capacity section).
 :func:`endpoint` runs the function on the event loop instead (``CTX_SERVICE_EXECUTION=loop``,
-the default): in a greenlet (:func:`context_core.redis_ops.on_loop`), with every round trip
+the default): in a greenlet (:func:`context_core.on_loop.on_loop`), with every round trip
 it makes through :mod:`context_core.redis_ops` *awaited* on an asynchronous twin of the
 service's Redis client, so the loop serves other requests, ``/healthz`` included, while one
-waits on Redis or on the L3 search (which runs on a thread of the router's pool).
+waits on Redis or on the L3 search (in a greenlet of its own with the edge server's client,
+else on a thread of the router's pool).
 
 What stays true either way: a request in flight counts for the degradation and shedding
 thresholds (they are counted around the endpoint); a hung Redis gives a 503 after the

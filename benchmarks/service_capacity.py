@@ -32,7 +32,6 @@ options.
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import csv
 import http.client
@@ -56,6 +55,18 @@ from typing import Any
 
 from benchmarks import _pyspy
 from benchmarks._common import REPORT, markdown_table, print_table, write_section
+from loadtests.agent_steps import (
+    DEVICES,
+    INTENT_CYCLE,
+    QUERIES,
+    bundle_problem,
+    context_body,
+    create_body,
+    event_body,
+    output_body,
+    plan_body,
+    sensor_event,
+)
 from loadtests.shapes import ENDPOINTS as SHAPE_ENDPOINTS
 
 TARGET_QPS = 1000.0
@@ -391,25 +402,6 @@ def measure_phase(
 # --- the agent's session, phase by phase -----------------------------------------------------
 
 
-def agent_constants() -> dict[str, tuple[str, ...]]:
-    """INTENT_CYCLE, DEVICES and QUERIES of loadtests/user.py, read without importing it
-    (importing Locust monkey-patches the process for gevent)."""
-    import loadtests
-
-    src = Path(loadtests.__file__).with_name("user.py").read_text(encoding="utf-8")
-    wanted = {"INTENT_CYCLE", "DEVICES", "QUERIES"}
-    out: dict[str, tuple[str, ...]] = {}
-    for node in ast.parse(src).body:
-        if isinstance(node, ast.Assign | ast.AnnAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for t in targets:
-                if isinstance(t, ast.Name) and t.id in wanted and node.value is not None:
-                    out[t.id] = tuple(ast.literal_eval(node.value))
-    if set(out) != wanted:
-        raise RuntimeError(f"loadtests/user.py lacks {sorted(wanted - set(out))}")
-    return out
-
-
 @dataclass
 class _Session:
     sid: str
@@ -424,22 +416,6 @@ def _dumps(doc: Any) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def session_plan_body(steps: int, step_rate: float) -> dict[str, Any]:
-    """The plan loadtests/user.py ContextAgent.session_plan sends."""
-    period = 1.0 / step_rate if step_rate > 0 else 1.0
-    return {
-        "steps": [
-            {
-                "step_id": str(i),
-                "depends_on": [str(i - 1)] if i > 0 else [],
-                "est_start_s": round(i * period, 3),
-            }
-            for i in range(max(1, steps))
-        ],
-        "factor": 2.0,
-    }
-
-
 def drive_sessions(
     driver: Driver,
     keys: Mapping[str, str],
@@ -451,15 +427,13 @@ def drive_sessions(
     prefix: str = "cb",
 ) -> list[Phase]:
     """``n_sessions`` agent sessions of ``steps`` steps, one endpoint per phase."""
-    k = agent_constants()
-    intents, devices, queries = k["INTENT_CYCLE"], k["DEVICES"], k["QUERIES"]
     rng = random.Random(12)
     agents = sorted(keys)
     sessions = [
         _Session(
             f"{prefix}-{uuid.uuid4().hex[:16]}",
             {"X-API-Key": keys[agents[i % len(agents)]], "Content-Type": "application/json"},
-            rng.choice(devices),
+            rng.choice(DEVICES),
         )
         for i in range(n_sessions)
     ]
@@ -470,73 +444,39 @@ def drive_sessions(
         phases.append(p)
         return [json.loads(b) for b in bodies]
 
-    docs = phase(
-        "create",
-        [
-            (
-                "POST",
-                "/v1/sessions",
-                _dumps(
-                    {
-                        "session_id": s.sid,
-                        "user_id": f"user-{rng.randint(1, 500)}",
-                        "user_query": rng.choice(queries),
-                        "device_id": s.device,
-                    }
-                ),
-                s.headers,
-            )
-            for s in sessions
-        ],
-        ok=(201,),
-    )
-    for s, d in zip(sessions, docs, strict=True):
+    creates = []
+    for s in sessions:
+        user = f"user-{rng.randint(1, 500)}"
+        body = _dumps(create_body(s.sid, user, rng.choice(QUERIES), s.device))
+        creates.append(("POST", "/v1/sessions", body, s.headers))
+    for s, d in zip(sessions, phase("create", creates, ok=(201,)), strict=True):
         s.state = d["state"]
-    plan_body = _dumps(session_plan_body(steps, step_rate))
-    phase("plan", [("PUT", f"/v1/sessions/{s.sid}/plan", plan_body, s.headers) for s in sessions])
+    plan = _dumps(plan_body(steps, step_rate))
+    phase("plan", [("PUT", f"/v1/sessions/{s.sid}/plan", plan, s.headers) for s in sessions])
     for step in range(steps):
         now = time.time()
         calls = []
         for s in sessions:
             s.rms = round(rng.uniform(2.0, 8.0), 2)
-            event = {
-                "type": "tool_call",
-                "name": "read_sensor",
-                "args": {"device": s.device, "window_s": 60},
-                "result": {"device": s.device, "rms_mm_s": s.rms, "status": "running"},
-                "series": {f"{s.device}.vibration": [[now - 1.0, s.rms * 0.97], [now, s.rms]]},
-            }
-            body = _dumps({"state": s.state, "event": event})
+            body = _dumps(event_body(s.state, sensor_event(s.device, s.rms, now)))
             calls.append(("POST", f"/v1/sessions/{s.sid}/events", body, s.headers))
         for s, d in zip(sessions, phase("event", calls), strict=True):
             s.state = d["state"]
-        intent = intents[step % len(intents)]
+        intent = INTENT_CYCLE[step % len(INTENT_CYCLE)]
         calls = []
         for s in sessions:
-            params: dict[str, Any] = {"device": s.device}
-            if intent == "call_api":
-                params.update(
-                    endpoint="read_sensor", api_params={"device": s.device, "window_s": 60}
-                )
-            body = _dumps(
-                {"session_id": s.sid, "step_intent": intent, "state": s.state, "params": params}
-            )
+            body = _dumps(context_body(s.sid, intent, s.state, s.device))
             calls.append(("POST", "/v1/context", body, s.headers))
         for s, d in zip(sessions, phase(f"context:{intent}", calls), strict=True):
-            if d.get("step") != s.state["current_step"] or not d.get("fragments"):
-                raise RuntimeError(f"context {intent}: bundle for the wrong step or empty: {d}")
+            problem = bundle_problem(d, s.state["current_step"])
+            if problem:
+                raise RuntimeError(f"context {intent}: {problem}: {d}")
             s.trace_id = d["trace_id"]
         calls = [
             (
                 "POST",
                 f"/v1/sessions/{s.sid}/outputs",
-                _dumps(
-                    {
-                        "state": s.state,
-                        "trace_id": s.trace_id,
-                        "output": f"{intent}: {s.device} RMS {s.rms} mm/s",
-                    }
-                ),
+                _dumps(output_body(s.state, s.trace_id, intent, s.device, s.rms)),
                 s.headers,
             )
             for s in sessions

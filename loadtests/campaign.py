@@ -67,6 +67,7 @@ class CampaignConfig:
     fault: str | None = None
     sample_every_s: float = 2.0
     seed_knowledge: bool = True
+    warm_up: bool = True  # one closed session per device before the load (agent_steps.warm_up)
     service_workers: int = 1  # > 1: uvicorn workers + an edge server owning the Edge shards
     locust_workers: int = 0  # > 0: a Locust master + this many worker processes
 
@@ -362,6 +363,17 @@ def run_campaign(
             say(f"service: {url} (log {log_path})")
 
         first_key = next(iter(json.loads(Path(raw_keys).read_text()).values()))
+        if cfg.warm_up:
+            from loadtests.agent_steps import warm_up
+
+            try:
+                warmed = warm_up(url, first_key)
+            except (RuntimeError, OSError) as e:  # the run shows what is wrong, from cold
+                notes.append(f"warm-up failed, the load starts cold: {e}")
+                say(f"warm-up failed: {e}")
+            else:
+                notes.append(warmed.note())
+                say(f"warm-up: {warmed.requests} requests in {warmed.seconds:.1f} s")
         if cfg.fault == "redis-restart":
             canary_before = canary_contract(url, first_key, "canary-contract")
             drill = RedisRestartDrill(

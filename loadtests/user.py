@@ -30,25 +30,21 @@ import gevent
 import msgspec
 from locust import FastHttpUser, task
 
+from loadtests.agent_steps import (
+    DEVICES,
+    INTENT_CYCLE,
+    QUERIES,
+    bundle_problem,
+    context_body,
+    create_body,
+    event_body,
+    output_body,
+    plan_body,
+    sensor_event,
+)
 from loadtests.shapes import RunPlan, plan
 
-__all__ = ["INTENT_CYCLE", "ContextAgent", "plan_from_options"]
-
-#: The step intents a session walks through, in order (then again from the top).
-INTENT_CYCLE = (
-    "compare_vibration",
-    "generate_report",
-    "call_api",
-    "fetch_sensor_data",
-    "default",
-)
-DEVICES = ("PUMP-0042", "PUMP-0107", "FAN-0003", "COMP-0011")
-QUERIES = (
-    "Pump vibration above alarm limit, what should I check?",
-    "Fan bearing temperature rising after maintenance",
-    "Compressor discharge pressure trips the unit",
-    "Write the maintenance report for the vibration check",
-)
+__all__ = ["ContextAgent", "plan_from_options"]
 
 _ENCODE = msgspec.json.Encoder().encode
 _DECODE = msgspec.json.Decoder().decode
@@ -209,12 +205,8 @@ class ContextAgent(FastHttpUser):
         self.sid = f"lt-{self.rng.getrandbits(64):016x}"
         self.device = self.rng.choice(DEVICES)
         self.abandon = self.rng.random() < self.plan.profile.abandon_share
-        body = {
-            "session_id": self.sid,
-            "user_id": f"user-{self.rng.randint(1, 500)}",
-            "user_query": self.rng.choice(QUERIES),
-            "device_id": self.device,
-        }
+        user = f"user-{self.rng.randint(1, 500)}"
+        body = create_body(self.sid, user, self.rng.choice(QUERIES), self.device)
         created = self._call(
             "POST", "/v1/sessions", "/v1/sessions", "create", body, ok=(201,), parse=True
         )
@@ -225,22 +217,9 @@ class ContextAgent(FastHttpUser):
         return self._send_plan()
 
     def session_plan(self) -> dict[str, Any]:
-        """The step dependency plan an agent states up front: step n+1 reads step n's output
-        and starts one step period later (the service's step keys are the step numbers)."""
+        """The step plan (:func:`loadtests.agent_steps.plan_body`) at the current step rate."""
         rate = self.plan.user_step_rate_at(self._run_time())
-        period = 1.0 / rate if rate > 0 else 1.0
-        n = max(1, int(self.plan.steps_per_session))
-        return {
-            "steps": [
-                {
-                    "step_id": str(i),
-                    "depends_on": [str(i - 1)] if i > 0 else [],
-                    "est_start_s": round(i * period, 3),
-                }
-                for i in range(n)
-            ],
-            "factor": 2.0,
-        }
+        return plan_body(int(self.plan.steps_per_session), rate)
 
     def _send_plan(self) -> bool:
         path, name = f"/v1/sessions/{self.sid}/plan", "/v1/sessions/{id}/plan"
@@ -248,22 +227,15 @@ class ContextAgent(FastHttpUser):
 
     def _one_step(self) -> bool:
         assert self.state is not None
-        now = time.time()
         rms = round(self.rng.uniform(2.0, 8.0), 2)
         self.rms = rms
-        event = {
-            "type": "tool_call",
-            "name": "read_sensor",
-            "args": {"device": self.device, "window_s": 60},
-            "result": {"device": self.device, "rms_mm_s": rms, "status": "running"},
-            "series": {f"{self.device}.vibration": [[now - 1.0, rms * 0.97], [now, rms]]},
-        }
+        event = sensor_event(self.device, rms, time.time())
         done = self._call(
             "POST",
             f"/v1/sessions/{self.sid}/events",
             "/v1/sessions/{id}/events",
             "event",
-            {"state": self.state, "event": event},
+            event_body(self.state, event),
             parse=True,
         )
         if done is None:
@@ -271,34 +243,19 @@ class ContextAgent(FastHttpUser):
         self.state = done["state"]
 
         intent = INTENT_CYCLE[self.steps_done % len(INTENT_CYCLE)]
-        params: dict[str, Any] = {"device": self.device}
-        if intent == "call_api":
-            params.update(endpoint="read_sensor", api_params=event["args"])
-        body = {
-            "session_id": self.sid,
-            "step_intent": intent,
-            "state": self.state,
-            "params": params,
-        }
+        body = context_body(self.sid, intent, self.state, self.device)
         step = self.state["current_step"]
-
-        def wrong(bundle: Any) -> str | None:
-            if bundle.get("step") != step or not bundle.get("fragments"):
-                return "bundle for the wrong step or empty"
-            return None
-
         bundle = self._call(
-            "POST", "/v1/context", "/v1/context", f"context {intent}", body, check=wrong
+            "POST",
+            "/v1/context",
+            "/v1/context",
+            f"context {intent}",
+            body,
+            check=lambda b: bundle_problem(b, step),
         )
         if bundle is None:
             return False
-        trace_id = bundle["trace_id"]
-
-        out = {
-            "state": self.state,
-            "trace_id": trace_id,
-            "output": f"{intent}: {self.device} RMS {rms} mm/s",
-        }
+        out = output_body(self.state, bundle["trace_id"], intent, self.device, rms)
         path, name = f"/v1/sessions/{self.sid}/outputs", "/v1/sessions/{id}/outputs"
         return self._call("POST", path, name, "output", out) is not None
 

@@ -99,12 +99,6 @@ def test_find_best_steps_then_bisects() -> None:
     assert best == 600.0 and seen == [600.0]  # nothing failed: no bisection
 
 
-def test_agent_constants_come_from_the_locust_user() -> None:
-    k = sc.agent_constants()
-    assert k["INTENT_CYCLE"][0] == "compare_vibration"
-    assert k["DEVICES"] and k["QUERIES"]
-
-
 def test_bare_app_answers_a_2kb_json() -> None:
     app = sc.bare_app()
     sent: list[dict[str, Any]] = []

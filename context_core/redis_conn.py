@@ -42,7 +42,7 @@ import stat
 import threading
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -209,8 +209,13 @@ def split_cluster_url(url: str) -> tuple[str, bool]:
 
 
 def url_db(url: str) -> int:
-    """The DB number a ``redis://host:port/<db>`` URL names (0 when it names none)."""
-    path = urlsplit(url).path.strip("/")
+    """The DB number a ``redis://host:port/<db>`` or ``unix:///path.sock?db=<db>`` URL names
+    (0 when it names none)."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() == "unix":
+        db = parse_qs(parts.query).get("db", ["0"])[-1]
+        return int(db) if db.isdigit() else 0
+    path = parts.path.strip("/")
     return int(path) if path.isdigit() else 0
 
 
@@ -222,7 +227,10 @@ def _without_db(url: str) -> str:
 def cluster_enabled(url: str, *, connect_timeout: float = 2.0, timeout: float = 5.0) -> bool:
     """Does the node at ``url`` (a plain ``redis://`` URL) run in cluster mode? Asked with
     ``INFO cluster`` on DB 0 (a cluster node refuses ``SELECT``); raises
-    :class:`redis.RedisError` when the node does not answer."""
+    :class:`redis.RedisError` when the node does not answer. A ``unix://`` URL is never a
+    cluster (cluster clients reach their nodes over TCP)."""
+    if urlsplit(url).scheme.lower() == "unix":
+        return False
     c = redis.Redis.from_url(
         _without_db(url), socket_connect_timeout=connect_timeout, socket_timeout=timeout
     )
@@ -454,9 +462,7 @@ class RedisProvider:
         (``redis+cluster://``), or a plain URL whose node answers ``INFO cluster`` with
         ``cluster_enabled:1`` (asked once; an unreachable server is a
         :class:`BackendUnavailableError`)."""
-        if self._cluster is None and urlsplit(self.url).scheme.lower() == "unix":
-            self._cluster = False  # a Unix socket is one server
-        if self._cluster is None:
+        if self._cluster is None:  # a unix:// URL is one server, answered without asking
             try:
                 self._cluster = cluster_enabled(
                     self.url,

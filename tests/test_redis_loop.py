@@ -7,8 +7,10 @@ TimeoutError after the socket timeout, a restarted one is reconnected to once, a
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +19,43 @@ import redis
 from conftest import redis_client
 from test_ops_hardening import private_redis
 
-from context_core.redis_conn import make_async_twin, make_client
+from context_core.redis_conn import cluster_enabled, make_async_twin, make_client, url_db
 from context_core.redis_loop import LoopRedis
+from loadtests.campaign import start_campaign_valkey
 
 INCR_LUA = "return redis.call('INCR', KEYS[1])"
 
 
-@pytest.fixture(params=["redis7", "valkey"])
+@pytest.fixture(scope="module")
+def unix_valkey_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Valkey as a load campaign starts its own: reached over its Unix socket."""
+    server, url, sock_dir = start_campaign_valkey(tmp_path_factory.mktemp("vk-unix"))
+    try:
+        yield url
+    finally:
+        server.stop()
+        if sock_dir is not None:
+            shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+@pytest.fixture(params=["redis7", "valkey", "valkey-unix"])
 def server_url(request: pytest.FixtureRequest) -> str:
-    name = "system_redis_url" if request.param == "redis7" else "embedded_valkey_url"
+    name = {
+        "redis7": "system_redis_url",
+        "valkey": "embedded_valkey_url",
+        "valkey-unix": "unix_valkey_url",
+    }[request.param]
     return str(request.getfixturevalue(name))
+
+
+def test_a_unix_socket_url_names_its_db_and_is_one_server(unix_valkey_url: str) -> None:
+    assert unix_valkey_url.startswith("unix://") and url_db(unix_valkey_url) == 0
+    assert url_db("unix:///run/redis.sock?db=3") == 3 and url_db("redis://h:1/5") == 5
+    assert cluster_enabled(unix_valkey_url) is False  # answered without a TCP connect
+    sync = redis_client(unix_valkey_url, decode_responses=True)
+    lean = LoopRedis.from_client(sync)
+    assert lean is not None and lean.path == unix_valkey_url[len("unix://") :].split("?")[0]
+    sync.close()
 
 
 def _commands(tag: str, sha: str) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:

@@ -149,10 +149,21 @@ class LoopRedis:
     def _pack(self, words: Sequence[Any]) -> bytes:
         if words and isinstance(words[0], str) and " " in words[0]:
             words = (*words[0].split(), *words[1:])
+        encoding, errors = self.encoding, self.encoding_errors
         enc = self.encoder.encode
         parts = [b"*%d\r\n" % len(words)]
         for w in words:
-            b = enc(w)  # type: ignore[no-untyped-call]
+            # the common exact types inline (what redis-py's Encoder makes of them); anything
+            # else, subclasses included, through that Encoder, errors and all
+            t = type(w)
+            if t is str:
+                b = w.encode(encoding, errors)
+            elif t is bytes:
+                b = w
+            elif t is int:
+                b = b"%d" % w
+            else:
+                b = enc(w)  # type: ignore[no-untyped-call]
             parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
         return b"".join(parts)
 

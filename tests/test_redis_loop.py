@@ -180,3 +180,26 @@ def test_what_it_does_not_serve_falls_back_to_redis_asyncio(tmp_path: Path) -> N
     assert LoopRedis.from_client(tls) is None
     twin = make_async_twin(tls)
     assert type(twin).__module__.startswith("redis.asyncio")
+
+
+def test_commands_are_packed_exactly_as_redis_py_packs_them() -> None:
+    import enum
+
+    from redis.connection import PythonRespSerializer
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    lean = LoopRedis()
+    words = ("EVALSHA", "ab" * 20, 2, "k:é", b"\x00raw", -7, 1.5, 10**20, Level.HIGH, "")
+    want = b"".join(PythonRespSerializer(6000, lean.encoder.encode).pack(*words))
+    assert lean._pack(words) == want
+    assert lean._pack(("SCRIPT LOAD", "return 1")) == b"".join(
+        PythonRespSerializer(6000, lean.encoder.encode).pack("SCRIPT", "LOAD", "return 1")
+    )
+    for bad in (True, None, object()):  # redis-py's own errors, word for word
+        with pytest.raises(redis.DataError) as got:
+            lean._pack(("SET", "k", bad))
+        with pytest.raises(redis.DataError) as ref:
+            lean.encoder.encode(bad)
+        assert str(got.value) == str(ref.value)

@@ -47,18 +47,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import markdown_table, print_table, summarize_ms, write_section
+from loadtests.agent_steps import DEVICES, INTENT_CYCLE, QUERIES  # the campaigns' agent
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/12"  # not the test suite's DB 13
 AGENT = "bench-agent"
-# What loadtests/user.py's agent uses (not imported: importing Locust patches threading).
-INTENT_CYCLE = ("compare_vibration", "generate_report", "call_api", "fetch_sensor_data", "default")
-DEVICES = ("PUMP-0042", "PUMP-0107", "FAN-0003", "COMP-0011")
-QUERIES = (
-    "Pump vibration above alarm limit, what should I check?",
-    "Fan bearing temperature rising after maintenance",
-    "Compressor discharge pressure trips the unit",
-    "Write the maintenance report for the vibration check",
-)
 
 
 class _Tokens:

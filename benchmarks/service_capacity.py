@@ -10,7 +10,7 @@ Three measurements, side by side in one run and one table (section ``service`` o
    figures the table quotes). Stepping goes up the scales until one is not held, then
    ``--refine`` bisects between the last held and the first failed rate.
 2. **Service CPU per request, by endpoint.** Valkey and the service are started the way a
-   campaign starts them; then each endpoint of the agent's sequence (loadtests/user.py) is
+   campaign starts them; then each endpoint of the agent's sequence (loadtests/agent_steps.py) is
    driven in a phase of its own: ``--sessions`` creates, a plan for each, then per step an
    event, a context load and an output for each session, then a close for each. CPU is the
    service process's own (``psutil`` user + system of the uvicorn process, its threads and
@@ -55,18 +55,7 @@ from typing import Any
 
 from benchmarks import _pyspy
 from benchmarks._common import REPORT, markdown_table, print_table, write_section
-from loadtests.agent_steps import (
-    DEVICES,
-    INTENT_CYCLE,
-    QUERIES,
-    bundle_problem,
-    context_body,
-    create_body,
-    event_body,
-    output_body,
-    plan_body,
-    sensor_event,
-)
+from loadtests import agent_steps as agent
 from loadtests.shapes import ENDPOINTS as SHAPE_ENDPOINTS
 
 TARGET_QPS = 1000.0
@@ -431,7 +420,7 @@ def drive_sessions(
         _Session(
             f"{prefix}-{uuid.uuid4().hex[:16]}",
             {"X-API-Key": keys[agents[i % len(agents)]], "Content-Type": "application/json"},
-            rng.choice(DEVICES),
+            rng.choice(agent.DEVICES),
         )
         for i in range(n_sessions)
     ]
@@ -445,28 +434,28 @@ def drive_sessions(
     creates = []
     for s in sessions:
         user = f"user-{rng.randint(1, 500)}"
-        body = _dumps(create_body(s.sid, user, rng.choice(QUERIES), s.device))
+        body = _dumps(agent.create_body(s.sid, user, rng.choice(agent.QUERIES), s.device))
         creates.append(("POST", "/v1/sessions", body, s.headers))
     for s, d in zip(sessions, phase("create", creates, ok=(201,)), strict=True):
         s.state = d["state"]
-    plan = _dumps(plan_body(steps, step_rate))
+    plan = _dumps(agent.plan_body(steps, step_rate))
     phase("plan", [("PUT", f"/v1/sessions/{s.sid}/plan", plan, s.headers) for s in sessions])
     for step in range(steps):
         now = time.time()
         calls = []
         for s in sessions:
             s.rms = round(rng.uniform(2.0, 8.0), 2)
-            body = _dumps(event_body(s.state, sensor_event(s.device, s.rms, now)))
+            body = _dumps(agent.event_body(s.state, agent.sensor_event(s.device, s.rms, now)))
             calls.append(("POST", f"/v1/sessions/{s.sid}/events", body, s.headers))
         for s, d in zip(sessions, phase("event", calls), strict=True):
             s.state = d["state"]
-        intent = INTENT_CYCLE[step % len(INTENT_CYCLE)]
+        intent = agent.INTENT_CYCLE[step % len(agent.INTENT_CYCLE)]
         calls = []
         for s in sessions:
-            body = _dumps(context_body(s.sid, intent, s.state, s.device))
+            body = _dumps(agent.context_body(s.sid, intent, s.state, s.device))
             calls.append(("POST", "/v1/context", body, s.headers))
         for s, d in zip(sessions, phase(f"context:{intent}", calls), strict=True):
-            problem = bundle_problem(d, s.state["current_step"])
+            problem = agent.bundle_problem(d, s.state["current_step"])
             if problem:
                 raise RuntimeError(f"context {intent}: {problem}: {d}")
             s.trace_id = d["trace_id"]
@@ -474,7 +463,7 @@ def drive_sessions(
             (
                 "POST",
                 f"/v1/sessions/{s.sid}/outputs",
-                _dumps(output_body(s.state, s.trace_id, intent, s.device, s.rms)),
+                _dumps(agent.output_body(s.state, s.trace_id, intent, s.device, s.rms)),
                 s.headers,
             )
             for s in sessions

@@ -9,14 +9,12 @@ Locust: importing it monkey-patches the whole process for gevent.
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from loadtests.faults import _http
 
 __all__ = [
     "DEVICES",
@@ -129,35 +127,7 @@ class WarmUp:
         )
 
 
-Sender = Callable[[str, str, "dict[str, Any] | None"], "tuple[int, Any]"]
-
-
-def _urllib_sender(base: str, key: str, timeout: float) -> Sender:
-    def send(method: str, path: str, body: dict[str, Any] | None) -> tuple[int, Any]:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(base + path, data=data, method=method)
-        req.add_header("Content-Type", "application/json")
-        req.add_header("X-API-Key", key)
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                status, raw = resp.status, resp.read()
-        except urllib.error.HTTPError as e:
-            status, raw = e.code, e.read()
-        try:
-            return status, json.loads(raw or b"null")
-        except json.JSONDecodeError:
-            return status, raw[:200].decode(errors="replace")
-
-    return send
-
-
-def warm_up(
-    service_url: str,
-    key: str,
-    *,
-    timeout_s: float = 30.0,
-    send: Sender | None = None,
-) -> WarmUp:
+def warm_up(service_url: str, key: str, *, timeout_s: float = 30.0) -> WarmUp:
     """One closed session per device, each walking :data:`INTENT_CYCLE` once, before a
     campaign's load starts.
 
@@ -165,10 +135,10 @@ def warm_up(
     each of the profile's few query texts runs the encoder (tens of ms on shared cores), and
     in a short low-rate run those few cold loads are the context p99. A deployment that has
     served traffic has them cached; this is that state. Raises ``RuntimeError`` naming the
-    request on any answer outside the expected status (a service that cannot serve one
-    session would fail the campaign anyway, with less to go on).
+    request on no answer or an answer outside the expected status (a service that cannot
+    serve one session would fail the campaign anyway, with less to go on).
     """
-    send = send or _urllib_sender(service_url.rstrip("/"), key, timeout_s)
+    base = service_url.rstrip("/")
     t0 = time.perf_counter()
     n = 0
     worst = 0.0
@@ -176,7 +146,9 @@ def warm_up(
     def call(method: str, path: str, body: dict[str, Any] | None, ok: int = 200) -> Any:
         nonlocal n
         n += 1
-        status, doc = send(method, path, body)
+        status, doc, _ = _http(method, base + path, body, key, timeout_s)
+        if status == 0:
+            raise RuntimeError(f"warm-up {method} {path}: no answer (refused or timed out)")
         if status != ok:
             raise RuntimeError(f"warm-up {method} {path}: HTTP {status} {str(doc)[:300]}")
         return doc

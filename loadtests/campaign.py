@@ -374,7 +374,7 @@ def run_campaign(
 
             try:
                 warmed = warm_up(url, first_key)
-            except (RuntimeError, OSError) as e:  # the run shows what is wrong, from cold
+            except RuntimeError as e:  # the run shows what is wrong, from cold
                 notes.append(f"warm-up failed, the load starts cold: {e}")
                 say(f"warm-up failed: {e}")
             else:

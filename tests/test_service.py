@@ -619,3 +619,5 @@ def test_a_warm_up_the_service_refuses_names_the_request(svc: dict[str, Any]) ->
 
     with pytest.raises(RuntimeError, match=r"warm-up POST /v1/sessions: HTTP 401"):
         warm_up(svc["url"], "not-a-key")
+    with pytest.raises(RuntimeError, match=r"warm-up POST /v1/sessions: no answer"):
+        warm_up(f"http://127.0.0.1:{free_port()}", "any-key", timeout_s=2.0)

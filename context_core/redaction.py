@@ -366,9 +366,20 @@ _PAIR_GATES = ('["', "['", '("', "('")
 _SECRET = "secret_value"
 
 
+# Any stem of any group, as one alternation: a text in which it finds nothing has no family,
+# and most texts with a ':' or '=' (key names, JSON, URLs) have none. A search reports a stem
+# wherever one starts (it tries each alternative at each position), so it answers "is there
+# any stem" exactly; which groups, overlaps included, is still the per-stem loop's job.
+_ANY_STEM = re.compile(
+    "|".join(re.escape(s) for s in sorted({s for g, _rx in ASSIGN_RXS for s in g}, key=len))
+)
+
+
 def _families(lower: str) -> list[re.Pattern[str]]:
     """The key-word groups with a stem in the text (substring tests: a stem may overlap
     another, "passecret", which a single alternation pass would miss)."""
+    if _ANY_STEM.search(lower) is None:
+        return []
     groups = _ASCII_GROUPS if lower.isascii() else ASSIGN_RXS
     keyed = "key" in lower
     return [

@@ -188,3 +188,33 @@ def test_the_table_names_each_rule_once_and_reports_known_kinds() -> None:
     # pipeline order the behaviour depends on: PEM first, ID before card
     assert names[0] == "pem_private_key"
     assert names.index("id_number") < names.index("card_number") < names.index("mobile_number")
+
+
+@_SETTINGS
+@given(
+    parts=st.lists(
+        st.sampled_from(
+            [
+                *sorted({s for stems, _rx in ASSIGN_RXS for s in stems}),
+                *("key", "pass", "ecret", "wm:{s-1}:", "=", ":", "_", "密", "x"),
+            ]
+        ),
+        max_size=6,
+    )
+)
+def test_the_any_stem_gate_selects_the_same_families_as_the_per_stem_loop(
+    parts: list[str],
+) -> None:
+    """``_families`` first asks one alternation of every stem whether any stem is there; the
+    answer must equal the per-stem loop's (overlapping stems such as "passecret" included)."""
+    from context_core.redaction import _ASCII_GROUPS, KEYED_STEMS
+
+    lower = "".join(parts).lower()
+    groups = _ASCII_GROUPS if lower.isascii() else ASSIGN_RXS
+    keyed = "key" in lower
+    loop = [
+        rx
+        for stems, rx in groups
+        if any((keyed or s not in KEYED_STEMS) and s in lower for s in stems)
+    ]
+    assert _families(lower) == loop

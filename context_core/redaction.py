@@ -376,10 +376,16 @@ _ANY_STEM = re.compile(
 
 
 def _families(lower: str) -> list[re.Pattern[str]]:
-    """The key-word groups with a stem in the text (substring tests: a stem may overlap
-    another, "passecret", which a single alternation pass would miss)."""
+    """The key-word groups with a stem in the text: none without any stem, else
+    :func:`_families_by_stem`."""
     if _ANY_STEM.search(lower) is None:
         return []
+    return _families_by_stem(lower)
+
+
+def _families_by_stem(lower: str) -> list[re.Pattern[str]]:
+    """The key-word groups with a stem in the text (substring tests: a stem may overlap
+    another, "passecret", which a single alternation pass would miss)."""
     groups = _ASCII_GROUPS if lower.isascii() else ASSIGN_RXS
     keyed = "key" in lower
     return [

@@ -211,3 +211,15 @@ def test_the_any_stem_gate_selects_the_same_families_as_the_per_stem_loop(
 
     lower = "".join(parts).lower()
     assert _families(lower) == _families_by_stem(lower)
+
+
+@pytest.mark.parametrize("stem", sorted({s for stems, _rx in ASSIGN_RXS for s in stems}))
+def test_the_any_stem_gate_passes_every_stem_alone(stem: str) -> None:
+    """Each stem on its own, and beside "key" (the keyed stems count only then), reaches the
+    per-stem loop: a gate missing one stem would switch its family off."""
+    from context_core.redaction import _families_by_stem
+
+    keyed = f"{stem}_key: 1"
+    assert _families_by_stem(keyed), f"no family for {keyed!r}"
+    for lower in (f"x {stem}=1", keyed):
+        assert _families(lower) == _families_by_stem(lower), lower

@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse, Response
 from context_app.service.agent_api import install_agent_routes
 from context_app.service.compliance_api import install_compliance_routes
 from context_app.service.deps import Services, build_services
+from context_app.service.direct_route import DirectRoute
 from context_app.service.errors_map import install_handlers, json_response, validation_body
 from context_app.service.http_deps import Svc
 from context_app.service.idle import sweep_idle_once
@@ -123,6 +124,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Layered context (L1 session, L2 working memory, L3 knowledge) for agents.",
         lifespan=lifespan,
     )
+    # the hot endpoints skip FastAPI's generic dependency solver when every parameter is
+    # fine (anything else is answered by FastAPI's own handler): see .direct_route
+    app.router.route_class = DirectRoute
     install_handlers(app)
     _install_routes(app)
     gauge = LoadGauge.from_settings(settings)

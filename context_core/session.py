@@ -171,9 +171,24 @@ def _normalize_urls(text: str) -> str:
     return _URL.sub(repl, text)
 
 
+#: Texts :func:`clean_trace_text` leaves exactly as they are (bounded, as the gateway's own
+#: memo of clean text): a session's signed state comes back with every request, and its
+#: trace items were cleaned when they entered L1.
+_TRACE_TEXT_UNCHANGED: dict[str, None] = {}
+_TRACE_MEMO_MAX_ITEMS = 8192
+_TRACE_MEMO_MAX_LEN = 2048
+
+
 def clean_trace_text(text: str) -> str:
     """Trace-specific cleaning (emoji, URLs, mobile numbers); the gateway runs afterwards."""
-    return mask_mobile(_normalize_urls(strip_emoji(text)))
+    if type(text) is str and text in _TRACE_TEXT_UNCHANGED:
+        return text
+    out = mask_mobile(_normalize_urls(strip_emoji(text)))
+    if out == text and type(text) is str and len(text) <= _TRACE_MEMO_MAX_LEN:
+        if len(_TRACE_TEXT_UNCHANGED) >= _TRACE_MEMO_MAX_ITEMS:
+            _TRACE_TEXT_UNCHANGED.clear()
+        _TRACE_TEXT_UNCHANGED[text] = None
+    return out
 
 
 _MAX_TRACE_DEPTH = 200
@@ -345,15 +360,14 @@ class SessionState:
             object.__setattr__(
                 self, "last_device_id", gw.clean_text(self.last_device_id, where=where)
             )
-        cleaned = tuple(
-            dataclasses.replace(
-                item,
-                name=gw.clean_text(clean_trace_text(item.name), where="L1.trace"),
-                payload=gw.clean_text(clean_trace_text(item.payload), where="L1.trace"),
-            )
-            for item in self.trace
-        )
-        object.__setattr__(self, "trace", cleaned)
+        cleaned = []
+        for item in self.trace:
+            name = gw.clean_text(clean_trace_text(item.name), where="L1.trace")
+            payload = gw.clean_text(clean_trace_text(item.payload), where="L1.trace")
+            if name != item.name or payload != item.payload:  # else the item stays as it is
+                item = dataclasses.replace(item, name=name, payload=payload)
+            cleaned.append(item)
+        object.__setattr__(self, "trace", tuple(cleaned))
 
     # ---- persistence refusal ------------------------------------------------------------
     __reduce__ = _refuse

@@ -204,7 +204,11 @@ class WireState(_Wire):
         return wire
 
     def verify(self, key: bytes) -> bool:
-        return hmac.compare_digest(self.sig, _signature(key, self.signed_part()))
+        body = self.signed_part()
+        if hmac.compare_digest(self.sig, _signature(key, body)):
+            return True
+        # a state signed over the earlier canonical form (see _legacy_signature)
+        return hmac.compare_digest(self.sig, _legacy_signature(key, body))
 
     def to_state(
         self,
@@ -232,7 +236,23 @@ _PTR_FIELDS = tuple(WireApiResult.model_fields)
 _ITEM_FIELDS = tuple(WireTraceItem.model_fields)
 
 
+#: The signed bytes: compact UTF-8 JSON with every object's keys sorted (msgspec's C encoder,
+#: a tenth of ``json.dumps(sort_keys=True)``'s time on a session's state).
+_CANONICAL = msgspec.json.Encoder(order="sorted")
+
+
 def _signature(key: bytes, body: dict[str, Any]) -> str:
+    return hmac.new(key, _CANONICAL.encode(body), hashlib.sha256).hexdigest()
+
+
+def _legacy_signature(key: bytes, body: dict[str, Any]) -> str:
+    """The signature as states were signed before: over ``json.dumps`` of the same fields
+    (the same bytes but for a float's exponent, ``1e+16`` where msgspec writes ``1e16``).
+    :meth:`WireState.verify` accepts either, so states issued before an upgrade stay valid.
+    Both are HMACs under this service's key over an encoding of the same fields, and each
+    encoding parses back to its own fields only, so neither can vouch for other content
+    (the service never signs a non-finite float, the one value the two write differently
+    enough to matter)."""
     canon = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hmac.new(key, canon.encode("utf-8"), hashlib.sha256).hexdigest()
 

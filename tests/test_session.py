@@ -115,6 +115,33 @@ def test_outside_replace_is_cleaned_too(state: SessionState) -> None:
     assert secret not in dataclasses.replace(state, trace=(forged,)).trace[0].payload
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"rms_mm_s": 4.1, "status": "running"}',
+        "call 13812341234 at https://Example.COM:443/a?utm_source=x&b=1 now",
+        "pump \U0001f525 hot",
+        "13812341234",
+    ],
+)
+def test_clean_trace_text_remembers_only_text_it_leaves_alone(text: str) -> None:
+    import context_core.session as session_mod
+
+    fresh = session_mod.mask_mobile(session_mod._normalize_urls(session_mod.strip_emoji(text)))
+    for _ in range(3):  # the second and third calls may come from the memo
+        assert session_mod.clean_trace_text(text) == fresh
+    assert (text in session_mod._TRACE_TEXT_UNCHANGED) == (fresh == text)
+
+
+def test_a_trace_item_cleaned_on_the_way_in_is_cleaned_every_time(gw: Gateway) -> None:
+    dirty = TraceItem("tool_result", "read", '{"phone":"13812341234"}', 1.0, "c1", "ok")
+    clean = TraceItem("tool_result", "read", '{"rms":4.1}', 1.0, "c2", "ok")
+    for _ in range(2):
+        s = SessionState("s-9", "u", 0.0, "q", trace=(clean, dirty), gateway=gw)
+        assert s.trace[0] is clean  # nothing to change: the item itself is kept
+        assert "13812341234" not in s.trace[1].payload and "138****1234" in s.trace[1].payload
+
+
 # ---- persistence refusal -----------------------------------------------------------------
 
 

@@ -29,6 +29,7 @@ from context_core.wire import (
     WireApiResult,
     WireState,
     WireTraceItem,
+    _legacy_signature,
     encode_json,
 )
 
@@ -84,6 +85,24 @@ def test_signed_state_round_trips_through_json() -> None:
     assert back == state  # what the agent knows, field by field
     assert not echoed.model_copy(update={"current_step": 9}).verify(KEY)
     assert not echoed.verify(b"x" * 32)
+
+
+def test_a_state_signed_over_the_earlier_canonical_form_still_verifies() -> None:
+    # 1e16 is where the two encodings differ: json.dumps writes 1e+16, msgspec 1e16
+    state = dataclasses.replace(_state(), start_time=1e16)
+    wire = WireState.of(state, KEY, version=2, nonce="cd" * 16)
+    body = wire.signed_part()
+    canon = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert "1e+16" in canon  # the case is real: the legacy bytes differ from the new ones
+    old = wire.model_copy(update={"sig": _legacy_signature(KEY, body)})
+    assert old.sig != wire.sig
+    assert wire.verify(KEY) and old.verify(KEY)
+    echoed = WireState.model_validate_json(encode_json(old))  # as a client sends it back
+    assert echoed.verify(KEY)
+    for signed in (wire, old):  # either signature covers its fields, and only those
+        assert not signed.model_copy(update={"current_step": 7}).verify(KEY)
+        assert not signed.model_copy(update={"start_time": 1.0}).verify(KEY)
+        assert not signed.verify(b"x" * 32)
 
 
 # --- the bundle ------------------------------------------------------------------------------

@@ -97,6 +97,8 @@ REFUSED: list[tuple[str | None, str, str, bytes | None, dict[str, str]]] = [
     ("good", "POST", "/v1/sessions", json.dumps(_VALID_START).encode(), {}),
     ("good", "POST", "/v1/sessions", json.dumps({**_VALID_START, "extra": 1}).encode(), _JSON),
     ("good", "POST", "/v1/sessions", b'{"user_id": "\\ud800", "user_query": "q"}', _JSON),
+    ("good", "POST", "/v1/sessions", b'\xef\xbb\xbf{"user_id": 1, "user_query": "q"}', _JSON),
+    ("good", "POST", "/v1/sessions", b'{"user_id": "u", "user_query": "q", "user_id": 2}', _JSON),
     ("good", "POST", "/v1/sessions/bad%21id/events", b"{}", _JSON),
     ("good", "POST", "/v1/sessions/" + "a" * 129 + "/outputs", b"{}", _JSON),
     ("good", "POST", "/v1/sessions/t-x/events", json.dumps({"state": _STATE}).encode(), _JSON),
@@ -162,3 +164,79 @@ def test_a_session_that_succeeds_never_reaches_the_dependency_solver(
         r = c.delete(f"/v1/sessions/{sid}", headers={"X-API-Key": "not-a-key"})
         assert r.status_code == 401
         assert solver_calls == [f"/v1/sessions/{sid}"]
+
+
+def _bodies() -> list[bytes]:
+    """Bodies of every hot route, as sent and bent: duplicate keys, numbers JSON parsers
+    disagree on, escapes, a byte-order mark, nesting in the free-form tool result."""
+    from loadtests import agent_steps as agent
+
+    state = {
+        **_STATE,
+        "session_id": "t-x",
+        "current_step": 1,
+        "trace": [],
+        "version": 1,
+        "nonce": "ab" * 16,
+        "sig": "0" * 64,
+    }
+    event = agent.event_body(state, agent.sensor_event("PUMP-0042", 4.2, 1.7e9))
+    docs: list[Any] = [
+        agent.create_body("t-x", "u-1", "why is it hot?", "PUMP-0042"),
+        agent.plan_body(2, 2.0),
+        event,
+        agent.context_body("t-x", "generate_report", state, "PUMP-0042"),
+        agent.output_body(state, "a" * 32, "generate_report", "PUMP-0042", 4.2),
+    ]
+    raw = [json.dumps(d).encode() for d in docs]
+    result = json.dumps(event).replace(
+        '"result": {', '"result": {"r": 1e400, "b": ' + str(2**70) + ", "
+    )
+    return [
+        *raw,
+        result.encode(),
+        json.dumps(event).replace('"name": ', '"name": "x", "name": ', 1).encode(),
+        json.dumps(docs[0]).replace('"why', '"\\u00e9\\u2028 why').encode(),
+        json.dumps(docs[0]).replace('"why', '"\\ud83d\\ude00 why').encode(),
+        json.dumps(docs[0]).replace('"why', '"\\udc80 why').encode(),
+        b"\xef\xbb\xbf" + raw[0],
+        json.dumps(docs[1]).replace("2.0", "NaN").encode(),
+        json.dumps(docs[4]).replace("4.2", "4.2000000000000001776").encode(),
+        b" " + raw[3] + b"\n",
+        b"null",
+        b"[]",
+    ]
+
+
+@pytest.mark.parametrize("route_key", sorted(HOT - {("DELETE", "/v1/sessions/{session_id}")}))
+def test_the_body_reader_agrees_with_fastapis_two_steps(route_key: tuple[str, str]) -> None:
+    from context_app.service.direct_route import _body_reader
+
+    app = app_module.create_app()
+    (route,) = [
+        r
+        for r in app.routes
+        if isinstance(r, APIRoute)
+        and (route_key[0], r.path) in {(m, r.path) for m in r.methods}
+        and r.path == route_key[1]
+    ]
+    field = route.body_field
+    assert field is not None
+    read = _body_reader(field)
+    agreed = 0
+    for raw in _bodies():
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            doc = None
+        standard, errors = (
+            field.validate(doc, {}, loc=("body",)) if doc is not None else (None, [1])
+        )
+        try:
+            direct = read(raw)
+        except ValueError:  # refused: FastAPI's handler answers (the fallback)
+            continue
+        assert not errors, f"direct path took a body FastAPI refuses: {raw[:120]!r}"
+        assert direct == standard, raw[:120]
+        agreed += 1
+    assert agreed >= 1  # the route's own body passes both ways

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -32,6 +33,8 @@ class ServiceMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self._request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._layer_children: dict[str, Any] = {}
         self.request_seconds = Histogram(
             "ctx_http_request_seconds",
             "HTTP request latency by route template and method",
@@ -153,9 +156,27 @@ class ServiceMetrics:
         if inflight is not None:
             self.inflight.set(float(max(0, inflight)))
 
+    def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        """One HTTP request: its latency and its count by status. The labelled children are
+        kept (``labels()`` validates and locks on every call; there are a few dozen)."""
+        key = (route, method, status)
+        found = self._request_children.get(key)
+        if found is None:
+            found = (
+                self.request_seconds.labels(route, method),
+                self.requests.labels(route, method, str(status)),
+            )
+            if len(self._request_children) < 4096:  # route templates: bounded anyway
+                self._request_children[key] = found
+        found[0].observe(seconds)
+        found[1].inc()
+
     def observe_bundle(self, timings_ms: Mapping[str, float], *, l3_requested: bool) -> None:
         for layer, ms in timings_ms.items():
-            self.layer_seconds.labels(layer=layer).observe(max(0.0, float(ms)) / 1000.0)
+            child = self._layer_children.get(layer)
+            if child is None:
+                child = self._layer_children[layer] = self.layer_seconds.labels(layer=layer)
+            child.observe(max(0.0, float(ms)) / 1000.0)
         if l3_requested and "l3" in timings_ms:
             self.l3_search_seconds.observe(max(0.0, float(timings_ms["l3"])) / 1000.0)
 

@@ -246,6 +246,4 @@ class RequestMetrics:
             if svc is not None:
                 route = scope.get("route")
                 name = getattr(route, "path", None) or "unmatched"
-                m = svc.metrics
-                m.request_seconds.labels(name, scope["method"]).observe(time.perf_counter() - t0)
-                m.requests.labels(name, scope["method"], str(status)).inc()
+                svc.metrics.observe_request(name, scope["method"], status, time.perf_counter() - t0)

@@ -420,6 +420,11 @@ def fragment_cites(layer: str, source: str, content: Any, *, limit: int = MAX_CI
     title, then tokens of the chunk text. L1: tokens of the value only (a field name such as
     ``session.user_query`` is not evidence of use).
     """
+    memo_key = _l3_memo_key(layer, source, content, limit)
+    if memo_key is not None:
+        hit = _L3_CITES.get(memo_key)
+        if hit is not None:
+            return list(hit)
     head: list[str] = []
     body: Any = content
     if layer in ("L2", "NS"):
@@ -430,7 +435,27 @@ def fragment_cites(layer: str, source: str, content: Any, *, limit: int = MAX_CI
             head += [str(content.get("page") or ""), str(content.get("title") or "")]
             body = content.get("text", "")
     head = [h for h in head if h and len(h) <= _MAX_TITLE]
-    return _take(itertools.chain(head, _walk_tokens(body)), limit)
+    cites = _take(itertools.chain(head, _walk_tokens(body)), limit)
+    if memo_key is not None:
+        if len(_L3_CITES) >= _L3_CITES_MAX:
+            _L3_CITES.clear()
+        _L3_CITES[memo_key] = tuple(cites)
+    return cites
+
+
+#: The cites of L3 chunks, by point and content: the same few chunks answer many routes.
+_L3_CITES: dict[tuple[Any, ...], tuple[str, ...]] = {}
+_L3_CITES_MAX = 4096
+
+
+def _l3_memo_key(layer: str, source: str, content: Any, limit: int) -> tuple[Any, ...] | None:
+    """What an L3 fragment's cites depend on, when it is only strings (else None: computed)."""
+    if layer != "L3" or type(content) is not dict:
+        return None
+    page, title, text = content.get("page"), content.get("title"), content.get("text", "")
+    if type(text) is not str or not all(v is None or type(v) is str for v in (page, title)):
+        return None
+    return (source, page, title, text, limit)
 
 
 _FRAGMENT_TRACE_FIELDS = tuple(FragmentTraceV1.model_fields)

@@ -240,3 +240,36 @@ def test_the_body_reader_agrees_with_fastapis_two_steps(route_key: tuple[str, st
         assert direct == standard, raw[:120]
         agreed += 1
     assert agreed >= 1  # the route's own body passes both ways
+
+
+def test_no_request_reaches_two_routes_so_the_search_order_is_free() -> None:
+    """The router tries the direct routes first; that is only safe while no request path
+    matches two routes (method included), checked here on every route's own path."""
+    import re
+
+    from starlette.routing import Match
+
+    app = app_module.create_app()
+    routes = list(app.router.routes)
+    assert [getattr(r, "direct", False) for r in routes][:6] == [True] * 6  # hot ones first
+    checked = 0
+    for route in routes:
+        path = getattr(route, "path", None)
+        if path is None:
+            continue
+        concrete = re.sub(r"\{[^}]+\}", "p1", path)
+        for method in sorted(getattr(route, "methods", None) or {"GET"}):
+            scope = {"type": "http", "method": method, "path": concrete, "root_path": ""}
+            full = [r for r in routes if r.matches(scope)[0] is Match.FULL]
+            assert full == [route], (method, concrete, [getattr(r, "path", r) for r in full])
+            checked += 1
+    assert checked >= 25
+
+
+def test_the_openapi_document_keeps_the_declared_path_order() -> None:
+    shipped = app_module.create_app().openapi()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(app_module, "DirectRoute", APIRoute)
+        standard = app_module.create_app().openapi()
+    assert list(shipped["paths"]) == list(standard["paths"])
+    assert shipped == standard

@@ -367,3 +367,20 @@ def test_hashed_key_names_cover_references_and_preference_keys(tmp_path: Path) -
     assert written["fallback"]["confirm_at"] == "/v1/sessions/s-1/confirmations"
     text = next(tmp_path.glob("*.jsonl")).read_text(encoding="utf-8")
     assert "alice.smith" not in text and "someone@example.com" not in text
+
+
+def test_l3_cites_are_remembered_by_everything_they_depend_on() -> None:
+    from context_core.traces import fragment_cites
+
+    page = {"page": "10816-3", "title": "Vibration limits", "text": "Zone B up to 7.1 mm/s"}
+    first = fragment_cites("L3", "L3:knowledge_main:p-1", dict(page))
+    assert first == ["p-1", "10816-3", "Vibration limits", "7.1"]
+    again = fragment_cites("L3", "L3:knowledge_main:p-1", dict(page))
+    assert again == first and again is not first  # a copy: the caller may change its list
+    again.append("x")
+    assert fragment_cites("L3", "L3:knowledge_main:p-1", dict(page)) == first
+    changed = {**page, "text": "Zone C up to 11.2 mm/s"}
+    assert fragment_cites("L3", "L3:knowledge_main:p-1", changed)[-1] == "11.2"
+    assert fragment_cites("L3", "L3:knowledge_main:p-2", dict(page))[0] == "p-2"
+    assert fragment_cites("L3", "L3:knowledge_main:p-1", {**page, "page": "4"})[1] == "4"
+    assert len(fragment_cites("L3", "L3:knowledge_main:p-1", dict(page), limit=2)) == 2

@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse, Response
 from context_app.service.agent_api import install_agent_routes
 from context_app.service.compliance_api import install_compliance_routes
 from context_app.service.deps import Services, build_services
-from context_app.service.direct_route import DirectRoute
+from context_app.service.direct_route import DirectRoute, direct_routes_first
 from context_app.service.errors_map import install_handlers, json_response, validation_body
 from context_app.service.http_deps import Svc
 from context_app.service.idle import sweep_idle_once
@@ -138,7 +138,28 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # outermost: a shed request costs no body read, no routing, no thread
     app.add_middleware(LoadShed, gauge=gauge, get_services=lambda: holder.get("svc"))
     install_upload_routes(app)
+    _direct_routes_searched_first(app)
     return app
+
+
+def _direct_routes_searched_first(app: FastAPI) -> None:
+    """The router tries the hot (direct) routes first; the OpenAPI document still lists the
+    paths in the order they were declared."""
+    declared = {id(r): i for i, r in enumerate(app.router.routes)}
+    direct_routes_first(app.router.routes)
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:  # generated once, synchronously: nothing routes meanwhile
+            searched = app.router.routes
+            app.router.routes = sorted(searched, key=lambda r: declared.get(id(r), len(declared)))
+            try:
+                generate()
+            finally:
+                app.router.routes = searched
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _clamd_status(settings: Settings) -> str:

@@ -273,3 +273,22 @@ def test_the_openapi_document_keeps_the_declared_path_order() -> None:
         standard = app_module.create_app().openapi()
     assert list(shipped["paths"]) == list(standard["paths"])
     assert shipped == standard
+
+
+def test_event_info_skips_fastapis_encoder_only_when_it_would_change_nothing() -> None:
+    import datetime
+    import enum
+
+    from fastapi.encoders import jsonable_encoder
+
+    from context_app.service.sessions_api import _plain_json
+    from context_core.wire import encode_json
+
+    class Kind(enum.StrEnum):
+        a = "a"
+
+    plain = {"event": "tool_call", "x": (1, 2.5, None, True), "n": float("nan"), "b": 2**70}
+    assert _plain_json(plain)
+    assert encode_json(plain) == encode_json(jsonable_encoder(plain))
+    for other in ({"k": Kind.a}, {1: 2}, {"t": datetime.datetime(2024, 1, 1)}, {"s": {1}}):
+        assert not _plain_json(other)  # FastAPI's encoder decides their JSON, as before

@@ -128,11 +128,29 @@ def state_response(state_json: bytes, info: Any, status_code: int = 200) -> Resp
     """``{"state": ..., "info": ...}`` around a state already encoded (it is not encoded
     twice); ``info`` passes FastAPI's encoder first (effects may hold any value)."""
     try:
-        info_json = encode_json(jsonable_encoder(info))
+        info_json = encode_json(info if _plain_json(info) else jsonable_encoder(info))
     except TypeError:
         return json_response({"state": json.loads(state_json), "info": info}, status_code)
     body = b'{"state":' + state_json + b',"info":' + info_json + b"}"
     return Response(body, status_code=status_code, media_type="application/json")
+
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _plain_json(value: Any, depth: int = 0) -> bool:
+    """Only JSON's own types (exact types: no enum, no subclass), so FastAPI's encoder would
+    hand it back as it is and the wire encoder can take it directly."""
+    t = type(value)
+    if t in _PLAIN:
+        return True
+    if depth > 32:
+        return False
+    if t is dict:
+        return all(type(k) is str and _plain_json(v, depth + 1) for k, v in value.items())
+    if t is list or t is tuple:
+        return all(_plain_json(v, depth + 1) for v in value)
+    return False
 
 
 def _wire_out(svc: Services, state: SessionState, version: int, nonce: str) -> bytes:

@@ -671,3 +671,16 @@ def test_on_the_loop_a_restarted_server_is_reached_by_reconnecting_once(
     finally:
         client.close()
         stop_edge_server(proc)
+
+
+def test_sparse_vectors_cross_the_socket_exactly_and_bad_ones_are_named() -> None:
+    from context_core.knowledge.store import SparseVector
+
+    good = SparseVector((0, 7, 0xFFFFFFFF), (0.5, 1.25, 3.0))
+    assert es._sparse_in(es._sparse_out(good)) == good
+    assert es._sparse_in(es._sparse_out(SparseVector((), ()))) == SparseVector((), ())
+    numpy_ints = SparseVector(tuple(np.array([3, 9], dtype=np.int64)), (1.0, 2.0))
+    assert es._sparse_in(es._sparse_out(numpy_ints)) == SparseVector((3, 9), (1.0, 2.0))
+    for bad in ((-1, 2), (1, 0x1_0000_0000), (1, 2**70), ("a", 2)):
+        with pytest.raises(InvalidStoreRequestError, match=r"sparse vector|uint32"):
+            es._sparse_out(SparseVector(bad, (1.0, 2.0)))

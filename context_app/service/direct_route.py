@@ -25,7 +25,6 @@ every route while ``app.dependency_overrides`` is set (an override must be honou
 
 from __future__ import annotations
 
-import json
 import typing
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -91,6 +90,7 @@ def direct_plan(route: APIRoute) -> list[Step] | None:
             or body is None
             or route._embed_body_fields
             or isinstance(body.field_info, Form)
+            or _json_validator(body) is None
         ):
             return None
         steps.append((body.name, "body"))
@@ -101,25 +101,18 @@ class _Fallback(Exception):
     """The direct path declines: FastAPI's handler answers instead."""
 
 
-def _body_reader(field: Any) -> Callable[[bytes], Any]:
+def _json_validator(field: Any) -> Callable[[bytes], Any] | None:
     """The body's value from its raw bytes, as FastAPI's handler gets it (``json.loads``, then
-    the body field's validator), or an exception when FastAPI would refuse it.
+    the body field's validator), raising where FastAPI would refuse it; None for a FastAPI
+    whose body field has no TypeAdapter (the route then keeps FastAPI's handler).
 
-    With the field's own TypeAdapter in pydantic's JSON mode: one pass in Rust instead of
+    The field's own TypeAdapter in pydantic's JSON mode: one pass in Rust instead of
     ``json.loads`` and a second walk. The two agree on every body both take
     (tests/test_direct_route.py compares them); where JSON mode is stricter (a lone surrogate
     escape, a byte-order mark) it raises, and FastAPI's handler answers as it always did."""
     adapter = getattr(field, "_type_adapter", None)
-    if adapter is not None and callable(getattr(adapter, "validate_json", None)):
-        return adapter.validate_json
-
-    def standard(raw: bytes) -> Any:  # a FastAPI without the adapter: its own two steps
-        value, errors = field.validate(json.loads(raw), {}, loc=("body",))
-        if errors:
-            raise _Fallback
-        return value
-
-    return standard
+    validate = getattr(adapter, "validate_json", None)
+    return validate if callable(validate) else None
 
 
 class DirectRoute(APIRoute):
@@ -139,7 +132,7 @@ class DirectRoute(APIRoute):
         path_fields = self.dependant.path_params
         body_field = self.body_field
         overrides = self.dependency_overrides_provider
-        body_value = _body_reader(body_field) if body_field is not None else None
+        body_value = _json_validator(body_field) if body_field is not None else None
 
         async def solve(request: Request) -> dict[str, Any]:
             values: dict[str, Any] = {}
@@ -192,8 +185,8 @@ def direct_routes_first(routes: list[Any]) -> None:
     their own order (the router tries routes in order: a hot request stopped matching a dozen
     other paths first). Only the search order changes: no request matches two of the
     service's routes (tests/test_direct_route.py checks every route's path), so each request
-    reaches the route it reached before; publish the OpenAPI document first if its path order
-    should stay the declared one."""
+    reaches the route it reached before. The OpenAPI document is built from the routes' list:
+    ``create_app`` puts them back in declared order while it generates it."""
     direct = [r for r in routes if getattr(r, "direct", False)]
     rest = [r for r in routes if not getattr(r, "direct", False)]
     routes[:] = direct + rest

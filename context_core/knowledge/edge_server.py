@@ -273,14 +273,13 @@ def _sparse_out(sv: SparseVector | None) -> list[bytes] | None:
         return None
     try:
         raw = sv.indices
-        if all(type(i) is int for i in raw):  # the usual tuple of ints: no numpy reductions
-            out_of_range = bool(raw) and (min(raw) < 0 or max(raw) > 0xFFFFFFFF)
-        else:
-            found = np.asarray(raw, dtype=np.int64)
-            out_of_range = bool(found.size) and (found.min() < 0 or found.max() > 0xFFFFFFFF)
-        if out_of_range:
+        plain = all(type(i) is int for i in raw)  # the usual tuple: no numpy reductions
+        # plain ints are range-checked before numpy sees them (an int past int64 overflows)
+        if plain and raw and (min(raw) < 0 or max(raw) > 0xFFFFFFFF):
             raise ValueError("indices must be in the uint32 range")
         idx = np.asarray(raw, dtype=np.int64)
+        if not plain and idx.size and (idx.min() < 0 or idx.max() > 0xFFFFFFFF):
+            raise ValueError("indices must be in the uint32 range")
         return [idx.astype(_IDX).tobytes(), np.asarray(sv.values, dtype=_VEC).tobytes()]
     except (TypeError, ValueError) as e:
         raise InvalidStoreRequestError(f"a sparse vector must be ints and numbers: {e}") from e

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
@@ -40,6 +39,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+
+from context_core.sparse import SparseEncoder
 
 if TYPE_CHECKING:
     from context_core.knowledge.store import Hit
@@ -71,39 +72,17 @@ _TRANSFORMS: Mapping[str, str] = {
     "query_len": "log1p",
 }
 
-_WORD = re.compile(r"[^\W\d_]+|\d+", re.UNICODE)
-_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
-
 
 def query_length(text: str) -> int:
-    """Tokens in a query: the sparse encoder's count when the library has one
-    (:mod:`context_core.sparse`), else words plus one per Han character. The counter a model
-    was fitted with is named in its provenance (:func:`query_length_counter`)."""
-    counter = _sparse_counter()
-    return int(counter(text)) if counter is not None else _simple_length(text)
+    """Tokens in a query, counted by the sparse encoder (:mod:`context_core.sparse`: stop
+    words dropped, Han unigrams and bigrams both count). The counter a model was fitted with
+    is named in its provenance (:func:`query_length_counter`)."""
+    return SparseEncoder.query_length(text)
 
 
 def query_length_counter() -> str:
     """Which function :func:`query_length` uses (recorded with a fitted model)."""
-    if _sparse_counter() is not None:
-        return "context_core.sparse"
-    return "context_core.relevance (words + Han characters)"
-
-
-def _sparse_counter() -> Any:
-    try:
-        from context_core import sparse
-    except ImportError:  # pragma: no cover - the library without a sparse encoder
-        return None
-    counter = getattr(sparse, "query_length", None)
-    if counter is None:
-        counter = getattr(getattr(sparse, "SparseEncoder", None), "query_length", None)
-    return counter if callable(counter) else None
-
-
-def _simple_length(text: str) -> int:
-    han = len(_HAN.findall(text))
-    return han + len(_WORD.findall(_HAN.sub(" ", text)))
+    return "context_core.sparse"
 
 
 def hit_features(hits: Sequence[Hit], query_len: int) -> np.ndarray:

@@ -519,17 +519,9 @@ def calibrate_beir(
 
 
 def _sparse_encoder() -> Any:
-    """The library's sparse encoder, or None when this library has no sparse retrieval."""
-    import dataclasses
+    """The library's sparse encoder."""
+    from context_core.sparse import SparseEncoder
 
-    try:
-        from context_core.sparse import SparseEncoder  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        return None
-    from context_core.knowledge.store import PointRecord
-
-    if "sparse" not in {f.name for f in dataclasses.fields(PointRecord)}:
-        return None
     return SparseEncoder()
 
 

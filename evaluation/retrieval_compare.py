@@ -22,9 +22,8 @@ One BEIR folder in, one report out (``reports/retrieval_<dataset>.{md,json,png}`
    interval, Brier score, and the precision of ``confident`` hits at each signal's accept
    threshold (the calibration's criterion, fitted on the train hits).
 
-The report is written by :mod:`evaluation.retrieval_report`. A mode or signal the installed
-library does not offer yet (no sparse vectors, no relevance model) is skipped with the reason
-in the report; nothing is estimated in its place.
+The report is written by :mod:`evaluation.retrieval_report`. A mode that cannot run is
+skipped with the reason in the report; nothing is estimated in its place.
 """
 
 from __future__ import annotations
@@ -445,65 +444,57 @@ def confidence_signal(
     operating["cosine"] = _operating_point(
         "cosine", _accept_threshold(s_tr, y_tr), s_te, y_te, g_te, n_boot=n_boot, seed=seed
     )
-    skipped: str | None = None
-    brier: float | None = None
-    reliability = None
-    p_at_r: float | None = None
-    try:
-        from context_core.relevance import RelevanceModel, hit_features
-        from evaluation.relevance_calibration import fit_relevance
-    except ImportError as e:
-        skipped = f"no relevance model in this library ({e}); p_relevant not measured"
-    else:
-        import pandas as pd
+    import pandas as pd
 
-        from evaluation.labels import LabelSet
+    from context_core.relevance import RelevanceModel, hit_features
+    from evaluation.labels import LabelSet
+    from evaluation.relevance_calibration import fit_relevance
 
-        def features(qs: Sequence[str]) -> np.ndarray:
-            return np.vstack([hit_features(list(hits[q]), query_len[q]) for q in qs])
+    def features(qs: Sequence[str]) -> np.ndarray:
+        return np.vstack([hit_features(list(hits[q]), query_len[q]) for q in qs])
 
-        X_tr, X_te = features(train_q), features(test_q)
-        # the train hits as a labels file would hold them: the production fitting job
-        # (kind chosen by out-of-fold Brier, folds by query; accept/skip on out-of-fold p)
-        frame = pd.DataFrame(
-            {
-                "query_id": [q for q in train_q for _ in hits[q]],
-                "similarity": X_tr[:, 0],
-                "sparse_score": X_tr[:, 1],
-                "rank": X_tr[:, 2],
-                "margin": X_tr[:, 3],
-                "query_len": X_tr[:, 4],
-                "label": y_tr,
-            }
-        )
-        choice: dict[str, Any] = {} if kind == "auto" else {"candidates": (kind,)}
-        fit = fit_relevance(
-            LabelSet(frame=frame, sha256="", path=None), model="", dataset=mode,
-            retrieval_mode=mode.partition(":")[0], seed=seed, n_boot=0, **choice,
-        )  # fmt: skip
-        kind = str(getattr(fit, "chosen", fit.kind))
-        p_te = np.asarray(fit.model.predict(X_te), dtype=float)
-        aucs["p_relevant"] = auc(p_te, y_te)
-        cis["p_relevant"] = grouped_auc_ci(p_te, y_te, g_te, n_boot=n_boot, seed=seed)
-        roc["p_relevant"] = _roc_points(p_te, y_te)
-        if kind != "logistic" and len(fit.present) > 1:
-            # the job preferred a cosine-only map: show what every feature would have given
-            full = RelevanceModel.fit(X_tr, y_tr, "logistic", features=fit.present)
-            p_full = np.asarray(full.predict(X_te), dtype=float)
-            aucs[FULL_LOGISTIC] = auc(p_full, y_te)
-            cis[FULL_LOGISTIC] = grouped_auc_ci(p_full, y_te, g_te, n_boot=n_boot, seed=seed)
-            roc[FULL_LOGISTIC] = _roc_points(p_full, y_te)
-        brier = float(np.mean((p_te - y_te) ** 2))
-        reliability = _reliability(p_te, y_te)
-        accept_p = fit.model.accept if fit.model.accept is not None else 0.5
-        operating["p_relevant"] = _operating_point(
-            "p_relevant", accept_p, p_te, y_te, g_te, n_boot=n_boot, seed=seed
-        )
-        p_at_r = _precision_at_recall(p_te, y_te, operating["cosine"].recall)
+    X_tr, X_te = features(train_q), features(test_q)
+    # the train hits as a labels file would hold them: the production fitting job
+    # (kind chosen by out-of-fold Brier, folds by query; accept/skip on out-of-fold p)
+    frame = pd.DataFrame(
+        {
+            "query_id": [q for q in train_q for _ in hits[q]],
+            "similarity": X_tr[:, 0],
+            "sparse_score": X_tr[:, 1],
+            "rank": X_tr[:, 2],
+            "margin": X_tr[:, 3],
+            "query_len": X_tr[:, 4],
+            "label": y_tr,
+        }
+    )
+    choice: dict[str, Any] = {} if kind == "auto" else {"candidates": (kind,)}
+    fit = fit_relevance(
+        LabelSet(frame=frame, sha256="", path=None), model="", dataset=mode,
+        retrieval_mode=mode.partition(":")[0], seed=seed, n_boot=0, **choice,
+    )  # fmt: skip
+    kind = str(getattr(fit, "chosen", fit.kind))
+    p_te = np.asarray(fit.model.predict(X_te), dtype=float)
+    aucs["p_relevant"] = auc(p_te, y_te)
+    cis["p_relevant"] = grouped_auc_ci(p_te, y_te, g_te, n_boot=n_boot, seed=seed)
+    roc["p_relevant"] = _roc_points(p_te, y_te)
+    if kind != "logistic" and len(fit.present) > 1:
+        # the job preferred a cosine-only map: show what every feature would have given
+        full = RelevanceModel.fit(X_tr, y_tr, "logistic", features=fit.present)
+        p_full = np.asarray(full.predict(X_te), dtype=float)
+        aucs[FULL_LOGISTIC] = auc(p_full, y_te)
+        cis[FULL_LOGISTIC] = grouped_auc_ci(p_full, y_te, g_te, n_boot=n_boot, seed=seed)
+        roc[FULL_LOGISTIC] = _roc_points(p_full, y_te)
+    brier = float(np.mean((p_te - y_te) ** 2))
+    reliability = _reliability(p_te, y_te)
+    accept_p = fit.model.accept if fit.model.accept is not None else 0.5
+    operating["p_relevant"] = _operating_point(
+        "p_relevant", accept_p, p_te, y_te, g_te, n_boot=n_boot, seed=seed
+    )
+    p_at_r = _precision_at_recall(p_te, y_te, operating["cosine"].recall)
     return ConfidenceResult(
         **base, auc=aucs, auc_ci=cis, brier=brier, operating=operating,
-        precision_at_cosine_recall=p_at_r, model_kind=None if skipped else kind,
-        skipped=skipped, roc=roc, reliability=reliability,
+        precision_at_cosine_recall=p_at_r, model_kind=kind,
+        skipped=None, roc=roc, reliability=reliability,
     )  # fmt: skip
 
 
@@ -547,27 +538,15 @@ def goals_for(
 
 def _sparse_support() -> tuple[Any, str | None]:
     """(sparse module, None) or (None, why sparse/hybrid cannot run on this library)."""
-    try:
-        from context_core import sparse
-    except ImportError as e:
-        return None, f"context_core.sparse is missing ({e}): no sparse vectors to search"
-    from context_core.knowledge.store import PointRecord
+    from context_core import sparse
 
-    if "sparse" not in {f.name for f in dataclasses.fields(PointRecord)}:
-        return None, "PointRecord has no sparse field: the store cannot hold sparse vectors"
-    from context_core.knowledge.memory import KnowledgeMemory
-
-    if "mode" not in inspect.signature(KnowledgeMemory.search_vector).parameters:
-        return None, "KnowledgeMemory.search_vector takes no retrieval mode"
     return sparse, None
 
 
 def _query_length(encoder: Any, text: str) -> int:
     """Query length in tokens, counted as the router counts it for the relevance model."""
-    try:
-        from context_core.relevance import query_length
-    except ImportError:
-        return int(encoder.count_tokens(text))
+    from context_core.relevance import query_length
+
     return int(query_length(text))
 
 

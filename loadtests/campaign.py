@@ -548,10 +548,8 @@ def start_campaign_edge(
 
 def _seed_knowledge(settings: Settings, data_dir: Path, run_dir: Path, say: Any) -> str:
     """Index the packaged sample export once, so L3 searches hit real chunks."""
-    try:
-        from context_core.ingest.pipeline import run_refresh
-    except ImportError as e:  # the pipeline is another module; run without L3 content
-        return f"knowledge not seeded (pipeline unavailable: {e}); L3 searches an empty index"
+    from context_core.ingest.pipeline import run_refresh
+
     if not SAMPLE_EXPORT.is_dir():
         return f"knowledge not seeded: {SAMPLE_EXPORT} is missing"
     seeded = settings.model_copy(update={"data_dir": data_dir, "reports_dir": run_dir})

@@ -30,7 +30,17 @@ import binascii
 import datetime as dt
 import functools
 import re
+import sys
 import unicodedata
+
+if sys.version_info < (3, 11, 5):  # pragma: no cover - pip refuses it too (requires-python)
+    # CPython 3.11.0-3.11.4 mis-handle possessive quantifiers in some patterns (fixed in
+    # 3.11.5): on Debian's 3.11.2, 'esc {\\"password\\": \\"s3cr3t\\"}' kept its secret.
+    raise RuntimeError(
+        f"context_core needs CPython 3.11.5 or newer, this is {sys.version.split()[0]}: "
+        "the redaction patterns rely on possessive quantifiers, which older 3.11 releases "
+        "get wrong (secrets pass the gateway). Build the venv on a newer Python."
+    )
 
 __all__ = [
     "REDACTED",

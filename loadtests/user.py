@@ -12,8 +12,12 @@ and the service's TTLs and idle sweep have to clean up. Where the profile asks f
 (``confirm_every``, long_sessions), every n-th step of a user also posts a user confirmation,
 so the hot knowledge collection grows during the run.
 
-Logical failures (a 200 without a bundle, a bundle for the wrong step) are reported as
-failures through ``catch_response``, so the SLO error ratio sees them.
+Requests go over the agent's own keep-alive connection (:mod:`loadtests.http_client`, a
+lean HTTP/1.1 client: the generator shares the service's cores) and are reported to Locust's
+statistics through its ``request`` event, as its own clients report them: response time from
+the send to the last byte of the body, and a failure for a transport error, a status outside
+the expected ones, or a logical failure (a 200 without a bundle, a bundle for the wrong step),
+so the SLO error ratio sees them all.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from typing import Any
 
 import gevent
 import msgspec
-from locust import FastHttpUser, task
+from locust import User, task
+from locust.exception import CatchResponseError, StopTest
 
 from loadtests.agent_steps import (
     DEVICES,
@@ -41,6 +46,12 @@ from loadtests.agent_steps import (
     output_body,
     plan_body,
     sensor_event,
+)
+from loadtests.http_client import (
+    KeepAliveConnection,
+    ProtocolError,
+    Response,
+    service_endpoint,
 )
 from loadtests.shapes import RunPlan, plan
 
@@ -84,11 +95,24 @@ def _next_key(opts: Any) -> tuple[str, str]:
     return next(_key_cycle)
 
 
-class ContextAgent(FastHttpUser):
+class ContextAgent(User):
     """One agent slot: runs sessions back to back."""
 
     connection_timeout = 5.0
     network_timeout = 10.0  # a hung service shows up as failures, never as a stuck run
+
+    def __init__(self, environment: Any) -> None:
+        super().__init__(environment)
+        try:
+            host, port, self._prefix = service_endpoint(self.host)
+        except ValueError as e:
+            raise StopTest(str(e)) from None
+        self.http = KeepAliveConnection(
+            host,
+            port,
+            connection_timeout=self.connection_timeout,
+            network_timeout=self.network_timeout,
+        )
 
     def on_start(self) -> None:
         opts = self.environment.parsed_options
@@ -109,8 +133,8 @@ class ContextAgent(FastHttpUser):
             gevent.sleep(self.rng.uniform(0.0, min(1.0 / rate, 5.0)))
         self._t_task = time.perf_counter()
         self.agent_id, key = _next_key(opts)
-        self.headers = {"X-API-Key": key}
-        self._json_headers = {**self.headers, "Content-Type": "application/json"}
+        self._key_headers = f"X-API-Key: {key}\r\n".encode("latin-1")
+        self._json_headers = self._key_headers + b"Content-Type: application/json\r\n"
         self.state: dict[str, Any] | None = None
         self.sid = ""
         self.steps_done = 0
@@ -150,6 +174,7 @@ class ContextAgent(FastHttpUser):
     def on_stop(self) -> None:
         if self.state is not None:
             self._end_session()
+        self.http.close()
 
     def _end_session(self) -> None:
         """Close the session, or, for an abandoned one, just stop using it (its keys are
@@ -171,35 +196,68 @@ class ContextAgent(FastHttpUser):
         parse: bool = False,
         check: Callable[[Any], str | None] | None = None,
     ) -> Any:
-        """One request with Locust's ``catch_response``: a status outside ``ok``, or a body
-        that ``check`` finds wrong (it returns the reason), is reported as a failure and
-        gives ``None``. Otherwise the parsed JSON body when ``parse`` or ``check`` asks for
-        it, else ``True`` (the load generator parses only what it reads)."""
+        """One request, reported to Locust's statistics under ``name``: a transport error, a
+        status outside ``ok``, or a body that ``check`` finds wrong (it returns the reason)
+        is a failure and gives ``None``. Otherwise the parsed JSON body when ``parse`` or
+        ``check`` asks for it, else ``True`` (the load generator parses only what it reads)."""
         # msgspec both ways: the generator shares the service's cores, and the stdlib JSON
         # (encode the state, parse the answer) was a good part of its CPU per request
-        data: Any = None if body is None else _ENCODE(body)  # bytes: sent as they are
-        headers = self.headers if body is None else self._json_headers
-        with self.client.request(
-            method, path, data=data, headers=headers, name=name, catch_response=True
-        ) as r:
-            if r.status_code not in ok:
-                retry = r.headers.get("Retry-After") if r.status_code in (429, 503) else None
-                if retry and retry.isdigit():
-                    # shed by the service: a failure all the same, and the agent backs off
-                    # as told before its next step, the way a well-behaved client does
-                    self._backoff_s = max(self._backoff_s, float(retry))
-                    r.failure(f"{what}: HTTP {r.status_code} shed (Retry-After {retry} s)")
-                else:
-                    r.failure(f"{what}: HTTP {r.status_code}")
-                return None
-            if not (parse or check):
-                return True
-            data = _DECODE(r.content)
-            problem = check(data) if check is not None else None
-            if problem:
-                r.failure(f"{what}: {problem}")
-                return None
-            return data
+        data: bytes | None = None if body is None else _ENCODE(body)
+        headers = self._key_headers if body is None else self._json_headers
+        start_time = time.time()
+        t0 = time.perf_counter()
+        resp: Response | None = None
+        error: BaseException | None = None
+        try:
+            resp = self.http.request(method, self._prefix + path, data, headers)
+        except (OSError, ProtocolError) as e:  # refused, reset, timed out, not HTTP
+            error = e
+        elapsed_ms = (time.perf_counter() - t0) * 1000.0
+        result: Any = None
+        if resp is not None:
+            result, error = self._judge(resp, what, ok, parse, check)
+        self.environment.events.request.fire(
+            request_type=method,
+            name=name,
+            response_time=elapsed_ms,
+            response_length=len(resp.body) if resp is not None else 0,
+            response=resp,
+            context={},
+            exception=error,
+            start_time=start_time,
+            url=path,
+        )
+        return result
+
+    def _judge(
+        self,
+        resp: Response,
+        what: str,
+        ok: tuple[int, ...],
+        parse: bool,
+        check: Callable[[Any], str | None] | None,
+    ) -> tuple[Any, BaseException | None]:
+        """(result, failure) of an answer that arrived."""
+        if resp.status not in ok:
+            retry = resp.header("retry-after") if resp.status in (429, 503) else None
+            if retry and retry.isdigit():
+                # shed by the service: a failure all the same, and the agent backs off as
+                # told before its next step, the way a well-behaved client does
+                self._backoff_s = max(self._backoff_s, float(retry))
+                return None, CatchResponseError(
+                    f"{what}: HTTP {resp.status} shed (Retry-After {retry} s)"
+                )
+            return None, CatchResponseError(f"{what}: HTTP {resp.status}")
+        if not (parse or check):
+            return True, None
+        try:
+            data = _DECODE(resp.body)
+        except msgspec.DecodeError as e:
+            return None, CatchResponseError(f"{what}: the answer is not JSON ({e})")
+        problem = check(data) if check is not None else None
+        if problem:
+            return None, CatchResponseError(f"{what}: {problem}")
+        return data, None
 
     def _create(self) -> bool:
         self.sid = f"lt-{self.rng.getrandbits(64):016x}"

@@ -39,6 +39,8 @@ __all__ = [
 MAX_HEAD = 64 * 1024
 #: Largest response body accepted.
 MAX_BODY = 32 * 1024 * 1024
+#: Interim (1xx) answers accepted before the final one.
+MAX_INTERIM = 8
 _RECV = 65536
 
 
@@ -132,6 +134,10 @@ class KeepAliveConnection:
         if body:
             head += body
         payload = bytes(head)
+        if self._buf:  # the server sent more than its last answer: the stream is out of step
+            n = len(self._buf)
+            self.close()
+            raise ProtocolError(f"{n} unexpected bytes after the previous answer")
         for attempt in (0, 1):
             reused = self._sock is not None
             sock = self._sock if self._sock is not None else self._connect()
@@ -158,6 +164,13 @@ class KeepAliveConnection:
         self._buf += data
 
     def _read_response(self, method: str, sock: socket.socket) -> Response:
+        for _ in range(MAX_INTERIM + 1):
+            status, headers = self._read_head(sock)
+            if not 100 <= status < 200:  # else an interim answer (100 Continue): more follows
+                return self._read_body(method, sock, status, headers)
+        raise ProtocolError(f"more than {MAX_INTERIM} interim (1xx) answers to one request")
+
+    def _read_head(self, sock: socket.socket) -> tuple[int, dict[str, str]]:
         buf = self._buf
         while (end := buf.find(b"\r\n\r\n")) < 0:
             if len(buf) > MAX_HEAD:
@@ -179,8 +192,11 @@ class KeepAliveConnection:
             key = name.lower()
             value = value.strip()
             headers[key] = f"{headers[key]}, {value}" if key in headers else value
-        if 100 <= status < 200:  # an interim answer (100 Continue): the real one follows
-            return self._read_response(method, sock)
+        return status, headers
+
+    def _read_body(
+        self, method: str, sock: socket.socket, status: int, headers: dict[str, str]
+    ) -> Response:
         conn_tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
         if method == "HEAD" or status in (204, 304):
             body = b""

@@ -268,3 +268,19 @@ def test_service_endpoint_reads_locusts_host() -> None:
     ]:
         with pytest.raises(ValueError, match=why):
             service_endpoint(bad)
+
+
+def test_endless_interim_answers_and_stray_bytes_are_named() -> None:
+    with serving(keep_alive(b"HTTP/1.1 100 Continue\r\n\r\n" * 50)) as srv:
+        c = KeepAliveConnection("127.0.0.1", srv.port, network_timeout=2.0)
+        with pytest.raises(ProtocolError, match="interim"):
+            c.request("POST", "/", b"{}")
+    # an answer longer than its Content-Length: the next exchange would read the rest
+    with serving(keep_alive(ok_json(b"{}") + b"stray")) as srv:
+        c = KeepAliveConnection("127.0.0.1", srv.port, network_timeout=2.0)
+        assert c.request("GET", "/").body == b"{}"
+        time.sleep(0.05)
+        with pytest.raises(ProtocolError, match="5 unexpected bytes"):
+            c.request("GET", "/")
+        assert c.request("GET", "/").body == b"{}"  # a new connection, in step again
+        assert c.connects == 2

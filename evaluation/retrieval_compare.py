@@ -543,13 +543,6 @@ def _sparse_support() -> tuple[Any, str | None]:
     return sparse, None
 
 
-def _query_length(encoder: Any, text: str) -> int:
-    """Query length in tokens, counted as the router counts it for the relevance model."""
-    from context_core.relevance import query_length
-
-    return int(query_length(text))
-
-
 def compare_retrieval(
     path: Path | str,
     settings: Settings,
@@ -705,7 +698,9 @@ def compare_retrieval(
         m: score_mode(m, ranked[m], dataset.qrels, lat[m], k=k, n_boot=n_boot, seed=seed)
         for m in run_modes
     }
-    qlen = {q: _query_length(encoder, t) for q, t in dataset.queries.items()}
+    from context_core.relevance import query_length  # as the router counts it
+
+    qlen = {q: query_length(t) for q, t in dataset.queries.items()}
     confidence: dict[str, ConfidenceResult] = {}
     for m in run_modes:
         labels = {q: [int(dataset.qrels[q].get(d, 0) > 0) for d in ranked[m][q]] for q in ranked[m]}

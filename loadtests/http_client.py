@@ -125,6 +125,10 @@ class KeepAliveConnection:
         """
         if not path.startswith("/") or any(c in path for c in " \r\n"):
             raise ValueError(f"request path must start with / and hold no space or CR/LF: {path!r}")
+        if self._buf:  # the server sent more than its last answer: the stream is out of step
+            n = len(self._buf)
+            self.close()
+            raise ProtocolError(f"{n} unexpected bytes after the previous answer")
         head = bytearray(f"{method} {path} HTTP/1.1\r\n".encode("latin-1"))
         head += self._host_header
         head += headers
@@ -134,10 +138,6 @@ class KeepAliveConnection:
         if body:
             head += body
         payload = bytes(head)
-        if self._buf:  # the server sent more than its last answer: the stream is out of step
-            n = len(self._buf)
-            self.close()
-            raise ProtocolError(f"{n} unexpected bytes after the previous answer")
         for attempt in (0, 1):
             reused = self._sock is not None
             sock = self._sock if self._sock is not None else self._connect()

@@ -7,6 +7,7 @@ TimeoutError after the socket timeout, a restarted one is reconnected to once, a
 from __future__ import annotations
 
 import asyncio
+import random
 import shutil
 import time
 import uuid
@@ -197,6 +198,25 @@ def test_commands_are_packed_exactly_as_redis_py_packs_them() -> None:
     assert lean._pack(("SCRIPT LOAD", "return 1")) == b"".join(
         PythonRespSerializer(6000, lean.encoder.encode).pack("SCRIPT", "LOAD", "return 1")
     )
+    assert lean._c_pack  # the words above took both paths: hiredis's and the loop (IntEnum)
+    rng = random.Random(5)
+    for _ in range(2000):  # hiredis's packing against redis-py's, word types it takes
+        pick = [
+            lambda: rng.choice(["", "é", "k:ü\u2603", "x" * rng.randint(0, 300)]),
+            lambda: bytes(rng.randrange(256) for _ in range(rng.randint(0, 40))),
+            lambda: rng.randint(-(2**70), 2**70),
+            lambda: rng.uniform(-1e9, 1e9) * 10 ** rng.randint(-30, 30),
+            lambda: rng.choice([0.1, -0.0, float("inf"), float("-inf"), 5e-324]),
+        ]
+        ws = ("X", *(rng.choice(pick)() for _ in range(rng.randint(0, 8))))
+        assert lean._pack(ws) == b"".join(
+            PythonRespSerializer(6000, lean.encoder.encode).pack(*ws)
+        ), ws
+    latin = LoopRedis(encoding="latin-1")  # not UTF-8: never hiredis's (it encodes UTF-8)
+    assert not latin._c_pack
+    assert latin._pack(("SET", "é")) == b"*2\r\n$3\r\nSET\r\n$1\r\n\xe9\r\n"
+    with pytest.raises(UnicodeEncodeError):  # strict UTF-8 either way: a lone surrogate
+        lean._pack(("SET", "k", "\udcff"))
     for bad in (True, None, object()):  # redis-py's own errors, word for word
         with pytest.raises(redis.DataError) as got:
             lean._pack(("SET", "k", bad))

@@ -561,6 +561,7 @@ def measure_cpu(
     server owning the Edge shards), its CPU = every one of those processes'."""
     from context_core.auth import generate_keys
     from loadtests.campaign import FLEET_PURPOSES, _seed_knowledge
+    from loadtests.machine import reference_ms
 
     work = settings.data_dir / "loadtest"
     run_dir = work / "bench_cpu"
@@ -577,6 +578,7 @@ def measure_cpu(
     keys = json.loads(raw.read_text(encoding="utf-8"))
     seeded = _seed_knowledge(settings, data_dir, run_dir, say)
     out: dict[str, Any] = {
+        "machine_ref_ms": reference_ms(),
         "steps": steps,
         "seeded": seeded,
         "stack": uvicorn_stack(),
@@ -733,9 +735,20 @@ def campaign_step(
         "context_p99_ms": ctx.get("99%", "?"),
         "failures": int(float(agg.get("Failure Count") or 0)),
         "gates": gates,
+        "machine_ref_ms": _machine_ref(res.samples),
         "notes": list(res.notes),
         "wall_s": time.perf_counter() - t0,
     }
+
+
+def _machine_ref(samples: Path) -> tuple[float, float] | None:
+    """The campaign's reference-workload times (before, after its load), as it recorded them
+    next to its plan (:mod:`loadtests.machine`); None when it wrote no samples."""
+    try:
+        ref = json.loads(samples.read_text(encoding="utf-8"))["plan"]["machine_ref_ms"]
+        return float(ref["before"]), float(ref["after"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _num(v: Any) -> str:
@@ -805,6 +818,13 @@ def table_rows(
                     f"{'held' if st['held'] else 'NOT held'}; p99 {st['p99_ms']} ms, "
                     f"context p99 {st['context_p99_ms']} ms, {st['failures']} failed; gates: "
                     + (", ".join(st["gates"]) or "none")
+                    + (
+                        "; machine reference {:.0f}/{:.0f} CPU-ms before/after".format(
+                            *st["machine_ref_ms"]
+                        )
+                        if st.get("machine_ref_ms")
+                        else ""
+                    )
                 ),
             }
         )
@@ -900,6 +920,17 @@ def table_rows(
             "detail": "",
         }
     )
+    ref = cpu.get("machine_ref_ms")
+    if ref is not None:
+        rows.append(
+            {
+                "measure": "machine: reference workload (loadtests/machine.py)",
+                "value": ref,
+                "unit": "CPU-ms",
+                "detail": "before the CPU phases; lower is faster. The machine is shared and "
+                "its speed varies: compare runs by it (campaign rows: before/after their load)",
+            }
+        )
     rows += goal_rows(best_held_rps, cpu["weighted_cpu_ms"], b["cpu_ms"])
     return rows
 

@@ -44,6 +44,7 @@ from loadtests.faults import (
     canary_contract,
     slow_l3_checks,
 )
+from loadtests.machine import reference_ms
 from loadtests.shapes import TTL_SETTINGS, get_profile, plan, scaled_ttls
 
 __all__ = ["CampaignConfig", "CampaignResult", "auto_workers", "run_campaign"]
@@ -272,6 +273,7 @@ def run_campaign(
         cfg.profile, time_scale=cfg.time_scale, duration_s=cfg.duration_s, rate_scale=cfg.rate_scale
     )
     notes: list[str] = []
+    machine_ref: tuple[float, float] | None = None  # the reference workload, before/after
     ttls: dict[str, float] | None = None
     ttl_factor = 1.0
     if not cfg.service_url:
@@ -406,9 +408,17 @@ def run_campaign(
             f", rate x{cfg.rate_scale:g} (peak {_peak(run_plan):.1f} req/s)"
             + (f", master + {cfg.locust_workers} workers" if cfg.locust_workers else "")
         )
+        ref_before = reference_ms()  # the machine's speed right now (see loadtests.machine)
         locust_rc = _run_locust(
             cmd, cfg.locust_workers, run_dir, run_plan.duration_s + 120, locust_procs, notes, say
         )
+        machine_ref = (ref_before, reference_ms())
+        notes.append(
+            f"machine speed: the reference workload (loadtests/machine.py) took "
+            f"{machine_ref[0]:.0f} CPU-ms before the load and {machine_ref[1]:.0f} after (lower "
+            "is faster; compare runs by it: this machine is shared and its speed varies)"
+        )
+        say(f"machine reference: {machine_ref[0]:.0f} CPU-ms before, {machine_ref[1]:.0f} after")
         if locust_rc not in (0, 1):
             tail = (run_dir / "locust.log").read_text(errors="replace").strip().splitlines()[-3:]
             notes.append(f"Locust exited with code {locust_rc}: " + " / ".join(tail))
@@ -449,6 +459,8 @@ def run_campaign(
     else:  # the TTLs the service ran with belong next to the plan
         doc.setdefault("plan", {})["ttls"] = ttls
         doc["plan"]["ttl_factor"] = ttl_factor
+        if machine_ref is not None:
+            doc["plan"]["machine_ref_ms"] = {"before": machine_ref[0], "after": machine_ref[1]}
         samples_path.write_text(json.dumps(doc, indent=1), encoding="utf-8")
     if cfg.fault == "slow-l3":
         fault_checks = slow_l3_checks(*_counter_deltas(doc, "degraded", "load_failures"))

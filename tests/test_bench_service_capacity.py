@@ -160,6 +160,7 @@ def test_table_and_section_carry_the_goal_rows(tmp_path: Path) -> None:
             "context_p99_ms": "200",
             "failures": 0,
             "gates": ["request_p99 250 FAIL"],
+            "machine_ref_ms": (101.4, 108.9),
         },
     ]
     rows = sc.table_rows(_fake_cpu(1.4, 0.03), steps, 800.0)
@@ -170,6 +171,7 @@ def test_table_and_section_carry_the_goal_rows(tmp_path: Path) -> None:
     body = sc.section_body(rows, step_s=30.0, sessions=10)
     assert "| GOAL held >= 1,000 req/s | FAIL |" in body
     assert "NOT held" in body
+    assert "machine reference 101/109 CPU-ms before/after" in body  # the step that had it
     report = tmp_path / "b.md"
     write_section("service", "t", body, report=report)
     assert "GOAL service CPU/request" in report.read_text()
@@ -207,4 +209,6 @@ def test_cpu_per_endpoint_and_floors_real(tmp_path: Path) -> None:
     body = sc.section_body(rows, step_s=None, sessions=100)
     assert "GOAL service CPU/request <= 3x bare ASGI" in body
     assert "floor: bare ASGI app" in body
+    assert cpu["machine_ref_ms"] > 0
+    assert "| machine: reference workload (loadtests/machine.py) |" in body
     assert math.isfinite(cpu["weighted_cpu_ms"] / cpu["bare"]["cpu_ms"])

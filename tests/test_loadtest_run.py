@@ -77,6 +77,10 @@ def test_a_short_campaign_at_a_held_rate_passes_every_gate(
     ttls = plan["ttls"]
     assert ttls["wm_default_ttl_s"] < 900 and ttls["wm_contract_ttl_s"] < 7200
     assert all(isinstance(ttls[k], int) for k in ("wm_default_ttl_s", "session_idle_s"))
+    # the machine's speed around the load, so runs on a shared machine can be compared
+    ref = plan["machine_ref_ms"]
+    assert ref["before"] > 0 and ref["after"] > 0
+    assert any(n.startswith("machine speed: the reference workload") for n in res.notes)
     last = doc["samples"][-1]
     assert last["rss_bytes"] > 0 and last["py_blocks"] > 0 and last["rt_context"]
 
@@ -95,6 +99,7 @@ def test_a_short_campaign_at_a_held_rate_passes_every_gate(
     assert "## What one request is" in md
     assert "TTLs scaled with the sessions" in md
     assert "## Target vs achieved rate over time" in md
+    assert f"took {ref['before']:.0f} CPU-ms before the load" in md
 
 
 @pytest.mark.slow

@@ -11,8 +11,10 @@ def test_the_reference_is_a_cpu_time_in_milliseconds_of_a_fixed_workload() -> No
     ms = reference_ms(rounds=2, n=2_000)
     assert isinstance(ms, float) and ms > 0
     # the workload is fixed: the same n does the same work (so runs compare by its time)
-    assert _workload(2_000) == _workload(2_000) == sum(
-        len(f"item-{i}|{i}|{i % 7}") + (i % 11) * (i & 3) for i in range(2_000)
+    assert (
+        _workload(2_000)
+        == _workload(2_000)
+        == sum(len(f"item-{i}|{i}|{i % 7}") + (i % 11) * (i & 3) for i in range(2_000))
     )
 
 

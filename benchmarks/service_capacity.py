@@ -735,20 +735,10 @@ def campaign_step(
         "context_p99_ms": ctx.get("99%", "?"),
         "failures": int(float(agg.get("Failure Count") or 0)),
         "gates": gates,
-        "machine_ref_ms": _machine_ref(res.samples),
+        "machine_ref_ms": res.machine_ref_ms,
         "notes": list(res.notes),
         "wall_s": time.perf_counter() - t0,
     }
-
-
-def _machine_ref(samples: Path) -> tuple[float, float] | None:
-    """The campaign's reference-workload times (before, after its load), as it recorded them
-    next to its plan (:mod:`loadtests.machine`); None when it wrote no samples."""
-    try:
-        ref = json.loads(samples.read_text(encoding="utf-8"))["plan"]["machine_ref_ms"]
-        return float(ref["before"]), float(ref["after"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def _num(v: Any) -> str:

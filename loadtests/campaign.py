@@ -89,6 +89,8 @@ class CampaignResult:
     slo: dict[str, Any]
     fault_checks: list[FaultCheck] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: the reference workload's CPU-ms before and after the load (:mod:`loadtests.machine`)
+    machine_ref_ms: tuple[float, float] | None = None
 
 
 def auto_workers(execution: str | None = None) -> int:
@@ -480,8 +482,9 @@ def run_campaign(
         wall_s=time.time() - started,
     )
     return CampaignResult(
-        passed, report, plot, html, csv_prefix, samples_path, locust_rc, slo, fault_checks, notes
-    )
+        passed, report, plot, html, csv_prefix, samples_path, locust_rc, slo, fault_checks, notes,
+        machine_ref,
+    )  # fmt: skip
 
 
 def ttl_env(ttls: dict[str, float]) -> dict[str, str]:

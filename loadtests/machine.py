@@ -3,7 +3,7 @@
 On a shared machine the same campaign can hold its target one hour and miss it the next:
 on the evening of 2026-12-02 the bare-ASGI floor of ``benchmarks/service_capacity.py`` read
 0.098 CPU-ms per request at 17:07 and 0.150 at 18:41 on the same code, and the short_sessions
-campaign at 1,000 req/s delivered 0.99 of its target in the first spell and 0.72-0.76 in the
+campaign at 1,000 req/s delivered 0.99 of its target in the first spell and 0.72-0.79 in the
 second. A verdict is about the service *on the machine as it was*; this figure, taken right
 before and right after the load and written into the report, lets a reader put two runs side
 by side (a run whose reference took 1.5x longer ran on a machine 1.5x slower) instead of
@@ -33,8 +33,8 @@ def _workload(n: int) -> int:
 
 
 def reference_ms(rounds: int = 5, n: int = 60_000) -> float:
-    """The best of ``rounds`` CPU times of the fixed workload, in milliseconds (about 60-100
-    here; lower is faster). Only comparable between runs of the same ``n``."""
+    """The best of ``rounds`` CPU times of the fixed workload, in milliseconds (88-135 here on
+    2026-12-02; lower is faster). Only comparable between runs of the same ``n``."""
     if rounds < 1 or n < 1:
         raise ValueError(f"reference_ms: rounds and n must be positive, got {rounds}, {n}")
     best = float("inf")

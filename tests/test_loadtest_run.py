@@ -80,6 +80,7 @@ def test_a_short_campaign_at_a_held_rate_passes_every_gate(
     # the machine's speed around the load, so runs on a shared machine can be compared
     ref = plan["machine_ref_ms"]
     assert ref["before"] > 0 and ref["after"] > 0
+    assert res.machine_ref_ms == (ref["before"], ref["after"])
     assert any(n.startswith("machine speed: the reference workload") for n in res.notes)
     last = doc["samples"][-1]
     assert last["rss_bytes"] > 0 and last["py_blocks"] > 0 and last["rt_context"]

@@ -1,11 +1,11 @@
 # The usual verbs. `make run` and `make test` are the README's two commands: each creates
 # the venv and installs what it needs first (torch pinned to the CPU build before the rest).
-# The venv's interpreter: the first CPython 3.11.5+ or 3.12 with venv and ensurepip, the
-# distribution's own first (distributions build CPython with profile-guided and link-time
-# optimisation; a plain source build, pyenv's default, has neither and cost the service 10-16 %
-# more CPU per request here). Below 3.11.5 the `re` module's possessive quantifiers, which the
-# redaction patterns rely on, are buggy and let secrets through. PYTHON=... overrides.
-PY_OK  := import sys, venv, ensurepip; sys.exit(not (3, 11, 5) <= sys.version_info[:3] < (3, 13))
+# The venv's interpreter: the first CPython 3.11 or 3.12 with venv and ensurepip whose `re`
+# module passes the redaction patterns' self-test, the distribution's own first: distributions
+# build CPython with profile-guided and link-time optimisation, a plain source build (pyenv's
+# default) has neither, and here it cost about a quarter more CPU per service request (README,
+# "The interpreter"). PYTHON=... overrides.
+PY_OK  := import sys, venv, ensurepip, runpy; (3, 11) <= sys.version_info[:2] < (3, 13) or sys.exit(1); runpy.run_path("context_core/redaction_patterns.py")
 ifeq ($(origin PYTHON),undefined)
 PYTHON := $(shell for p in /usr/bin/python3.11 /usr/bin/python3.12 python3.11 python3.12 python3; do \
   command -v $$p >/dev/null 2>&1 && $$p -c '$(PY_OK)' 2>/dev/null && { command -v $$p; break; }; done)
@@ -23,7 +23,7 @@ export TOKENIZERS_PARALLELISM := false
 install: $(STAMP)
 
 $(STAMP): pyproject.toml requirements/constraints.txt
-	@test -n "$(PYTHON)" || { echo 'no CPython 3.11.5+ or 3.12 with venv found: install one, or make PYTHON=/path/to/python3.11'; exit 1; }
+	@test -n "$(PYTHON)" || { echo 'no CPython 3.11 or 3.12 with venv (and a re module that passes context_core/redaction_patterns.py) found: install one, or make PYTHON=/path/to/python3.11'; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "torch==2.13.0"

@@ -46,6 +46,7 @@ strings over :data:`SCAN_WINDOW` are scanned in overlapping windows.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterator
 
 from context_core.redaction_patterns import (
@@ -61,6 +62,7 @@ from context_core.redaction_patterns import (
     SCAN_WINDOW,
     TOKEN_MAX,
     VALUE_RX,
+    EngineSelfTestError,
     b64_text,
     fix_surrogates,
     fold_text,
@@ -493,3 +495,29 @@ def mask_mobile(text: str) -> str:
     st = _Text(text)
     _apply(st, _MOBILE, [])
     return st.src
+
+
+#: Texts whose secret the engine must remove, checked once at import against the compiled
+#: patterns (:func:`context_core.redaction_patterns.check_engine` checks the constructs they
+#: use; these check the assembled rules on this interpreter). Each holds the marker below.
+_CANARY_SECRET = "s3cr3tCanary9"
+_CANARIES = (
+    f'esc {{\\"password\\": \\"{_CANARY_SECRET}\\"}}',  # the escaped value 3.11.2 once kept
+    f'{{"api_key": "{_CANARY_SECRET}"}}',
+    f"login password={_CANARY_SECRET} ok",
+    f"Authorization: Bearer {_CANARY_SECRET}xyz",
+)
+
+
+def _self_test() -> None:
+    for text in _CANARIES:
+        cleaned, hits = redact_text(text)
+        if _CANARY_SECRET in cleaned or not hits:
+            raise EngineSelfTestError(
+                f"the redaction rules fail on this Python ({sys.version.split()[0]}): "
+                f"{text!r} came out as {cleaned!r}, its secret kept; run the platform on "
+                "another CPython build"
+            )
+
+
+_self_test()

@@ -33,20 +33,13 @@ import re
 import sys
 import unicodedata
 
-if sys.version_info < (3, 11, 5):  # pragma: no cover - pip refuses it too (requires-python)
-    # CPython 3.11.0-3.11.4 mis-handle possessive quantifiers in some patterns (fixed in
-    # 3.11.5): on Debian's 3.11.2, 'esc {\\"password\\": \\"s3cr3t\\"}' kept its secret.
-    raise RuntimeError(
-        f"context_core needs CPython 3.11.5 or newer, this is {sys.version.split()[0]}: "
-        "the redaction patterns rely on possessive quantifiers, which older 3.11 releases "
-        "get wrong (secrets pass the gateway). Build the venv on a newer Python."
-    )
-
 __all__ = [
     "REDACTED",
     "SCAN_OVERLAP",
     "SCAN_WINDOW",
     "TOKEN_MAX",
+    "EngineSelfTestError",
+    "check_engine",
     "fix_surrogates",
     "fold_text",
     "is_secret_key",
@@ -340,7 +333,9 @@ _SQ = rf"(?:[^'\\\n]|\\.){{0,{_T}}}+"
 # The value after a secret key, anchored at the separator's end (bounded, no nesting).
 VALUE_RX = re.compile(
     # a quoted value, also when escaped once or more (JSON inside JSON inside a log line)
-    rf"(?P<eq>\\{{1,8}}+[\"'])(?:(?!(?P=eq))[^\n]){{0,{_T}}}+(?P=eq)"
+    # (an atomic group, not a possessive repeat: CPython before 3.11.5 loses the group's
+    # backreference state under a possessive repeat, see _ENGINE_PROBES)
+    rf"(?P<eq>\\{{1,8}}+[\"'])(?>(?:(?!(?P=eq))[^\n]){{0,{_T}}})(?P=eq)"
     rf"|\"{_Q}\"|'{_SQ}'"
     rf"|\{{[^{{}}]{{0,{_T}}}+\}}|\[[^\[\]]{{0,{_T}}}+\]"  # one level of {...}/[...] (reprs)
     rf"|(?P<open>[\"'])(?:[^\"'\\\n]|\\.){{1,{_T}}}+"  # an unterminated quote: up to line end
@@ -519,3 +514,49 @@ def json_too_deep(text: str, limit: int) -> bool | None:
         else:
             depth -= 1
     return False
+
+
+# --------------------------------------------------------------------------------------------
+# The engine's own answers, checked at import
+# --------------------------------------------------------------------------------------------
+
+
+class EngineSelfTestError(RuntimeError):
+    """This interpreter's ``re`` gives a wrong answer for a construct the patterns rely on."""
+
+
+#: (what, pattern, text, the whole match ``search`` must find, or None for no match): one per
+#: kind of construct the patterns above use, on an input where a wrong engine shows. Checked
+#: against the real engine at import rather than a version number. CPython 3.11.0-3.11.4 lose a
+#: group's backreference state under a *possessive repeat* (on Debian's 3.11.2 the escaped value
+#: of ``esc {\\"password\\": \\"s3cr3t\\"}`` kept its secret), so the patterns use an atomic
+#: group there instead, which those releases get right: the first probe.
+_ENGINE_PROBES: tuple[tuple[str, str, str, str | None], ...] = (
+    (
+        "atomic group with a backreference lookahead",
+        r"(?P<q>\\{1,8}+[\"'])(?>(?:(?!(?P=q))[^\n]){0,64})(?P=q)",
+        '\\"s3cr3t\\"}',
+        '\\"s3cr3t\\"',
+    ),
+    ("possessive run never gives back", r"[a-z]{1,8}+z", "abcz", None),
+    ("possessive alternation group", r'"(?:[^"\\]|\\.)*+"', 'x "a\\"b" y', '"a\\"b"'),
+    ("lookbehind after a literal", r"eyJ(?<![A-Za-z]eyJ)[A-Za-z]{2,8}+", "xeyJab eyJcd", "eyJcd"),
+)
+
+
+def check_engine() -> None:
+    """Raise :class:`EngineSelfTestError` naming the first probe this interpreter's ``re``
+    answers wrongly (see :data:`_ENGINE_PROBES`)."""
+    for what, pattern, text, expected in _ENGINE_PROBES:
+        m = re.search(pattern, text)
+        got = m.group(0) if m else None
+        if got != expected:
+            raise EngineSelfTestError(
+                f"the re module of this Python ({sys.version.split()[0]}) gets the redaction "
+                f"patterns wrong ({what}: {pattern!r} on {text!r} gave {got!r}, expected "
+                f"{expected!r}), so secrets could pass the gateway; run the platform on "
+                "another CPython build"
+            )
+
+
+check_engine()

@@ -15,18 +15,32 @@ errors are redis-py's exception classes (``NoScriptError``, ``ResponseError``,
 ``ConnectionError``, ``TimeoutError``), so callers cannot tell the two apart
 (tests/test_redis_loop.py compares them command by command on real servers).
 
+**One shared connection for concurrent rounds.** Rounds issued while the loop runs one batch of
+callbacks (the requests of one event-loop turn) go out together: each round is queued on the
+client's *pipe*, one connection whose writes are flushed once per loop turn, and whose replies
+are handed out in order (Redis answers a connection's commands in the order it read them). So
+under load N concurrent rounds cost one write, one read and one wake-up of Valkey instead of N
+of each. A round waits for its own replies only; one that is cancelled leaves its replies to be
+read and dropped, so the connection stays in step. Rounds holding a command that blocks the
+connection (``WAIT``, the ``B...`` list pops, ``MULTI``...) or changes its state go on a
+connection of their own, as before: one exchange at a time.
+
 Connection rules, the request path's (:func:`context_core.redis_conn.make_client`'s
 ``fail_fast``): connect within ``socket_connect_timeout``; a round trip gives up after
 ``socket_timeout`` (the connection is dropped); a connection found broken is replaced and the
-round sent once more, immediately; a timeout is never retried. Authentication (``AUTH``) and
-the database (``SELECT``) are set on each new connection. TLS and Redis Cluster are not
-served here (:meth:`LoopRedis.from_client` answers None and the caller falls back).
+round sent once more, immediately; a timeout is never retried. On the shared pipe a round
+that times out drops the pipe, and every round still waiting on it fails with the same
+:class:`redis.TimeoutError` (none of them is retried: their commands may have run).
+Authentication (``AUTH``) and the database (``SELECT``) are set on each new connection. TLS
+and Redis Cluster are not served here (:meth:`LoopRedis.from_client` answers None and the
+caller falls back).
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -87,6 +101,122 @@ class _Conn(OneExchange[list[Any]]):
         return await self.exchange(payload, timeout_s)
 
 
+#: Commands that block their connection or change its state: their rounds never share the pipe.
+_EXCLUSIVE = frozenset(
+    {
+        "WAIT", "WAITAOF", "MULTI", "EXEC", "DISCARD", "WATCH", "UNWATCH", "SELECT", "AUTH",
+        "HELLO", "RESET", "QUIT", "CLIENT", "MONITOR", "SUBSCRIBE", "PSUBSCRIBE",
+        "SSUBSCRIBE", "UNSUBSCRIBE", "PUNSUBSCRIBE", "SUNSUBSCRIBE", "SYNC", "PSYNC",
+        "BLPOP", "BRPOP", "BRPOPLPUSH", "BLMOVE", "BLMPOP", "BZPOPMIN", "BZPOPMAX", "BZMPOP",
+        "XREAD", "XREADGROUP", "SHUTDOWN", "DEBUG",
+    }
+)  # fmt: skip
+
+
+def _exclusive(words: Sequence[Any]) -> bool:
+    """Whether a command must have its connection to itself (:data:`_EXCLUSIVE`)."""
+    name = words[0] if words else ""
+    if isinstance(name, bytes):
+        name = name.decode("latin-1")
+    return str(name).split(" ", 1)[0].upper() in _EXCLUSIVE
+
+
+class _Round:
+    """One round on the pipe: how many replies it waits for, those read so far, its waiter."""
+
+    __slots__ = ("n", "replies", "timer", "waiter")
+
+    def __init__(self, n: int, waiter: asyncio.Future[list[Any]]) -> None:
+        self.n = n
+        self.replies: list[Any] = []
+        self.waiter = waiter
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class _Pipe(asyncio.Protocol):
+    """The shared connection (see the module doc): rounds queued in send order, their
+    payloads written together once per loop turn, replies dealt out in that order."""
+
+    def __init__(self, reader: Any, timeout_s: float | None) -> None:
+        self.reader = reader
+        self.timeout_s = timeout_s
+        self.transport: Any = None
+        self.rounds: deque[_Round] = deque()
+        self.out: list[bytes] = []
+        self.broken: BaseException | None = None
+        self._flush_at: asyncio.Handle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        detail = f" ({exc})" if exc is not None else ""
+        self.fail(redis.ConnectionError(f"Connection closed by server{detail}."))
+
+    def eof_received(self) -> bool | None:
+        self.fail(redis.ConnectionError("Connection closed by server."))
+        return None
+
+    def send(self, payload: bytes, n: int) -> asyncio.Future[list[Any]]:
+        loop = asyncio.get_running_loop()
+        rnd = _Round(n, loop.create_future())
+        if self.timeout_s is not None:
+            rnd.timer = loop.call_later(self.timeout_s, self._timed_out, rnd)
+        self.rounds.append(rnd)
+        self.out.append(payload)
+        if self._flush_at is None:
+            self._flush_at = loop.call_soon(self._flush)
+        return rnd.waiter
+
+    def _flush(self) -> None:
+        self._flush_at = None
+        if self.out and self.broken is None:
+            data = self.out[0] if len(self.out) == 1 else b"".join(self.out)
+            self.out.clear()
+            self.transport.write(data)
+
+    def data_received(self, data: bytes) -> None:
+        self.reader.feed(data)
+        rounds = self.rounds
+        try:
+            while rounds:
+                reply = self.reader.gets()
+                if reply is False:
+                    break
+                head = rounds[0]
+                head.replies.append(reply)
+                if len(head.replies) >= head.n:
+                    rounds.popleft()
+                    if head.timer is not None:
+                        head.timer.cancel()
+                    if not head.waiter.done():  # a cancelled round's replies are dropped
+                        head.waiter.set_result(head.replies)
+            else:
+                if self.reader.gets() is not False:  # a reply nobody asked for
+                    raise redis.ConnectionError("Redis sent a reply to no command")
+        except Exception as e:  # a protocol error: the connection is out of step
+            self.fail(e if isinstance(e, redis.RedisError) else redis.ConnectionError(str(e)))
+
+    def _timed_out(self, rnd: _Round) -> None:
+        rnd.timer = None
+        self.fail(redis.TimeoutError("Timeout reading from socket"))
+
+    def fail(self, error: BaseException) -> None:
+        """Break the pipe for good: every round still waiting gets ``error``."""
+        if self.broken is None:
+            self.broken = error
+        rounds, self.rounds = self.rounds, deque()
+        self.out.clear()
+        for rnd in rounds:
+            if rnd.timer is not None:
+                rnd.timer.cancel()
+            if not rnd.waiter.done():
+                rnd.waiter.set_exception(self.broken)
+                rnd.waiter.exception()  # a cancelled caller never reads it: no warning
+        if self.transport is not None:
+            self.transport.abort()
+
+
 class LoopRedis:
     """Round trips to one Redis server from an event loop (see the module doc). Use from one
     loop only (the service's); :meth:`aclose` on that loop."""
@@ -106,6 +236,7 @@ class LoopRedis:
         encoding: str = "utf-8",
         encoding_errors: str = "strict",
         max_idle: int = 64,
+        share: bool = True,
     ) -> None:
         self.host, self.port, self.path, self.db = host, int(port), path, int(db)
         self.username, self.password = username, password
@@ -119,6 +250,9 @@ class LoopRedis:
         self.max_idle = int(max_idle)
         self._idle: list[_Conn] = []
         self._closed = False
+        self.share = share  # concurrent rounds on one pipe (see the module doc)
+        self._pipe: _Pipe | None = None
+        self._pipe_opening: asyncio.Future[_Pipe] | None = None
 
     @classmethod
     def from_client(cls, client: Any) -> LoopRedis | None:
@@ -191,25 +325,32 @@ class LoopRedis:
             kwargs["encoding"] = self.encoding
         return hiredis.Reader(**kwargs)
 
-    async def _connect(self) -> _Conn:
-        loop = asyncio.get_running_loop()
-        conn = _Conn(self._reader())
+    async def _dial(self, loop: asyncio.AbstractEventLoop, factory: Any) -> None:
         try:
             if self.path:
-                coro: Any = loop.create_unix_connection(lambda: conn, self.path)
+                coro: Any = loop.create_unix_connection(factory, self.path)
             else:
-                coro = loop.create_connection(lambda: conn, self.host, self.port)
+                coro = loop.create_connection(factory, self.host, self.port)
             await asyncio.wait_for(coro, self.connect_timeout)
         except TimeoutError as e:
             raise redis.TimeoutError(f"Timeout connecting to {self._where()}") from e
         except OSError as e:
             raise redis.ConnectionError(f"Error connecting to {self._where()}: {e}") from e
+
+    def _hello(self) -> list[tuple[Any, ...]]:
         hello: list[tuple[Any, ...]] = []
         if self.password is not None:
             auth = (self.username, self.password) if self.username else (self.password,)
             hello.append(("AUTH", *auth))
         if self.db:
             hello.append(("SELECT", self.db))
+        return hello
+
+    async def _connect(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        conn = _Conn(self._reader())
+        await self._dial(loop, lambda: conn)
+        hello = self._hello()
         if hello:
             replies = await conn.round(
                 b"".join(self._pack(h) for h in hello), len(hello), self.socket_timeout
@@ -230,10 +371,18 @@ class LoopRedis:
         if self._closed:
             raise redis.ConnectionError("the event-loop Redis client is closed")
         payload = b"".join(self._pack(words) for words, _ in commands)
+        if self.share and not any(_exclusive(words) for words, _ in commands):
+            raw = await self._shared_round(payload, len(commands))
+        else:
+            raw = await self._own_round(payload, len(commands))
+        return [self._parse(r, words, opts) for r, (words, opts) in zip(raw, commands, strict=True)]
+
+    async def _own_round(self, payload: bytes, n: int) -> list[Any]:
+        """A round on a connection of its own (one exchange in flight)."""
         for attempt in (1, 2):
             conn = self._idle.pop() if self._idle else await self._connect()
             try:
-                raw = await conn.round(payload, len(commands), self.socket_timeout)
+                raw = await conn.round(payload, n, self.socket_timeout)
             except redis.ConnectionError:
                 conn.fail(redis.ConnectionError("dropped"))
                 if attempt == 2:
@@ -243,10 +392,52 @@ class LoopRedis:
                 conn.fail(redis.ConnectionError("abandoned"))  # timed out or cancelled
                 raise
             self._release(conn)
-            return [
-                self._parse(r, words, opts) for r, (words, opts) in zip(raw, commands, strict=True)
-            ]
+            return raw
         raise AssertionError("unreachable")
+
+    async def _shared_round(self, payload: bytes, n: int) -> list[Any]:
+        """A round on the pipe; a broken pipe (a restarted server) is replaced and the round
+        sent once more, at once. A timeout is not retried."""
+        for attempt in (1, 2):
+            pipe = await self._the_pipe()
+            try:
+                return await pipe.send(payload, n)
+            except redis.TimeoutError:
+                raise
+            except redis.ConnectionError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _the_pipe(self) -> _Pipe:
+        pipe = self._pipe
+        if pipe is not None and pipe.broken is None:
+            return pipe
+        if self._pipe_opening is None:  # one connect for every round that needs the pipe
+            self._pipe_opening = asyncio.ensure_future(self._open_pipe())
+        opening = self._pipe_opening
+        try:
+            return await asyncio.shield(opening)
+        finally:
+            if opening.done() and self._pipe_opening is opening:
+                self._pipe_opening = None
+
+    async def _open_pipe(self) -> _Pipe:
+        loop = asyncio.get_running_loop()
+        pipe = _Pipe(self._reader(), self.socket_timeout)
+        await self._dial(loop, lambda: pipe)
+        hello = self._hello()
+        if hello:
+            replies = await pipe.send(b"".join(self._pack(h) for h in hello), len(hello))
+            for r in replies:
+                if isinstance(r, Exception):
+                    pipe.fail(redis.ConnectionError(f"{self._where()}: {r}"))
+                    raise r
+        if self._closed:
+            pipe.fail(redis.ConnectionError("the event-loop Redis client is closed"))
+            raise pipe.broken  # type: ignore[misc]
+        self._pipe = pipe
+        return pipe
 
     def _release(self, conn: _Conn) -> None:
         if conn.broken is None and not self._closed and len(self._idle) < self.max_idle:
@@ -273,6 +464,9 @@ class LoopRedis:
 
     async def aclose(self) -> None:
         self._closed = True
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            pipe.fail(redis.ConnectionError("the event-loop Redis client is closed"))
         idle, self._idle = self._idle, []
         for conn in idle:
             if conn.transport is not None:

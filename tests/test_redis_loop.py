@@ -223,3 +223,136 @@ def test_commands_are_packed_exactly_as_redis_py_packs_them() -> None:
         with pytest.raises(redis.DataError) as ref:
             lean.encoder.encode(bad)
         assert str(got.value) == str(ref.value)
+
+
+# --- the shared pipe: concurrent rounds on one connection ------------------------------------
+
+
+def _writes(lean: LoopRedis) -> list[int]:
+    """Count the pipe's transport writes (wrapped once the pipe exists)."""
+    counter = [0]
+    pipe = lean._pipe
+    assert pipe is not None and pipe.transport is not None
+    write = pipe.transport.write
+
+    def counted(data: bytes) -> None:
+        counter[0] += 1
+        write(data)
+
+    pipe.transport.write = counted
+    return counter
+
+
+def test_concurrent_rounds_share_one_write_and_get_their_own_replies(
+    unix_valkey_url: str,
+) -> None:
+    sync = redis_client(unix_valkey_url, decode_responses=True)
+    lean = LoopRedis.from_client(sync)
+    assert lean is not None and lean.share
+    tag = f"t-pipe-{uuid.uuid4().hex[:8]}"
+
+    async def main() -> tuple[list[Any], int, int]:
+        try:
+            await lean.execute([(("PING",), {})])  # opens the pipe
+            writes = _writes(lean)
+            got = await asyncio.gather(
+                *(
+                    lean.execute(
+                        [(("INCRBY", f"{tag}:{i % 7}", i), {}), (("GET", f"{tag}:{i % 7}"), {})]
+                    )
+                    for i in range(120)
+                )
+            )
+            return got, writes[0], len(lean._idle)
+        finally:
+            await lean.aclose()
+
+    got, writes, own = asyncio.run(main())
+    # the 120 rounds were issued in one loop turn: one write carried all of them
+    assert writes == 1, writes
+    assert own == 0  # no round needed a connection of its own
+    totals: dict[int, int] = {}
+    for i, (incr, value) in enumerate(got):
+        totals[i % 7] = totals.get(i % 7, 0) + i
+        assert int(value) == incr  # each round saw its own INCRBY's result, in order
+    assert {k: int(sync.get(f"{tag}:{k}")) for k in totals} == totals
+    sync.delete(*[f"{tag}:{k}" for k in range(7)])
+    sync.close()
+
+
+def test_a_cancelled_round_leaves_the_pipe_in_step(system_redis_url: str) -> None:
+    sync = redis_client(system_redis_url, decode_responses=True)
+    lean = LoopRedis.from_client(sync)
+    assert lean is not None
+    key = f"t-pipe-cancel-{uuid.uuid4().hex[:8]}"
+
+    async def main() -> tuple[Any, Any]:
+        try:
+            await lean.execute([(("SET", key, "first"), {})])
+            doomed = asyncio.ensure_future(
+                lean.execute([(("GET", key), {}), (("SET", key, "second"), {})])
+            )
+            await asyncio.sleep(0)  # queued and flushed, its replies not read yet
+            doomed.cancel()
+            after = await lean.execute([(("GET", key), {})])
+            return after, doomed.cancelled()
+        finally:
+            await lean.aclose()
+
+    after, cancelled = asyncio.run(main())
+    # the cancelled round's two replies were read and dropped; the next got its own
+    assert cancelled and after == ["second"]
+    sync.delete(key)
+    sync.close()
+
+
+def test_a_hung_server_fails_every_waiting_round_with_the_timeout(tmp_path: Path) -> None:
+    with private_redis(tmp_path / "redis") as server:
+        sync = make_client(
+            server.url,
+            cluster=False,
+            decode_responses=True,
+            socket_timeout=0.15,
+            socket_connect_timeout=0.15,
+            fail_fast=True,
+        )
+        twin = make_async_twin(sync)
+        assert isinstance(twin, LoopRedis) and twin.share
+
+        async def main() -> tuple[list[Any], Any]:
+            await twin.execute([(("SET", "k", "v"), {})])
+            server.pause()
+            try:
+                outcomes = await asyncio.gather(
+                    *(twin.execute([(("INCR", "n"), {})]) for _ in range(5)),
+                    return_exceptions=True,
+                )
+            finally:
+                server.resume()
+            after = await twin.execute([(("GET", "n"), {})])  # a new pipe
+            await twin.aclose()
+            return outcomes, after
+
+        outcomes, after = asyncio.run(main())
+        assert all(isinstance(o, redis.TimeoutError) for o in outcomes), outcomes
+        # none was retried: the five INCRs reached the server once each, or not at all
+        assert after[0] is None or int(after[0]) <= 5
+        sync.close()
+
+
+def test_commands_that_hold_the_connection_go_on_one_of_their_own(system_redis_url: str) -> None:
+    sync = redis_client(system_redis_url, decode_responses=True)
+    lean = LoopRedis.from_client(sync)
+    assert lean is not None
+
+    async def main() -> tuple[Any, bool, int]:
+        try:
+            got = await lean.execute([(("SET", "t-pipe-wait", "1"), {}), (("WAIT", 0, 10), {})])
+            return got, lean._pipe is None, len(lean._idle)
+        finally:
+            await lean.aclose()
+
+    got, no_pipe, own = asyncio.run(main())
+    assert got == [True, 0] and no_pipe and own == 1
+    sync.delete("t-pipe-wait")
+    sync.close()

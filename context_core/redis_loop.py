@@ -413,9 +413,12 @@ class LoopRedis:
         pipe = self._pipe
         if pipe is not None and pipe.broken is None:
             return pipe
-        if self._pipe_opening is None:  # one connect for every round that needs the pipe
-            self._pipe_opening = asyncio.ensure_future(self._open_pipe())
         opening = self._pipe_opening
+        if opening is None or opening.done():  # one connect for every round needing the pipe
+            opening = self._pipe_opening = asyncio.ensure_future(self._open_pipe())
+            # read by whoever awaits it; if every one of them was cancelled, nobody must be
+            # warned of an exception never retrieved
+            opening.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
             return await asyncio.shield(opening)
         finally:

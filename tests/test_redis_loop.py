@@ -356,3 +356,33 @@ def test_commands_that_hold_the_connection_go_on_one_of_their_own(system_redis_u
     assert got == [True, 0] and no_pipe and own == 1
     sync.delete("t-pipe-wait")
     sync.close()
+
+
+def test_a_failed_connect_is_not_remembered(tmp_path: Path) -> None:
+    """Rounds waiting for the pipe's connect share its failure; the next round dials again."""
+    with private_redis(tmp_path / "redis") as server:
+        sync = make_client(
+            server.url,
+            cluster=False,
+            decode_responses=True,
+            socket_timeout=1.0,
+            socket_connect_timeout=1.0,
+            fail_fast=True,
+        )
+        twin = make_async_twin(sync)
+        assert isinstance(twin, LoopRedis)
+
+        async def main() -> tuple[list[Any], Any]:
+            server.stop()
+            failed = await asyncio.gather(
+                *(twin.execute([(("PING",), {})]) for _ in range(3)), return_exceptions=True
+            )
+            server.start()
+            again = await twin.execute([(("PING",), {})])
+            await twin.aclose()
+            return failed, again
+
+        failed, again = asyncio.run(main())
+        assert all(isinstance(f, redis.ConnectionError) for f in failed), failed
+        assert again == [True]
+        sync.close()

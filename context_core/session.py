@@ -538,6 +538,14 @@ class SessionState:
         return sum(1 for i in self.trace if i.kind == "tool_call")
 
 
+# ``dataclass(frozen=True, slots=True)`` on CPython before 3.11.4 replaces a class's own
+# ``__getstate__``/``__setstate__`` with its pickling helpers (fixed upstream in gh-104035).
+# Set the refusal again after the decorator ran, so every 3.11 patch level refuses alike.
+for _cls in (AuthContext, SessionState):
+    _cls.__getstate__ = _refuse  # type: ignore[method-assign,assignment]
+    _cls.__setstate__ = _refuse  # type: ignore[attr-defined]
+del _cls
+
 def _check_ref(ref: object, what: str) -> None:
     """A task-contract version: a non-negative int, or None (never looked)."""
     if ref is not None and (not isinstance(ref, int) or isinstance(ref, bool) or ref < 0):

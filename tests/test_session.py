@@ -166,6 +166,10 @@ def test_refusal_is_a_type_error_for_generic_callers(state: SessionState) -> Non
         state.__reduce_ex__(2)
     with pytest.raises(TypeError):
         state.__getstate__()
+    with pytest.raises(TypeError):
+        state.__setstate__({})
+    with pytest.raises(TypeError):
+        state.auth_context.__getstate__()
 
 
 # ---- trace -------------------------------------------------------------------------------

@@ -546,6 +546,7 @@ for _cls in (AuthContext, SessionState):
     _cls.__setstate__ = _refuse  # type: ignore[attr-defined]
 del _cls
 
+
 def _check_ref(ref: object, what: str) -> None:
     """A task-contract version: a non-negative int, or None (never looked)."""
     if ref is not None and (not isinstance(ref, int) or isinstance(ref, bool) or ref < 0):

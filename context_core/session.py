@@ -542,9 +542,9 @@ class SessionState:
 # ``__getstate__``/``__setstate__`` with its pickling helpers (fixed upstream in gh-104035).
 # Set the refusal again after the decorator ran, so every 3.11 patch level refuses alike.
 for _cls in (AuthContext, SessionState):
-    _cls.__getstate__ = _refuse  # type: ignore[method-assign,assignment]
-    _cls.__setstate__ = _refuse  # type: ignore[attr-defined]
-del _cls
+    for _name in ("__getstate__", "__setstate__"):
+        setattr(_cls, _name, _refuse)
+del _cls, _name
 
 
 def _check_ref(ref: object, what: str) -> None:

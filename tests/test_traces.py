@@ -335,6 +335,20 @@ def test_writer_reopens_a_removed_file(tmp_path: Path) -> None:
     assert [r["step"] for r in read_traces(tmp_path)] == [7, 8]
 
 
+def test_writer_follows_a_rotated_file(tmp_path: Path) -> None:
+    """Rotation (the day's file renamed away, a new one created under the name) sends the
+    next record to the new file, not to the renamed one still open."""
+    writer = TraceWriter(tmp_path, gateway=Gateway())
+    writer.write_route(route_record(step=1))
+    (path,) = tmp_path.glob("*.jsonl")
+    rotated = path.with_name(path.name + ".1")
+    path.rename(rotated)
+    path.write_text("", encoding="utf-8")  # e.g. logrotate's create
+    writer.write_route(route_record(step=2))
+    assert [json.loads(x)["step"] for x in rotated.read_text().splitlines()] == [1]
+    assert [r["step"] for r in read_traces(tmp_path)] == [2]
+
+
 def test_hashed_key_names_cover_references_and_preference_keys(tmp_path: Path) -> None:
     """With hash_keys, a by-reference source and a preference key's user id are hashed the
     same way as everywhere else in the record; the fallback text passes the gateway."""

@@ -109,21 +109,38 @@ def test_key_layout_and_hash_tag(env: _Env) -> None:
     assert k.startswith("wm:{abc-1}:api:") and len(k.rsplit(":", 1)[1]) == 64
 
 
-@pytest.mark.parametrize("bad", ["", "a}b", "a{b", "x}:step:s1", "a:b", "a b", "a\nb", "a*"])
+@pytest.mark.parametrize(
+    "bad", ["", "a}b", "a{b", "x}:step:s1", "a:b", "a b", "a\nb", "a*", "abc\n", "ab\r\n"]
+)
 def test_bad_session_ids_rejected(env: _Env, bad: str) -> None:
     with pytest.raises(ContextError, match="invalid session id"):
         env.wm.session(bad)
 
 
-@pytest.mark.parametrize("bad", ["s1}:x", "a:b", "{s}", "x y", "*", ""])
+@pytest.mark.parametrize("bad", ["s1}:x", "a:b", "{s}", "x y", "*", "", "s1\n"])
 def test_bad_idents_and_kinds_rejected(env: _Env, bad: str) -> None:
     s = env.session()
+    s.put_step_result("s1", {"v": 1})  # a valid ident first: what passed once is remembered
     with pytest.raises(ContextError, match="invalid ident"):
         s.put_step_result(bad, {"v": 1})
     with pytest.raises(ContextError, match="invalid ident"):
         s.load("step", bad)
     with pytest.raises(ContextError, match="invalid kind"):
         s.load(bad or "Step:", "s1")
+
+
+def test_an_id_valid_for_one_pattern_is_not_taken_for_another(env: _Env) -> None:
+    """Ids a pattern passed are remembered per pattern: an ident seen before is still no
+    session id or kind."""
+    s = env.session()
+    s.put_step_result("Step-7.x", {"v": 1})
+    with pytest.raises(ContextError, match="invalid kind"):
+        s.load("Step-7.x", "s1")
+    with pytest.raises(ContextError, match="invalid session id"):
+        env.wm.session("a" * 200)
+    s.put_step_result("a" * 200, {"v": 1})  # fine as an ident (up to 256)
+    with pytest.raises(ContextError, match="invalid session id"):
+        env.wm.session("a" * 200)
 
 
 def test_client_must_decode(any_redis: str) -> None:

@@ -54,12 +54,27 @@ def check_size(what: str, size: int, cap: int, setting: str) -> None:
         )
 
 
+#: Ids each pattern already passed (exact ``str`` only), so the ids a request builds its keys
+#: from again and again are matched once; bounded, emptied when full.
+_PASSED: dict[re.Pattern[str], set[str]] = {}
+_PASSED_MAX = 4096
+
+
 def _check(what: str, value: object, pattern: re.Pattern[str], allowed: str) -> str:
-    if not isinstance(value, str) or not pattern.match(value):
+    passed = _PASSED.get(pattern)
+    if passed is not None and type(value) is str and value in passed:
+        return value
+    if not isinstance(value, str) or not pattern.fullmatch(value):
         raise ContextError(
             f"invalid {what} {value!r}: {allowed}. Braces, colons and whitespace are refused "
             "because they would let one id address another session's keys"
         )
+    if type(value) is str:
+        if passed is None:
+            passed = _PASSED.setdefault(pattern, set())
+        if len(passed) >= _PASSED_MAX:
+            passed.clear()
+        passed.add(value)
     return value
 
 
@@ -104,7 +119,7 @@ def user_key_id(user_id: object) -> str:
     """
     if not isinstance(user_id, str) or not user_id.strip():
         raise ContextError(f"invalid user id {user_id!r}: a non-empty string is required")
-    if _SID.match(user_id):
+    if _SID.fullmatch(user_id):
         return user_id
     return "h~" + hashlib.sha256(user_id.encode()).hexdigest()[:40]
 

@@ -340,6 +340,43 @@ def test_a_hung_server_fails_every_waiting_round_with_the_timeout(tmp_path: Path
         sync.close()
 
 
+def test_a_round_times_out_by_its_own_send_time_not_the_pipes_first(tmp_path: Path) -> None:
+    """One watchdog serves the pipe: a round sent after an earlier, answered one still gets
+    its whole timeout, and a hung one fails within about that timeout."""
+    timeout = 0.4
+    with private_redis(tmp_path / "redis") as server:
+        sync = make_client(
+            server.url,
+            cluster=False,
+            decode_responses=True,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            fail_fast=True,
+        )
+        twin = make_async_twin(sync)
+        assert isinstance(twin, LoopRedis) and twin.share
+
+        async def main() -> tuple[Any, float]:
+            await twin.execute([(("SET", "k", "v"), {})])  # arms the watchdog at t + timeout
+            await asyncio.sleep(timeout * 0.6)
+            server.pause()
+            t0 = time.perf_counter()
+            try:
+                outcome: Any = await twin.execute([(("GET", "k"), {})])
+            except redis.TimeoutError as e:
+                outcome = e
+            finally:
+                server.resume()
+            elapsed = time.perf_counter() - t0
+            await twin.aclose()
+            return outcome, elapsed
+
+        outcome, elapsed = asyncio.run(main())
+        assert isinstance(outcome, redis.TimeoutError), outcome
+        assert timeout * 0.9 <= elapsed < timeout + 0.5, elapsed
+        sync.close()
+
+
 def test_commands_that_hold_the_connection_go_on_one_of_their_own(system_redis_url: str) -> None:
     sync = redis_client(system_redis_url, decode_responses=True)
     lean = LoopRedis.from_client(sync)

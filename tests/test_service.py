@@ -593,6 +593,19 @@ def test_startup_freezes_the_long_lived_heap(svc: dict[str, Any]) -> None:
     import gc
 
     assert gc.get_freeze_count() > 10_000
+    # and young collections wait for more than what the requests in flight hold alive
+    assert gc.get_threshold()[0] == svc["settings"].gc_gen0_threshold >= 10_000
+
+
+def test_the_gc_threshold_setting_refuses_a_value_that_would_collect_all_the_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from context_core.config import get_settings
+    from context_core.errors import ConfigError
+
+    monkeypatch.setenv("CTX_GC_GEN0_THRESHOLD", "50")
+    with pytest.raises(ConfigError, match="CTX_GC_GEN0_THRESHOLD"):
+        get_settings()
 
 
 def test_the_campaign_warm_up_walks_every_intent_and_closes_its_sessions(

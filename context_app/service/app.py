@@ -101,6 +101,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # apps in the same process (tests) keep their frozen heap.
         gc.collect()
         gc.freeze()
+        # what requests in flight hold alive is young garbage to the collector: with the
+        # default threshold (700) it was walked, and promoted, many times a second
+        gc.set_threshold(settings.gc_gen0_threshold, *gc.get_threshold()[1:])
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.service_threads
         tasks = []
         if settings.idle_sweep_interval_s > 0:

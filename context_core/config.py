@@ -314,10 +314,10 @@ class Settings(BaseSettings):
         description="The service process's garbage-collector threshold for the youngest "
         "generation (gc.set_threshold(n, 10, 10), set after the startup freeze). Python's "
         "default, 700, is below what a worker's requests in flight hold alive, so the "
-        "collector ran thousands of times a minute, each time walking that live working set "
-        "and promoting it: 8-12 % of a worker's CPU in-process (README, 'The garbage "
-        "collector'). 20,000: about 1 % of the CPU, in collections of ~10 ms each, one per "
-        "few thousand requests.",
+        "collector kept walking and promoting that live working set: 20-40 collections a "
+        "second and 0.5-3.5 % of a worker's CPU in a short_sessions campaign at 1,000 req/s "
+        "(README, 'The garbage collector'). 20,000: a collection every few thousand "
+        "requests, ~10 ms each.",
     )
     shed_inflight: int = Field(
         96,

@@ -249,7 +249,7 @@ class ComplianceProfile(BaseModel):
     @field_validator("language")
     @classmethod
     def _language(cls, v: str | None) -> str | None:
-        if v is not None and not _LANG.match(v):
+        if v is not None and not _LANG.fullmatch(v):
             raise ValueError(
                 "not a language tag; allowed: a BCP 47 tag such as 'en', 'de-DE', 'zh-Hans-CN'"
             )
@@ -768,7 +768,7 @@ class PostgresComplianceStore(_StoreBase):
         import psycopg2
         import psycopg2.pool
 
-        if not _SCHEMA.match(schema):
+        if not _SCHEMA.fullmatch(schema):
             raise ConfigError(
                 f"CTX_POSTGRES_SCHEMA={schema!r}: use 1-63 characters a-z 0-9 _ "
                 "(starting with a letter or _)"

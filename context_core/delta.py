@@ -204,7 +204,7 @@ class BundleLog:
         manifest = _MANIFEST.encode(
             {"n": nonce, "i": intent, "f": list(zip(ids, hashes, strict=True))}
         )
-        m = _BUNDLE_ID.match(since_bundle or "")
+        m = _BUNDLE_ID.fullmatch(since_bundle or "")
         key = log_key(session_id)
         try:
             seq, raw = call(

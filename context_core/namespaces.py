@@ -162,7 +162,7 @@ class NamespaceRegistry:
     # --- keys -------------------------------------------------------------------------
     @staticmethod
     def _check_name(name: str) -> str:
-        if not isinstance(name, str) or not _NAME_RE.match(name):
+        if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
             raise ConfigError(
                 f"namespace name {name!r} is invalid: use 1-64 characters from "
                 "letters, digits, '_', '.', '-' (no braces or colons)"

@@ -465,6 +465,8 @@ def test_validation_names_each_field_and_what_it_allows() -> None:
     assert "greater than or equal to 1" in by_field["data_retention_policy"]
     assert "list" in by_field["approved_tools"]
     assert "IANA" in by_field["timezone"] and "de-DE" in by_field["language"]
+    with pytest.raises(ProfileValidationError, match="language tag"):
+        ComplianceProfile.parse({"language": "en\n"})  # matched whole, not up to a newline
     with pytest.raises(ProfileValidationError, match="allowed fields: data_retention_policy"):
         ComplianceProfile.parse({"retention_days": 3})
     with pytest.raises(ProfileValidationError, match="item 1 must be"):

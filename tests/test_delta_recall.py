@@ -205,6 +205,20 @@ def test_removed_lists_what_left(env: Env) -> None:
     assert apply_delta(a["fragments"], d) == _full(b)
 
 
+def test_a_bundle_id_is_matched_whole(env: Env) -> None:
+    """A since_bundle with anything after the id (here a newline, which '$' let through) is
+    an unknown base: the answer is the whole bundle, as for any id never issued."""
+    with env.router(max_fragments=ALL) as router:
+        a = _wire(router.route(env.state(), "fetch_sensor_data", delta=True))
+        bent = _wire(
+            router.route(env.state(), "default", delta=True, since_bundle=a["bundle_id"] + "\n")
+        )
+        unknown = _wire(router.route(env.state(), "default", delta=True, since_bundle="1.00000000"))
+    for d in (bent, unknown):
+        assert d["unchanged"] == [] and d["removed"] == []
+    assert bent.keys() == unknown.keys()
+
+
 def test_concurrent_routes_against_one_base(env: Env) -> None:
     """Eight steps of one session at once, all against the same base: each delta is exact
     against that base, and every bundle gets its own id."""

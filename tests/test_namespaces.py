@@ -136,6 +136,8 @@ def test_miss_and_bad_names(registry: NamespaceRegistry, ns_name: str) -> None:
         registry.read(ns_name, "nothing", "ops-agent", "x")
     with pytest.raises(ConfigError, match="namespace name"):
         registry.read("bad{name}", "k", "ops-agent", "x")
+    with pytest.raises(ConfigError, match="namespace name"):  # '$' also matched before "\n"
+        registry.read(ns_name + "\n", "k", "ops-agent", "x")
     with pytest.raises(ConfigError, match="namespace key"):
         registry.read(ns_name, "a*", "ops-agent", "x")
     with pytest.raises(ConfigError, match="does not exist"):

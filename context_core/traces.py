@@ -567,9 +567,8 @@ class TraceWriter:
         self._names = _KeyNames(gateway, hash_keys=hash_keys, hash_key=hash_key)
         self._lock = threading.Lock()
         self._fd: int | None = None  # O_APPEND descriptor of the current day's file
-        self._fd_path: Path | None = None
         self._fd_day: dt.date | None = None
-        self._fd_name = ""  # str(self._fd_path), for the per-record check
+        self._fd_name = ""  # the open file's path, as a str for the per-record check
         self._fd_id: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the open file
 
     @classmethod
@@ -699,7 +698,7 @@ class TraceWriter:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
                 st = os.fstat(fd)
-                self._fd, self._fd_path, self._fd_day = fd, path, day
+                self._fd, self._fd_day = fd, day
                 self._fd_name, self._fd_id = str(path), (st.st_dev, st.st_ino)
             os.write(self._fd, line)
 
@@ -716,7 +715,7 @@ class TraceWriter:
     def _close_fd(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
-        self._fd, self._fd_path, self._fd_day = None, None, None
+        self._fd, self._fd_day = None, None
 
     def close(self) -> None:
         """Close the open trace file (writing again reopens it)."""

@@ -139,16 +139,21 @@ def test_many_round_trips_at_once_each_get_their_own_replies(system_redis_url: s
     sync.close()
 
 
+def _fail_fast_client(url: str, timeout_s: float) -> Any:
+    """The request path's client (make_client's fail_fast) with both timeouts ``timeout_s``."""
+    return make_client(
+        url,
+        cluster=False,
+        decode_responses=True,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        fail_fast=True,
+    )
+
+
 def test_a_hung_server_times_out_and_a_restarted_one_is_reconnected(tmp_path: Path) -> None:
     with private_redis(tmp_path / "redis") as server:
-        sync = make_client(
-            server.url,
-            cluster=False,
-            decode_responses=True,
-            socket_timeout=0.15,
-            socket_connect_timeout=0.15,
-            fail_fast=True,
-        )
+        sync = _fail_fast_client(server.url, 0.15)
         twin = make_async_twin(sync)
         assert isinstance(twin, LoopRedis)
 
@@ -308,14 +313,7 @@ def test_a_cancelled_round_leaves_the_pipe_in_step(system_redis_url: str) -> Non
 
 def test_a_hung_server_fails_every_waiting_round_with_the_timeout(tmp_path: Path) -> None:
     with private_redis(tmp_path / "redis") as server:
-        sync = make_client(
-            server.url,
-            cluster=False,
-            decode_responses=True,
-            socket_timeout=0.15,
-            socket_connect_timeout=0.15,
-            fail_fast=True,
-        )
+        sync = _fail_fast_client(server.url, 0.15)
         twin = make_async_twin(sync)
         assert isinstance(twin, LoopRedis) and twin.share
 
@@ -345,14 +343,7 @@ def test_a_round_times_out_by_its_own_send_time_not_the_pipes_first(tmp_path: Pa
     its whole timeout, and a hung one fails within about that timeout."""
     timeout = 0.4
     with private_redis(tmp_path / "redis") as server:
-        sync = make_client(
-            server.url,
-            cluster=False,
-            decode_responses=True,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            fail_fast=True,
-        )
+        sync = _fail_fast_client(server.url, timeout)
         twin = make_async_twin(sync)
         assert isinstance(twin, LoopRedis) and twin.share
 
@@ -398,14 +389,7 @@ def test_commands_that_hold_the_connection_go_on_one_of_their_own(system_redis_u
 def test_a_failed_connect_is_not_remembered(tmp_path: Path) -> None:
     """Rounds waiting for the pipe's connect share its failure; the next round dials again."""
     with private_redis(tmp_path / "redis") as server:
-        sync = make_client(
-            server.url,
-            cluster=False,
-            decode_responses=True,
-            socket_timeout=1.0,
-            socket_connect_timeout=1.0,
-            fail_fast=True,
-        )
+        sync = _fail_fast_client(server.url, 1.0)
         twin = make_async_twin(sync)
         assert isinstance(twin, LoopRedis)
 

@@ -49,10 +49,10 @@ import threading
 import time
 import unicodedata
 import zoneinfo
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -68,6 +68,7 @@ from context_core.errors import (
 from context_core.on_loop import blocking
 from context_core.redis_conn import REDIS_ERRORS
 from context_core.redis_ops import Op, cmd, execute, ok
+from context_core.skeleton import skeleton, skeleton_char, skeleton_with_offsets, term_pattern
 from context_core.working_memory.keys import canonical, user_key_id
 
 if TYPE_CHECKING:
@@ -409,8 +410,15 @@ def _fold(text: str) -> str:
     return unicodedata.normalize("NFKC", text).casefold()
 
 
+class _Keyword(NamedTuple):
+    keyword: str  # as configured (stripped)
+    plain: re.Pattern[str]  # on the NFKC-case-folded text
+    skeleton: re.Pattern[str] | None  # on the confusable skeleton (None: only invisibles)
+    ascii: bool  # the folded keyword is plain ASCII
+
+
 @functools.lru_cache(maxsize=256)
-def _keyword_patterns(keywords: tuple[str, ...]) -> tuple[tuple[str, re.Pattern[str]], ...]:
+def _keyword_patterns(keywords: tuple[str, ...]) -> tuple[_Keyword, ...]:
     out = []
     for kw in keywords:
         k = kw.strip()
@@ -418,22 +426,69 @@ def _keyword_patterns(keywords: tuple[str, ...]) -> tuple[tuple[str, re.Pattern[
             continue
         body = r"\s+".join(re.escape(part) for part in _fold(k).split())
         pattern = body if _CJK_RE.search(k) else f"{_BEFORE}{body}{_AFTER}"
-        out.append((k, re.compile(pattern)))
+        out.append(_Keyword(k, re.compile(pattern), term_pattern(k), _fold(k).isascii()))
     return tuple(out)
+
+
+def _skeleton_hit(kw: _Keyword, text: str, skel: str, offsets: Callable[[], list[int]]) -> bool:
+    """A match of ``kw`` in the skeleton that counts (see :func:`find_blocked`)."""
+    assert kw.skeleton is not None
+    for m in kw.skeleton.finditer(skel):
+        if not kw.ascii:
+            return True
+        covered = offsets()[m.start() : m.end()]
+        lo, hi = min(covered), max(covered) + 1
+        # with the invisible characters next to it: they too may be what hid the keyword
+        while lo > 0 and not skeleton_char(text[lo - 1]):
+            lo -= 1
+        while hi < len(text) and not skeleton_char(text[hi]):
+            hi += 1
+        if not text[lo:hi].isascii():
+            return True
+    return False
 
 
 def find_blocked(text: str, keywords: Sequence[str]) -> tuple[str, ...]:
     """The keywords of ``keywords`` that occur in ``text``, in keyword order (empty: none).
 
-    Both sides NFKC-normalised and case-folded (full-width ``ｃｏｄｅ`` is ``code``); whole
-    words (``secret`` matches "Secret!" but not "secretary"; a keyword of several words
-    matches across any whitespace); a keyword holding CJK, kana, Hangul or Thai characters
-    (scripts written without spaces) matches as a substring. The one matcher for profiles,
-    hot answers and uploads."""
+    Case-insensitive whole words (``secret`` matches "Secret!" but not "secretary"; a keyword
+    of several words matches across any white space); a keyword holding CJK, kana, Hangul or
+    Thai characters (scripts written without spaces) matches as a substring. The one matcher
+    for profiles, hot answers and uploads.
+
+    **Look-alikes cannot hide a keyword**: a keyword matches when it occurs in the
+    NFKC-case-folded text (``ｃｏｄｅ`` is ``code``), *or* when its confusable skeleton
+    (:mod:`context_core.skeleton`: invisible characters and accents removed, letters of other
+    scripts mapped to the Latin, Greek... letter they imitate per Unicode UTS #39) occurs in
+    the text's skeleton, so ``se\u200bcret``, ``ѕесrеt`` (Cyrillic) and ``𝐬𝐞𝐜𝐫𝐞𝐭`` match
+    ``secret``. Keywords are skeletonised the same way, so a keyword typed with a look-alike
+    still matches the plain word. The skeleton also folds ASCII into ASCII (``rn`` and ``m``,
+    ``0`` and ``o``, ``1`` and ``l``), so a skeleton match of an ASCII keyword counts only
+    when the text it covers, with the invisible characters around it, holds some non-ASCII
+    character: plain-ASCII text is matched exactly as before (the keyword ``burn`` does not
+    refuse "bum", nor ``lol`` "101")."""
     if not text or not keywords:
         return ()
     folded = _fold(text)
-    return tuple(k for k, p in _keyword_patterns(tuple(keywords)) if p.search(folded))
+    text_ascii = text.isascii()
+    skel: str | None = None
+    cache: list[list[int]] = []
+
+    def offsets() -> list[int]:
+        if not cache:
+            cache.append(skeleton_with_offsets(text)[1])
+        return cache[0]
+
+    found: list[str] = []
+    for kw in _keyword_patterns(tuple(keywords)):
+        if kw.plain.search(folded):
+            found.append(kw.keyword)
+        elif kw.skeleton is not None and not (kw.ascii and text_ascii):
+            if skel is None:
+                skel = skeleton(text)
+            if _skeleton_hit(kw, text, skel, offsets):
+                found.append(kw.keyword)
+    return tuple(found)
 
 
 def check_text(effective: EffectiveProfile, text: str, loc: Sequence[str | int]) -> None:

@@ -444,6 +444,14 @@ def test_platform_chooses_the_backend(pg: Pg, settings: Settings) -> None:
         ("nothing here", ["secret", "机密"], ()),
         ("", ["secret"], ()),
         ("secret", [], ()),
+        # look-alikes (issue 32): invisible characters, other scripts, compatibility forms
+        ("top se\u034fcr\u2063e\u200bt\u00ad plan", ["secret"], ("secret",)),
+        ("ѕесrеt plan", ["secret"], ("secret",)),  # Cyrillic ѕ е с е
+        ("ΡUMP ΑΡΙ", ["api"], ("api",)),  # Greek capitals
+        ("𝐜𝐨𝐧𝐟𝐢𝐝𝐞𝐧𝐭𝐢𝐚𝐥", ["Confidential"], ("Confidential",)),
+        ("a secret plan", ["ѕесrеt"], ("ѕесrеt",)),  # the keyword itself disguised
+        ("the ѕесrеtary called", ["secret"], ()),  # still whole words
+        ("bum", ["burn"], ()),  # plain ASCII text keeps its exact meaning
     ],
 )
 def test_find_blocked(text: str, keywords: list[str], found: tuple[str, ...]) -> None:
@@ -678,6 +686,40 @@ def test_http_confirmations_and_goal_refuse_blocked_keywords(service: Service) -
         r = agent.post(f"/v1/sessions/{sid}/events", json={"state": state, "event": event})
         assert r.status_code == 200, r.text
         assert r.json()["info"]["last_completed_task"]["session_id"] == sid
+
+
+def test_http_confirmations_refuse_look_alike_keywords(service: Service) -> None:
+    """Issue 32: invisible characters and look-alike letters do not hide a blocked keyword
+    in a confirmed answer (text or title), nor does a keyword typed with look-alikes miss."""
+    org_path = f"/v1/compliance/orgs/{service.org}"
+    with service.client("cmp-admin") as admin, service.client("cmp-agent") as agent:
+        current = admin.get(org_path).json()["version"]
+        profile = {"blocked_keywords": ["confidential", "ѕесrеt"]}  # Cyrillic ѕ е с е
+        assert _put(admin, org_path, current, profile).status_code == 200
+        r = _start(agent)
+        state = r.json()["state"]
+        url = f"/v1/sessions/{state['session_id']}/confirmations"
+        disguised = [
+            "con\u034ffid\u2063en\u200btial",  # CGJ, invisible separator, ZWSP
+            "confi\u00addential",  # soft hyphen
+            "соnfidеntiаl",  # Cyrillic о е а
+            "ＣＯＮＦＩＤＥＮＴＩＡＬ",  # full-width
+            "𝐂𝐨𝐧𝐟𝐢𝐝𝐞𝐧𝐭𝐢𝐚𝐥",  # mathematical bold
+            "con\U000e0066fidential\ufe0f",  # tag character, variation selector
+            "confidéntial",  # accent
+            "SECRET",  # plain word, keyword typed with look-alikes
+        ]
+        for text in disguised:
+            for field in ("text", "title"):
+                answer = {"text": "fine", "title": "fine", field: f"The {text} pump list"}
+                r = agent.post(url, json={"state": state, "answers": [answer]})
+                assert r.status_code == 422, (text, field, r.text)
+                issue = r.json()["detail"][0]
+                assert issue["field"] == f"answers.0.{field}", text
+                assert issue["type"] == "blocked_keyword", text
+        ok = {"text": "The secretary keeps a confidentiality log", "section": "PUMP"}
+        r = agent.post(url, json={"state": state, "answers": [ok]})
+        assert r.status_code == 201, r.text
 
 
 def test_keys_file_org_defaults_and_is_validated() -> None:

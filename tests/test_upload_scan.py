@@ -385,6 +385,16 @@ def test_keyword_matching_boundaries() -> None:
     assert first("绝密与机密") == "机密"
     assert first("source CODE") == "ｃｏｄｅ"  # NFKC folds full-width forms
     assert find_blocked("anything", []) == ()
+    # look-alikes (issue 32): invisible characters and other scripts' letters
+    assert first("ac\u034fme Corp") == "acme"  # combining grapheme joiner
+    assert first("a\u2063c\u200bm\u00ade") == "acme"  # invisible separator, ZWSP, soft hyphen
+    assert first("АСМЕ Corp") == "acme"  # Cyrillic capitals
+    assert first("𝐚𝐜𝐦𝐞 Corp") == "acme"  # mathematical bold
+    assert first("red\u00a0tеаm") == "red team"  # no-break space, Cyrillic е а
+    assert first("机\u200b密") == "机密"
+    assert first("\U000e0001acme\U000e007f") == "acme"  # tag characters
+    assert first("ас\u0301me") == "acme"  # Cyrillic, combining accent
+    assert first("асmеCorp") is None  # still whole words
 
 
 def test_pii_is_redacted_in_the_stored_chunks(env: Env) -> None:

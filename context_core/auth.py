@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from context_core.errors import ConfigError
+from context_core.identity import DEFAULT_ORG
 
 __all__ = ["AgentKey", "KeyStore", "generate_keys", "hash_key"]
 
 DEV_AGENT = "dev-agent"
-DEFAULT_ORG = "default"
 ORG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 _ORG = re.compile(ORG_PATTERN)
 KEY_PREFIX = "ctxk_"
@@ -121,6 +121,7 @@ class KeyStore:
             agents.append(
                 AgentKey(str(agent_id), digest, tuple(map(str, ns)), tuple(map(str, purposes)), org)
             )
+        _one_org_per_namespace(agents, source)
         return cls(agents)
 
     @classmethod
@@ -138,6 +139,24 @@ class KeyStore:
         """One all-access dev agent with a fresh random key (returned so it can be printed)."""
         raw = new_key()
         return cls([AgentKey(DEV_AGENT, hash_key(raw), (ANY,), (ANY,))]), raw
+
+
+def _one_org_per_namespace(agents: Iterable[AgentKey], source: str) -> None:
+    """A shared namespace belongs to one organisation: a keys file that grants one name to
+    agents of two organisations would let each read (and write) the other's shared context,
+    so it is refused, naming both."""
+    owner: dict[str, tuple[str, str]] = {}
+    for a in agents:
+        for ns in a.namespaces:
+            if ns == ANY:
+                continue
+            first = owner.setdefault(ns, (a.org, a.agent_id))
+            if first[0] != a.org:
+                raise ConfigError(
+                    f"{source}: namespace {ns!r} is granted to agent {first[1]!r} of org "
+                    f"{first[0]!r} and to agent {a.agent_id!r} of org {a.org!r}; a namespace "
+                    "belongs to one organisation: give the other organisation's its own name"
+                )
 
 
 def generate_keys(

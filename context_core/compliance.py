@@ -57,7 +57,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, cast
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from context_core import defaults
-from context_core.auth import DEFAULT_ORG, ORG_PATTERN
+from context_core.auth import ORG_PATTERN
+from context_core.identity import DEFAULT_ORG
 from context_core.errors import (
     BackendUnavailableError,
     ConfigError,

@@ -28,6 +28,7 @@ __all__ = [
     "EmptyExportError",
     "IngestError",
     "InputTooDeepError",
+    "InvalidIdError",
     "InvalidStoreRequestError",
     "MassDeleteError",
     "ModelLoadError",
@@ -157,13 +158,19 @@ class UnknownSessionError(ContextError, LookupError):
 
 
 class SessionExistsError(ContextError):
-    """The caller's own session id is already in use."""
+    """A session id that cannot be taken now, for whatever reason: the caller's own live
+    session, another agent's, an id closed recently by another agent, or an id whose L2 data
+    exists without an owner. One status, one code, one message for all of them, so that the
+    answer never tells a caller that some other agent is using the id (no existence oracle)."""
 
     http_status: ClassVar[int] = 409
-    error_code: ClassVar[str] = "session_exists"
+    error_code: ClassVar[str] = "session_id_unavailable"
 
     def __init__(self, session_id: str) -> None:
-        super().__init__(f"session {session_id!r} already exists; close it or use another id")
+        super().__init__(
+            f"session id {session_id!r} is not available (in use, closed recently, or holding "
+            "data); use another id, or send none and the service makes one"
+        )
         self.session_id = session_id
 
     def details(self) -> dict[str, Any]:
@@ -222,6 +229,25 @@ class SessionDataInKnowledgeError(ContextError, ValueError):
 
     http_status: ClassVar[int] = 422
     error_code: ClassVar[str] = "session_data_in_knowledge"
+
+
+class InvalidIdError(ContextError, ValueError):
+    """An id (a user id, an organisation id) that has no canonical form: invisible or control
+    characters, whitespace inside, scripts mixed as look-alikes do, or over the length limit.
+
+    ``field`` names the id and ``rule`` states the canonical-id rule, so a client can fix it.
+    """
+
+    http_status: ClassVar[int] = 422
+    error_code: ClassVar[str] = "invalid_id"
+
+    def __init__(self, message: str, *, field: str, rule: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.rule = rule
+
+    def details(self) -> dict[str, Any]:
+        return {"field": self.field, "rule": self.rule}
 
 
 class PayloadTooLargeError(ContextError, ValueError):

@@ -141,6 +141,7 @@ def read_l2(
 
 def read_prefs(
     wm: WorkingMemory,
+    org_id: str,
     user_id: str,
     key_spec: L2KeySpec,
     values: Mapping[str, Any],
@@ -149,24 +150,25 @@ def read_prefs(
 ) -> Op[tuple[list[Fragment], ContextMissError | None]]:
     """Operation: the session user's preferences: one type, or all of them (ident ``*``).
 
-    Traced under the preference key (``pref:{<uid>}:<type>``, or ``pref:{<uid>}:*`` for all,
+    Traced under the preference key (``pref:{<org>:<uid>}:<type>``, or ``...:*`` for all,
     found when the user has at least one). Each preference is a fragment
-    ``L2:pref:{<uid>}:<type>`` with ``{value, confidence, last_updated}``, relevance and
+    ``L2:pref:{<org>:<uid>}:<type>`` with ``{value, confidence, last_updated}``, relevance and
     confidence = its confidence, label ``"preference"``; "all" comes most confident first.
     """
-    placeholder = f"pref:{{{user_id}}}:<{key_spec.ident}>"
+    placeholder = f"pref:<{key_spec.ident}>"
     try:
+        prefs = wm.preferences(org_id, user_id)
+        placeholder = f"{prefs.prefix}<{key_spec.ident}>"
         ident = (
             key_spec.ident if key_spec.ident == ALL_PREFERENCES else fill(key_spec.ident, values)
         )
-        prefs = wm.preferences(user_id)
     except (TemplateParamError, ContextError) as e:
         _request(l2_trace, placeholder, key_spec)
         l2_trace["missing"].append(placeholder)
         return [], ContextMissError(placeholder, str(e))
     try:
         if ident == ALL_PREFERENCES:
-            key = f"pref:{{{prefs.user_id}}}:{ALL_PREFERENCES}"
+            key = prefs.prefix + ALL_PREFERENCES
             _request(l2_trace, key, key_spec)
             every = yield from prefs.all_op()
             found = sorted(every.values(), key=lambda p: (-p.confidence, p.type))

@@ -219,7 +219,7 @@ def _signature(handler: Callable[..., Any]) -> inspect.Signature:
 class LifecycleManager:
     """Applies lifecycle events. ``handle`` returns the new state; ``apply`` adds effects.
 
-    Every L2 effect goes through ``wm.session(sid)`` (and ``wm.preferences(uid)``): the
+    Every L2 effect goes through ``wm.session(sid)`` (and ``wm.preferences(org, uid)``): the
     manager never touches Redis itself. ``count_tokens`` is the embedding model's token
     counter (``Encoder.count_tokens``); None uses the heuristic of :mod:`context_core.tokens`.
     """
@@ -358,14 +358,14 @@ class LifecycleManager:
     ) -> EffectiveProfile | None:
         """The session's compliance snapshot (L2); read again from the store and kept when it
         is gone. None without a compliance store."""
-        from context_core.compliance import DEFAULT_ORG, load_snapshot, store_snapshot
+        from context_core.compliance import load_snapshot, store_snapshot
 
         if self.compliance is None:
             return None
         sm = self._sm(state)
         snap = load_snapshot(sm)
         if snap is None:
-            snap = self.compliance.effective(org_id or DEFAULT_ORG, state.user_id)
+            snap = self.compliance.effective(org_id or state.auth_context.org, state.user_id)
             store_snapshot(sm, snap)
         return snap
 
@@ -409,7 +409,7 @@ class LifecycleManager:
         device_id: str | None = None,
         org_id: str | None = None,
     ) -> EventResult:
-        from context_core.compliance import DEFAULT_ORG, store_snapshot
+        from context_core.compliance import store_snapshot
         from context_core.session import SessionState
 
         if state is not None:
@@ -420,7 +420,7 @@ class LifecycleManager:
         sm = self._sm(new)
         compliance: dict[str, Any] = {}
         if self.compliance is not None:  # the profile snapshot, read once (see module doc)
-            snap = self.compliance.effective(org_id or DEFAULT_ORG, new.user_id)
+            snap = self.compliance.effective(org_id or new.auth_context.org, new.user_id)
             compliance = {
                 "org_id": snap.org_id,
                 "profile_version": snap.version,
@@ -653,7 +653,8 @@ class LifecycleManager:
             "version": c.version,
             "completed_at": self.wm.now(),
         }
-        pref = self.wm.preferences(state.user_id).set(LAST_COMPLETED_TASK, task)
+        org = org_id or state.auth_context.org
+        pref = self.wm.preferences(org, state.user_id).set(LAST_COMPLETED_TASK, task)
         history = sm.key("contract", "history")
         grace = grace_s or self.goal_grace_s
         expiring = sm.expire_all(grace, only_shorten=True, keep=[history])

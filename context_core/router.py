@@ -320,7 +320,17 @@ class ContextRouter:
         ops: list[Op[Any]] = [sm.touch_op(touch_guard)]
         for key_spec in spec.l2_keys:
             if key_spec.kind == "pref":
-                ops.append(read_prefs(self.wm, state.user_id, key_spec, values, now, l2_trace))
+                ops.append(
+                    read_prefs(
+                        self.wm,
+                        state.auth_context.org,
+                        state.user_id,
+                        key_spec,
+                        values,
+                        now,
+                        l2_trace,
+                    )
+                )
             else:
                 ops.append(read_l2(sm, key_spec, values, params, now, l2_trace))
         ns_cmds, ns_interpret = read_namespaces(

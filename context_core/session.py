@@ -54,6 +54,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from context_core.errors import ContextError, InputTooDeepError, PersistenceRefusedError
 from context_core.gateway import Gateway, mask_mobile
+from context_core.identity import DEFAULT_ORG, canonical_user_id
 
 __all__ = [
     "TRACE_PAIRS",
@@ -274,11 +275,16 @@ class AuthContext:
     agent_id: str
     scopes: tuple[str, ...] = ()
     token_sha256: str = field(default="", repr=False)
+    #: The organisation the agent acts for: from its API key, never from a request body.
+    #: Every user-keyed record the session reaches is the user's *in this organisation*.
+    org: str = DEFAULT_ORG
 
     @classmethod
-    def from_token(cls, agent_id: str, token: str, scopes: tuple[str, ...] = ()) -> AuthContext:
+    def from_token(
+        cls, agent_id: str, token: str, scopes: tuple[str, ...] = (), *, org: str = DEFAULT_ORG
+    ) -> AuthContext:
         """Hash ``token`` right away so the raw credential never enters the state."""
-        return cls(agent_id, tuple(scopes), hashlib.sha256(token.encode()).hexdigest())
+        return cls(agent_id, tuple(scopes), hashlib.sha256(token.encode()).hexdigest(), org)
 
     def has_scope(self, scope: str) -> bool:
         return scope in self.scopes
@@ -393,12 +399,11 @@ class SessionState:
         start_time: float | None = None,
     ) -> SessionState:
         """A fresh state for a new session; the user query is cleaned by the gateway."""
-        for name, v in (("session_id", session_id), ("user_id", user_id)):
-            if not isinstance(v, str) or not v.strip():
-                raise ContextError(f"SessionState.start: {name} must be a non-empty string")
+        if not isinstance(session_id, str) or not session_id.strip():
+            raise ContextError("SessionState.start: session_id must be a non-empty string")
         return cls(
             session_id=session_id,
-            user_id=user_id,
+            user_id=canonical_user_id(user_id),
             start_time=time.time() if start_time is None else float(start_time),
             user_query=user_query,
             gateway=gateway,

@@ -170,7 +170,7 @@ def _full_session(env: Env) -> None:
     sm = env.sm()
     sm.put_step_result("1", {"finding": "bearing wear", "rms_mm_s": 5.1})
     sm.update_contract({"goal": "monthly report", "device": "PUMP-0042"}, expected_version=0)
-    prefs = env.sm().wm.preferences(env.user_id)
+    prefs = env.sm().wm.preferences("default", env.user_id)
     prefs.set("units", "mm/s", confidence=0.9)
     prefs.set("report_language", "en", confidence=0.6)
 
@@ -208,8 +208,8 @@ def test_generate_report_delivers_at_most_three_and_lists_the_rest(
     assert all(r["label"] == "confident" for r in refs[:ns_at])
     pref_refs = [r for r in refs if r["label"] == "preference"]
     assert [r["source"] for r in pref_refs] == [
-        f"L2:pref:{{{env.user_id}}}:units",
-        f"L2:pref:{{{env.user_id}}}:report_language",
+        f"L2:pref:{{default:{env.user_id}}}:units",
+        f"L2:pref:{{default:{env.user_id}}}:report_language",
     ]
     assert [r["relevance"] for r in pref_refs] == [0.9, 0.6]
     n_l1 = len(everything.by_layer("L1"))

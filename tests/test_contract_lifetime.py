@@ -66,7 +66,7 @@ class _Env:
         for sid in self.sessions:
             wm.session(sid).clear()
         for uid in self.users:
-            prefs = wm.preferences(uid)
+            prefs = wm.preferences("default", uid)
             for t in prefs.all():
                 prefs.delete(t)
         self.client.delete(self.activity)
@@ -402,11 +402,11 @@ def test_preferences_all_reads_the_user_index_and_never_scans(
     env = _Env(any_redis)
     try:
         wm = env.wm()
-        prefs = wm.preferences(env.user())
+        prefs = wm.preferences("default", env.user())
         prefs.set("units", {"pressure": "bar"}, confidence=0.8)
         prefs.set("language", "zh")
         prefs.set("tone", "brief", confidence=0.5)
-        assert prefs.index_key == f"pref:{{{prefs.user_id}}}:_index"
+        assert prefs.index_key == f"pref:{{default:{prefs.user_id}}}:_index"
         assert set(env.client.smembers(prefs.index_key)) == {"units", "language", "tone"}
         assert env.client.pttl(prefs.index_key) == -1
         with pytest.raises(ContextError):
@@ -422,7 +422,7 @@ def test_preferences_all_reads_the_user_index_and_never_scans(
         assert set(prefs.all()) == {"units", "language"}
         env.client.delete(prefs.key("units"))  # a hash gone behind the index's back
         assert set(prefs.all()) == {"language"}
-        other = wm.preferences(env.user())
+        other = wm.preferences("default", env.user())
         assert other.all() == {}
     finally:
         env.close()
@@ -430,17 +430,20 @@ def test_preferences_all_reads_the_user_index_and_never_scans(
 
 def test_preferences_of_any_user_id_stay_in_their_own_slot(env: _Env) -> None:
     wm = env.wm()
-    mail = wm.preferences("alice@example.com")
+    mail = wm.preferences("default", "alice@example.com")
     mail.set("language", "en")
     try:
         key = mail.key("language")
-        assert key.startswith("pref:{h~") and "alice" not in key
-        assert key == f"pref:{{{mail.key_id}}}:language" and mail.user_id == "alice@example.com"
-        assert wm.preferences("alice@example.com").get("language").value == "en"
+        assert key.startswith("pref:{default:h~") and "alice" not in key
+        assert (
+            key == f"pref:{{default:{mail.key_id}}}:language"
+            and mail.user_id == "alice@example.com"
+        )
+        assert wm.preferences("default", "alice@example.com").get("language").value == "en"
         assert key_slot(key.encode()) == key_slot(mail.index_key.encode())
-        assert wm.preferences("bob@example.com").all() == {}
-        with pytest.raises(ContextError, match="invalid user id"):
-            wm.preferences("")
+        assert wm.preferences("default", "bob@example.com").all() == {}
+        with pytest.raises(ContextError, match="invalid user_id"):
+            wm.preferences("default", "")
     finally:
         mail.delete("language")
 
@@ -517,7 +520,7 @@ def test_every_script_keeps_to_one_slot_over_a_whole_session(env: _Env) -> None:
         state = mgr.handle("recovery_complete", state)
         assert isinstance(state, SessionState)
         mgr.sweep_idle(now=time.time() + 10)  # times the session out
-        wm.preferences(uid).set("x", 1)
+        wm.preferences("default", uid).set("x", 1)
         mgr.handle("goal_achieved", state)
         assert len(_SCRIPT_CALLS) >= 15  # the check really saw the scripts
         assert env.client.zscore(env.activity, sid) is None

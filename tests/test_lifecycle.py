@@ -52,7 +52,7 @@ class Env:
 
 def _teardown(url: str, client: redis.Redis, session_id: str, user_id: str) -> None:
     cleanup_keys(url, f"wm:{{{session_id}}}:*")
-    cleanup_keys(url, f"pref:{{{user_id}}}:*")
+    cleanup_keys(url, f"pref:{{default:{user_id}}}:*")
     client.zrem(ACTIVITY_KEY, session_id)
 
 
@@ -281,15 +281,15 @@ def test_goal_achieved_archives_contract_and_records_last_task(env: Env) -> None
     assert sm.contract().status == "completed"
     assert env.client.zscore(ACTIVITY_KEY, env.session_id) is None
 
-    pref = env.wm.preferences(env.user_id).get("last_completed_task")
+    pref = env.wm.preferences("default", env.user_id).get("last_completed_task")
     assert pref.value == res.effects["last_completed_task"]
     assert pref.value["session_id"] == env.session_id
     assert pref.value["goal"] == state.user_query
     assert pref.value["contract"] == {"max_pages": 2}
     assert pref.value["version"] == 2
     assert pref.value["completed_at"] == pytest.approx(time.time(), abs=30)
-    assert env.client.pttl(f"pref:{{{env.user_id}}}:last_completed_task") == -1
-    assert "last_completed_task" in env.wm.preferences(env.user_id).all()
+    assert env.client.pttl(f"pref:{{default:{env.user_id}}}:last_completed_task") == -1
+    assert "last_completed_task" in env.wm.preferences("default", env.user_id).all()
 
 
 def test_goal_achieved_profile_write_passes_the_gateway(env: Env) -> None:
@@ -305,12 +305,12 @@ def test_goal_achieved_profile_write_passes_the_gateway(env: Env) -> None:
     )
     try:
         res = env.mgr.apply("goal_achieved", state)
-        task = env.wm.preferences("alice@example.com").get("last_completed_task").value
+        task = env.wm.preferences("default", "alice@example.com").get("last_completed_task").value
         assert task == res.effects["last_completed_task"]
         assert secret not in str(task) and "[REDACTED]" in task["goal"]
         assert task["contract"] == {"ticket": "INC-7"}
     finally:
-        env.wm.preferences("alice@example.com").delete("last_completed_task")
+        env.wm.preferences("default", "alice@example.com").delete("last_completed_task")
 
 
 def test_goal_achieved_promotes_confirmed_answers_to_hot(env: Env, knowledge_env: object) -> None:
@@ -379,7 +379,7 @@ def test_scripted_demo_session_runs_every_layer(settings: Settings, redis_url: s
         assert hot_id
     finally:
         cleanup_keys(redis_url, f"wm:{{{sid}}}:*")
-        cleanup_keys(redis_url, "pref:{demo-user}:*")  # goal_achieved's last_completed_task
+        cleanup_keys(redis_url, "pref:{default:demo-user}:*")  # goal_achieved's last_completed_task
         c = redis_client(redis_url)
         c.zrem(ACTIVITY_KEY, sid)
         c.delete("ns:{fleet}:kv:baseline:PUMP")
@@ -439,7 +439,7 @@ def test_ttl_events_touch_only_the_session_and_never_scan(
             s.clear()
             client.zrem(ACTIVITY_KEY, s.session_id)
         for uid in users:
-            wm.preferences(uid).delete("last_completed_task")
+            wm.preferences("default", uid).delete("last_completed_task")
         client.close()
 
 

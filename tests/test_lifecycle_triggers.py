@@ -79,7 +79,7 @@ def env(any_redis: str) -> Iterator[Env]:
         for sid in e.sessions:
             cleanup_keys(any_redis, f"wm:{{{sid}}}:*")
         for uid in e.users:
-            cleanup_keys(any_redis, f"pref:{{{uid}}}:*")
+            cleanup_keys(any_redis, f"pref:{{default:{uid}}}:*")
         client.delete(e.activity)
         client.close()
 

@@ -181,7 +181,7 @@ def env(tmp_path: Path, redis_url: str, session_id: str, encoder: Encoder) -> It
     tracer = TraceWriter(settings.traces_dir, gateway=gw)
     yield Env(settings, gw, client, store, km, tracer, session_id, redis_url)
     cleanup_keys(redis_url, f"wm:{{{session_id}}}:*")
-    cleanup_keys(redis_url, f"pref:{{u-{session_id}}}:*")
+    cleanup_keys(redis_url, f"pref:{{default:u-{session_id}}}:*")
     client.zrem("ctx:activity", session_id)  # every route is session activity
     store.close()
     client.close()
@@ -329,7 +329,7 @@ def test_generate_report_bundle_exact_provenance(env: Env) -> None:
     validate_record(rec)
     assert rec["trace_id"] == b.trace_id
     assert rec["intent"] == "generate_report" and rec["step"] == 2
-    prefs = f"pref:{{{env.user_id}}}:*"  # generate_report loads the user's preferences, optionally
+    prefs = f"pref:{{default:{env.user_id}}}:*"  # generate_report loads the user's preferences, optionally
     assert rec["l2"] == {
         "requested": [f"wm:{{{sid}}}:step:1", f"wm:{{{sid}}}:contract:current", prefs],
         "required": [f"wm:{{{sid}}}:step:1"],
@@ -609,7 +609,7 @@ def test_required_miss_raises_after_trace(env: Env) -> None:
     assert rec["l2"]["missing"] == [
         f"wm:{{{sid}}}:step:1",
         f"wm:{{{sid}}}:contract:current",
-        f"pref:{{{env.user_id}}}:*",
+        f"pref:{{default:{env.user_id}}}:*",
     ]
     assert rec["l2"]["found"] == []
     assert rec["l3"]["used"] is False
@@ -896,7 +896,7 @@ def test_router_traces_give_cer_what_it_needs(env: Env) -> None:
 
 
 def test_preferences_intent_routes_the_users_structured_preferences(env: Env) -> None:
-    prefs = env.sm().wm.preferences(env.user_id)
+    prefs = env.sm().wm.preferences("default", env.user_id)
     prefs.set("units", "mm/s", confidence=0.9)
     prefs.set("report_language", "de", confidence=0.4)
     prefs.set("detail", {"level": "short"}, confidence=0.7)
@@ -906,9 +906,9 @@ def test_preferences_intent_routes_the_users_structured_preferences(env: Env) ->
         b = router.route(env.state(), "preferences")
     # Budget 3: the three most confident preferences; the fourth and the L1 fields by reference.
     assert b.sources == (
-        f"L2:pref:{{{uid}}}:units",
-        f"L2:pref:{{{uid}}}:detail",
-        f"L2:pref:{{{uid}}}:report_language",
+        f"L2:pref:{{default:{uid}}}:units",
+        f"L2:pref:{{default:{uid}}}:detail",
+        f"L2:pref:{{default:{uid}}}:report_language",
     )
     units = b.fragments[0]
     assert units.content["value"] == "mm/s" and units.content["confidence"] == 0.9
@@ -917,16 +917,16 @@ def test_preferences_intent_routes_the_users_structured_preferences(env: Env) ->
     assert 0 <= units.freshness_hours < 0.01
     assert b.fragments[1].content["value"] == {"level": "short"}
     assert b.context_used["l2"] == [
-        f"pref:{{{uid}}}:{t}" for t in ("units", "detail", "report_language")
+        f"pref:{{default:{uid}}}:{t}" for t in ("units", "detail", "report_language")
     ]
     assert [r["source"] for r in b.context_used["by_reference"]] == [
-        f"L2:pref:{{{uid}}}:greeting",
+        f"L2:pref:{{default:{uid}}}:greeting",
         "L1:session.user_query",
         "L1:session.current_step",
     ]
     (rec,) = env.traces()
-    assert rec["l2"]["requested"] == [f"pref:{{{uid}}}:*"]
-    assert rec["l2"]["found"] == [f"pref:{{{uid}}}:*"] and rec["l2"]["missing"] == []
+    assert rec["l2"]["requested"] == [f"pref:{{default:{uid}}}:*"]
+    assert rec["l2"]["found"] == [f"pref:{{default:{uid}}}:*"] and rec["l2"]["missing"] == []
 
 
 def test_one_preference_type_and_misses(env: Env) -> None:
@@ -940,16 +940,16 @@ def test_one_preference_type_and_misses(env: Env) -> None:
     with env.router(registry=registry) as router:
         none = router.route(env.state(), "preferences")
         missing = router.route(env.state(), "units_only")
-        env.sm().wm.preferences(uid).set("units", "in/s", confidence=0.5)
+        env.sm().wm.preferences("default", uid).set("units", "in/s", confidence=0.5)
         found = router.route(env.state(), "units_only")
         by_param = router.route(env.state(), "lang_from_params", params={"pref": "units"})
     assert none.sources == ("L1:session.user_query", "L1:session.current_step")
     assert missing.fragments == ()
-    assert found.sources == (f"L2:pref:{{{uid}}}:units",)
+    assert found.sources == (f"L2:pref:{{default:{uid}}}:units",)
     assert found.fragments[0].content["value"] == "in/s"
     assert by_param.sources == found.sources
     recs = env.traces()
-    assert recs[0]["l2"]["missing"] == [f"pref:{{{uid}}}:*"]
-    assert recs[1]["l2"]["missing"] == [f"pref:{{{uid}}}:units"]
+    assert recs[0]["l2"]["missing"] == [f"pref:{{default:{uid}}}:*"]
+    assert recs[1]["l2"]["missing"] == [f"pref:{{default:{uid}}}:units"]
     assert recs[1]["l2"]["expired"] == []  # preferences have no TTL: never "expired"
-    assert recs[2]["l2"]["found"] == [f"pref:{{{uid}}}:units"]
+    assert recs[2]["l2"]["found"] == [f"pref:{{default:{uid}}}:units"]

@@ -664,12 +664,12 @@ def test_an_ownerless_library_session_is_not_claimable(
         )
         body = {"session_id": session_id, "user_id": "u", "user_query": "mine now"}
         r = ca.post("/v1/sessions", json=body)
-        assert r.status_code == 403 and "not available" in r.json()["detail"]
+        assert r.status_code == 409 and "not available" in r.json()["detail"]
         other = f"{session_id}-o"
         _start(ca, other)
         with _client(hard, hard["b"]) as cb:  # same answer as for another agent's live id
             r2 = cb.post("/v1/sessions", json={**body, "session_id": other})
-        assert r2.status_code == 403
+        assert r2.status_code == 409
         assert r2.json()["detail"].replace(other, "X") == r.json()["detail"].replace(
             session_id, "X"
         )

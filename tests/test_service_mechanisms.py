@@ -28,7 +28,7 @@ def svc(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[di
     with running_service(settings) as url:
         yield {"url": url, "keys": raw, "settings": settings, "redis_url": redis_url}
     cleanup_service_keys(redis_url)
-    cleanup_keys(redis_url, "pref:{u-mech-*")
+    cleanup_keys(redis_url, "pref:{*:u-mech-*")
 
 
 def _client(svc: dict[str, Any], agent: str = "agent-a") -> httpx.Client:

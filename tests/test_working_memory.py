@@ -608,7 +608,7 @@ def test_cross_session_read_impossible(env: _Env) -> None:
 
 def test_preferences_round_trip(env: _Env) -> None:
     uid = env.user()
-    prefs = env.wm.preferences(uid)
+    prefs = env.wm.preferences("default", uid)
     p = prefs.set("units", {"pressure": "bar"}, confidence=0.8)
     got = prefs.get("units")
     assert (got.value, got.confidence) == ({"pressure": "bar"}, 0.8)
@@ -622,7 +622,7 @@ def test_preferences_round_trip(env: _Env) -> None:
     assert env.client.pttl(prefs.key("units")) == -1
     with pytest.raises(ContextMissError) as ei:
         prefs.get("tone")
-    assert ei.value.key == f"pref:{{{uid}}}:tone"
+    assert ei.value.key == f"pref:{{default:{uid}}}:tone"
     with pytest.raises(ContextError, match="confidence"):
         prefs.set("units", "psi", confidence=1.5)
 
@@ -662,7 +662,7 @@ def _write_everywhere(
     s.put_step_result("step", {"result": payload})
     version = s.contract().version
     s.update_contract({"spec": payload}, expected_version=version)
-    wm.preferences(prefs_user).set("style", payload, confidence=0.5)
+    wm.preferences("default", prefs_user).set("style", payload, confidence=0.5)
     s.add_series_point("temp", 1.0, 2.0)
 
 

@@ -11,6 +11,42 @@ def register(app: typer.Typer) -> None:
     """Add this module's commands to the root app."""
     app.command("session-demo")(session_demo)
     app.command("sweep-idle")(sweep_idle)
+    app.command("migrate-user-keys")(migrate_user_keys)
+
+
+def migrate_user_keys(
+    org: str = typer.Option(
+        ...,
+        "--org",
+        help="The organisation the legacy (unscoped) preferences belong to; its compliance "
+        "user profiles with non-canonical ids move too.",
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Report what would move; change nothing."
+    ),
+    drop: bool = typer.Option(
+        False, "--drop", help="Delete the legacy preference keys instead of moving them."
+    ),
+) -> None:
+    """Carry user records written before user ids were scoped by organisation and canonical
+    (pref:{<uid>}:* and non-canonical compliance user ids) over to their new keys, or drop
+    them. Until then they are unreachable, never shared. Idempotent; prints a JSON report
+    (counts and ids, never values)."""
+    import json as _json
+
+    from context_core.config import get_settings
+    from context_core.errors import ContextError
+    from context_core.platform import build_platform
+    from context_core.working_memory.user_keys_migration import migrate_user_keys as migrate
+
+    settings = get_settings()
+    try:
+        with build_platform(settings, with_knowledge=False) as platform:
+            report = migrate(platform.redis, org, dry_run=dry_run, drop=drop)
+    except ContextError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2) from e
+    typer.echo(_json.dumps(report.to_dict(), indent=2))
 
 
 def sweep_idle(

@@ -8,9 +8,10 @@
   does not hold). They go to hot knowledge right away, cleaned by the gateway and
   trust-scoped exactly like ``goal_achieved``'s answers (the writer is the calling agent).
 * ``GET/PUT/DELETE /v1/sessions/{id}/preferences[/{type}]``: the structured preferences of
-  the session's user (``pref:{<uid>}:<type>``). The user is the one the session was started
-  for (read from its latest signed state), so an agent reaches only the preferences of users
-  whose sessions it owns.
+  the session's user (``pref:{<org>:<uid>}:<type>``). The user is the one the session was
+  started for (read from its latest signed state) and the organisation the calling agent's
+  API key's, so an agent reaches only the preferences of its own organisation's users whose
+  sessions it owns.
 
 Each request is session activity: it refreshes the task contract's lifetime and the idle
 clock (:meth:`~context_core.working_memory.SessionMemory.touch`).
@@ -176,7 +177,7 @@ def install_agent_routes(app: FastAPI) -> None:
     )
     def get_preferences(session_id: PathSessionId, svc: Svc, who: Who) -> Response:
         """Every structured preference of the session's user."""
-        prefs = svc.wm.preferences(_user_of(svc, session_id, who.agent_id)).all()
+        prefs = svc.wm.preferences(who.org, _user_of(svc, session_id, who.agent_id)).all()
         return wire_response(
             {
                 "session_id": session_id,
@@ -201,7 +202,7 @@ def install_agent_routes(app: FastAPI) -> None:
         """Set one preference (value cleaned by the gateway) with how sure the agent is."""
         user = _user_of(svc, session_id, who.agent_id)
         svc.quotas.charge(who.agent_id, nbytes, session_id=session_id)
-        p = svc.wm.preferences(user).set(pref_type, body.value, confidence=body.confidence)
+        p = svc.wm.preferences(who.org, user).set(pref_type, body.value, confidence=body.confidence)
         svc.wm.session(session_id).touch()
         return wire_response({"type": pref_type, **_pref_dict(p)})
 
@@ -216,5 +217,5 @@ def install_agent_routes(app: FastAPI) -> None:
     ) -> Response:
         """Forget one preference of the session's user."""
         user = _user_of(svc, session_id, who.agent_id)
-        deleted = svc.wm.preferences(user).delete(pref_type)
+        deleted = svc.wm.preferences(who.org, user).delete(pref_type)
         return wire_response({"type": pref_type, "deleted": bool(deleted)})

@@ -7,7 +7,8 @@ the latest signed L1 state, +1 per applied event). The signed state carries ``no
 owner, incarnation and version together:
 
 * another agent's session and a missing one answer the same (404 ``unknown_session``), so
-  session ids don't leak between agents;
+  session ids don't leak between agents; creating an id that cannot be taken answers one
+  409 ``session_id_unavailable`` whatever the reason (:meth:`OwnerBinding.claim`);
 * a state from an earlier incarnation (the session was closed and created again) or an older
   version (replayed, or superseded by a later event) is ``stale_state`` (409);
 * an event first takes a short lease (``svc:{<sid>}:lease``, SET NX PX) in the same script;
@@ -58,14 +59,13 @@ LEASE_MS = 60_000
 # KEYS: 1 session hash, 2 latest state, 3 lease, 4.. the session's L2 index + fixed keys.
 # ARGV: 1 agent, 2 ttl seconds, 3 nonce.
 CLAIM_LUA = """
-local owner = redis.call('HGET', KEYS[1], 'owner')
-if owner then
-  if owner == ARGV[1] then return 'exists' end
-  return 'taken'
-end
+local h = redis.call('HMGET', KEYS[1], 'owner', 'closed_by')
+if h[1] then return 'taken' end
+if h[2] and h[2] ~= ARGV[1] then return 'taken' end
 for i = 4, #KEYS do
   if redis.call('EXISTS', KEYS[i]) == 1 then return 'taken' end
 end
+redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'inc', ARGV[3], 'ver', '0')
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('DEL', KEYS[2], KEYS[3])
@@ -213,9 +213,12 @@ class OwnerBinding:
     def claim(self, session_id: str, agent_id: str) -> str:
         """Bind a new session to ``agent_id``; returns its incarnation nonce.
 
-        The caller's own live id is :class:`SessionExistsError` (409); an id held by another
-        agent, or whose L2 data exists without any owner, is :class:`AccessDeniedError` (403)
-        alike, so the answer never says whose it is.
+        Every id that cannot be taken answers the same :class:`SessionExistsError` (409
+        ``session_id_unavailable``, one message): the caller's own live id, another agent's,
+        one another agent closed less than the session TTL ago (its tombstone, see
+        :meth:`release_cmds`), one whose L2 data exists without an owner. So the answer never
+        says whether some other agent is using an id: "unavailable" is also what a closed or
+        orphaned id answers. The agent that closed an id may take it again at once.
         """
         prefix = session_prefix(session_id)
         wm_keys = [index_key(prefix), *(f"{prefix}{k}:{i}" for k, i in FIXED_KEYS)]
@@ -227,12 +230,8 @@ class OwnerBinding:
             [agent_id, self.ttl_s, nonce],
             durable=True,
         )
-        if status == "exists":
-            raise SessionExistsError(session_id)
         if status != "ok":
-            raise AccessDeniedError(
-                f"session id {session_id!r} is not available to this agent; use another id"
-            )
+            raise SessionExistsError(session_id)
         return str(nonce)
 
     def adopt(self, session_id: str, agent_id: str) -> str:
@@ -382,9 +381,17 @@ class OwnerBinding:
             self._publish, [self.state_key(session_id)], [state_json, self.ttl_s], durable=True
         )
 
-    def release_cmds(self, session_id: str) -> list[Cmd]:
-        """:meth:`release` as commands (with the close's other cleanup in one round trip)."""
-        return [cmd("DEL", *self._keys(session_id))]
+    def release_cmds(self, session_id: str, agent_id: str) -> list[Cmd]:
+        """A close: the owner record, latest state and lease go, and a tombstone
+        (``closed_by``, no owner) stays for the session TTL. Requests for the id answer
+        ``unknown_session`` like a missing one; another agent's claim of it answers like a
+        live id's (:meth:`claim`), so a close does not reveal itself either."""
+        key = self.key(session_id)
+        return [
+            cmd("DEL", *self._keys(session_id)),
+            cmd("HSET", key, "closed_by", agent_id),
+            cmd("EXPIRE", key, self.ttl_s),
+        ]
 
     def server_state(self, session_id: str) -> str | None:
         """The latest signed state of a session whoever owns it (server-side jobs only, such

@@ -67,6 +67,7 @@ from context_core.errors import (
     StateTooLargeError,
     UnknownSessionError,
 )
+from context_core.identity import canonical_user_id
 from context_core.output_sanitizer import sanitize_output
 from context_core.redis_conn import REDIS_ERRORS
 from context_core.redis_ops import Cmd, Op, ok
@@ -93,7 +94,7 @@ EVENT_ERRORS = error_responses(*SESSION_ERRORS, 423)
 
 
 def _auth(who: Any) -> AuthContext:
-    return AuthContext(agent_id=who.agent_id, scopes=tuple(who.purposes))
+    return AuthContext(agent_id=who.agent_id, scopes=tuple(who.purposes), org=who.org)
 
 
 def _signed_for(svc: Services, wire: WireState, session_id: str) -> None:
@@ -275,7 +276,12 @@ def install_session_routes(app: FastAPI) -> None:
     def create_session(
         body: CreateSessionRequest, svc: Svc, who: Who, nbytes: BodyBytes
     ) -> Response:
-        """Start a session owned by the calling agent; returns the signed L1 state."""
+        """Start a session owned by the calling agent; returns the signed L1 state. The user
+        id is kept in canonical form (NFKC, trimmed, case-folded; 422 ``invalid_id`` naming the
+        rule for ids with invisible characters or look-alike script mixes); it names a user
+        of the calling agent's organisation. An id that cannot be taken answers 409
+        ``session_id_unavailable``, whatever the reason."""
+        canonical_user_id(body.user_id)  # refused before anything is claimed
         sid = body.session_id or f"s-{uuid.uuid4().hex}"
         nonce = svc.owners.claim(sid, who.agent_id)
         try:
@@ -595,7 +601,7 @@ def install_session_routes(app: FastAPI) -> None:
                 _sent(
                     [
                         *svc.wm.forget_activity_cmds(session_id),
-                        *svc.owners.release_cmds(session_id),
+                        *svc.owners.release_cmds(session_id, who.agent_id),
                         *svc.quotas.forget_cmds(who.agent_id, session_id),
                     ]
                 )

@@ -1,6 +1,8 @@
 """Key building and id validation for L2: the one place that decides what a key may contain.
 
-Session keys are ``wm:{<sid>}:<kind>:<ident>`` and preference keys ``pref:{<uid>}:<type>``.
+Session keys are ``wm:{<sid>}:<kind>:<ident>`` and preference keys
+``pref:{<org>:<uid>}:<type>``: a user id means something only inside its organisation
+(:mod:`context_core.identity`), so a user's keys carry the organisation too.
 The braces are a Redis Cluster hash tag, so all of one session's keys share a slot. Ids are
 checked against strict patterns because a brace, colon or glob character in an id would let
 one session's key address another's. Session keys are never found by pattern: each session
@@ -16,6 +18,7 @@ from typing import Any
 
 from context_core import defaults
 from context_core.errors import ContextError, PayloadTooLargeError
+from context_core.identity import canonical_user_id
 
 __all__ = [
     "DEFAULT_MAX_STEP_BYTES",
@@ -23,6 +26,7 @@ __all__ = [
     "canonical",
     "check_ident",
     "check_kind",
+    "check_org",
     "check_sid",
     "check_size",
     "pref_index_key",
@@ -35,6 +39,7 @@ __all__ = [
 _SID = re.compile(r"^[A-Za-z0-9._\-]{1,128}$")
 _KIND = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _IDENT = re.compile(r"^[^\s{}:*?\[\]\\]{1,256}$")
+_ORG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 #: Hash fields starting with this are the store's own bookkeeping (``_stored_at``, ...).
 RESERVED_PREFIX = "_"
@@ -97,31 +102,42 @@ def session_prefix(session_id: str) -> str:
     return f"wm:{{{session_id}}}:"
 
 
-def pref_prefix(user_id: str) -> str:
-    """``pref:{<uid>}:`` for an already validated user id."""
-    return f"pref:{{{user_id}}}:"
+def pref_prefix(org_id: str, user_key: str) -> str:
+    """``pref:{<org>:<uid>}:`` for a checked org id and a user's key id (:func:`user_key_id`).
+    Neither may hold a colon, so the pair is unambiguous."""
+    return f"pref:{{{check_org(org_id)}:{user_key}}}:"
 
 
-def pref_index_key(user_id: str) -> str:
-    """``pref:{<uid>}:_index``: the Set of a user's preference types (same slot as them).
-    The leading ``_`` is refused by :func:`check_kind`, so it is never a preference type."""
-    return f"{pref_prefix(user_id)}_index"
+def pref_index_key(org_id: str, user_key: str) -> str:
+    """``pref:{<org>:<uid>}:_index``: the Set of a user's preference types (same slot as
+    them). The leading ``_`` is refused by :func:`check_kind`, so it is never a type."""
+    return f"{pref_prefix(org_id, user_key)}_index"
+
+
+def check_org(value: object) -> str:
+    """An organisation id as API keys carry it (1-64 of A-Z a-z 0-9 . _ -)."""
+    return _check(
+        "organisation id",
+        value,
+        _ORG,
+        "use 1-64 characters from A-Z a-z 0-9 . _ - starting with a letter or digit",
+    )
 
 
 def user_key_id(user_id: object) -> str:
-    """The id a user's keys are built from: the user id itself when it is a valid key id
+    """The id a user's keys are built from: the canonical user id
+    (:func:`context_core.identity.canonical_user_id`) when it is a valid key id
     (:func:`check_sid`), else ``h~`` + 40 hex digits of its sha256.
 
     User ids come from clients (an e-mail address, a display name); hashing the ones outside
     the key alphabet gives every user a stable slot without letting a brace or a colon in the
     id address another user's keys. ``~`` is outside the alphabet, so a hashed id never
-    equals a plain one.
+    equals a plain one. ``U-1``, ``u-1 `` and ``ｕ-1`` are one user (``u-1``).
     """
-    if not isinstance(user_id, str) or not user_id.strip():
-        raise ContextError(f"invalid user id {user_id!r}: a non-empty string is required")
-    if _SID.fullmatch(user_id):
-        return user_id
-    return "h~" + hashlib.sha256(user_id.encode()).hexdigest()[:40]
+    uid = canonical_user_id(user_id)
+    if _SID.fullmatch(uid):
+        return uid
+    return "h~" + hashlib.sha256(uid.encode()).hexdigest()[:40]
 
 
 def canonical(value: Any) -> str:

@@ -253,9 +253,11 @@ class WorkingMemory:
         """The only door to ``wm:{<session_id>}:...`` keys."""
         return SessionMemory(self, check_sid(session_id))
 
-    def preferences(self, user_id: str) -> Preferences:
-        """A user's preferences (any non-empty user id; see :func:`.keys.user_key_id`)."""
-        return Preferences(self, user_id)
+    def preferences(self, org_id: str, user_id: str) -> Preferences:
+        """The preferences of user ``user_id`` of organisation ``org_id`` (the org comes from
+        the caller's credential; the user id is canonicalised, see
+        :func:`context_core.identity.canonical_user_id`)."""
+        return Preferences(self, org_id, user_id)
 
     # ---- session activity (global Sorted Set ctx:activity, see .lifetime) -----------------
     def idle_sessions(self, now: float | None = None, limit: int = 500) -> list[str]:

@@ -1,10 +1,15 @@
-"""Structured user preferences: ``pref:{<uid>}:<type>`` hashes (value, confidence, last_updated).
+"""Structured user preferences: ``pref:{<org>:<uid>}:<type>`` hashes (value, confidence,
+last_updated).
 
 Preferences outlive sessions (no TTL) and are keyed by user, not session, so they have their
 own view type; like session data, every value passes the sanitize gateway before Redis.
 
+A user id means something only inside its organisation, so the key holds both: the agent of
+another organisation that sends the same user id reaches another user's (empty) preferences.
+The user id is compared in its canonical form (:func:`context_core.identity.canonical_user_id`).
+
 How a user's preferences are listed without scanning the keyspace: a Set
-``pref:{<uid>}:_index`` (same hash tag, so same slot) holds the user's preference *types*.
+``pref:{<org>:<uid>}:_index`` (same hash tag, so same slot) holds the user's preference *types*.
 :meth:`Preferences.set` and :meth:`Preferences.delete` change the hash and the index in one
 Lua script, so the two never disagree; :meth:`Preferences.all` reads the index and then the
 hashes it names (two round trips, O(preferences of that user)). ``_index`` starts with an
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from context_core.errors import ContextError, ContextMissError
+from context_core.identity import canonical_user_id
 from context_core.redis_ops import Op, cmd, ok
 from context_core.working_memory.keys import (
     canonical,
@@ -66,14 +72,15 @@ class Preference:
 
 
 class Preferences:
-    """A user's structured preferences: ``pref:{<uid>}:<type>`` hashes, no TTL."""
+    """A user's structured preferences: ``pref:{<org>:<uid>}:<type>`` hashes, no TTL."""
 
-    def __init__(self, wm: WorkingMemory, user_id: str) -> None:
+    def __init__(self, wm: WorkingMemory, org_id: str, user_id: str) -> None:
         self._wm = wm
-        self.user_id = user_id
-        self._uid = user_key_id(user_id)
-        self._prefix = pref_prefix(self._uid)
-        self._index = pref_index_key(self._uid)
+        self.org_id = org_id
+        self.user_id = canonical_user_id(user_id)
+        self._uid = user_key_id(self.user_id)
+        self._prefix = pref_prefix(org_id, self._uid)
+        self._index = pref_index_key(org_id, self._uid)
 
     @property
     def key_id(self) -> str:
@@ -82,8 +89,13 @@ class Preferences:
         return self._uid
 
     @property
+    def prefix(self) -> str:
+        """``pref:{<org>:<uid>}:``: what every key of this user starts with."""
+        return self._prefix
+
+    @property
     def index_key(self) -> str:
-        """``pref:{<uid>}:_index``: the Set of this user's preference types."""
+        """``pref:{<org>:<uid>}:_index``: the Set of this user's preference types."""
         return self._index
 
     def key(self, pref_type: str) -> str:

@@ -58,7 +58,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from context_core import defaults
 from context_core.auth import ORG_PATTERN
-from context_core.identity import DEFAULT_ORG
 from context_core.errors import (
     BackendUnavailableError,
     ConfigError,
@@ -66,6 +65,7 @@ from context_core.errors import (
     ContextMissError,
     VersionConflictError,
 )
+from context_core.identity import DEFAULT_ORG
 from context_core.on_loop import blocking
 from context_core.redis_conn import REDIS_ERRORS
 from context_core.redis_ops import Op, cmd, execute, ok

@@ -329,7 +329,8 @@ def test_generate_report_bundle_exact_provenance(env: Env) -> None:
     validate_record(rec)
     assert rec["trace_id"] == b.trace_id
     assert rec["intent"] == "generate_report" and rec["step"] == 2
-    prefs = f"pref:{{default:{env.user_id}}}:*"  # generate_report loads the user's preferences, optionally
+    # generate_report loads the user's preferences, optionally
+    prefs = f"pref:{{default:{env.user_id}}}:*"
     assert rec["l2"] == {
         "requested": [f"wm:{{{sid}}}:step:1", f"wm:{{{sid}}}:contract:current", prefs],
         "required": [f"wm:{{{sid}}}:step:1"],

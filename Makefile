@@ -18,7 +18,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test test-fast lint format typecheck bench serve loadtest compose-check clean
+.PHONY: install run test test-fast lint format typecheck bench serve loadtest compose-check docs clean
 
 install: $(STAMP)
 
@@ -60,6 +60,9 @@ serve: $(STAMP)
 
 loadtest: $(STAMP)
 	$(BIN)/ctx loadtest $(or $(PROFILE),short_sessions)
+
+docs: $(STAMP)  ## the documentation site (mkdocs.yml, docs/) into site/; --strict: a warning fails
+	$(BIN)/mkdocs build --strict --site-dir site
 
 compose-check:  ## validate docker-compose.yml (throwaway secrets: the real ones come from your env)
 	POSTGRES_PASSWORD=$${POSTGRES_PASSWORD:-check-only} AIRFLOW_JWT_SECRET=$${AIRFLOW_JWT_SECRET:-check-only} \

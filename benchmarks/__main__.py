@@ -14,6 +14,7 @@ SCRIPTS = [
     "ingest_zip_bomb",
     "service_capacity",
     "redaction",
+    "output_sanitizer",
 ]
 
 

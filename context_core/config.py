@@ -379,6 +379,15 @@ class Settings(BaseSettings):
         description="Largest L2 step result (cleaned JSON of its fields); bigger ones are "
         "refused (413), or stored as a pointer to the tool call's L2 copy.",
     )
+    output_sanitize_budget_ms: float = Field(
+        1000.0,
+        gt=0,
+        le=60_000,
+        description="CPU time (ms) the service may spend cleaning one agent output "
+        "(POST .../outputs: Markdown links, HTML, secrets/PII; run off the event loop); "
+        "over it the request is answered 413 output_sanitize_budget_exceeded and nothing is "
+        "stored. The sanitizer is linear: a 256 KB output takes well under 100 ms.",
+    )
     max_live_sessions_per_agent: int = Field(
         1000, gt=0, description="Open service sessions one agent may hold (429 beyond)."
     )

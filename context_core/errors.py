@@ -36,6 +36,7 @@ __all__ = [
     "PayloadTooLargeError",
     "PersistenceRefusedError",
     "QuotaExceededError",
+    "SanitizeBudgetExceededError",
     "SessionDataInKnowledgeError",
     "SessionExistsError",
     "StaleStateError",
@@ -273,6 +274,26 @@ class StateTooLargeError(PayloadTooLargeError):
 
     http_status: ClassVar[int] = 413
     error_code: ClassVar[str] = "state_too_large"
+
+
+class SanitizeBudgetExceededError(PayloadTooLargeError):
+    """Cleaning an agent's output (:func:`context_core.output_sanitizer.sanitize_output`)
+    took more CPU time than ``CTX_OUTPUT_SANITIZE_BUDGET_MS``; nothing was stored. A shorter
+    or simpler output fits (the budget is what one request may cost the service)."""
+
+    http_status: ClassVar[int] = 413
+    error_code: ClassVar[str] = "output_sanitize_budget_exceeded"
+    setting: ClassVar[str] = "CTX_OUTPUT_SANITIZE_BUDGET_MS"
+
+    def __init__(self, budget_ms: float) -> None:
+        super().__init__(
+            f"sanitizing the output took more than {budget_ms:g} ms of CPU time "
+            f"({self.setting}); send a shorter or simpler output"
+        )
+        self.budget_ms = budget_ms
+
+    def details(self) -> dict[str, Any]:
+        return {"limit_ms": self.budget_ms, "setting": self.setting}
 
 
 class InputTooDeepError(ContextError, ValueError):

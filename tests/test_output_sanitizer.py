@@ -525,3 +525,346 @@ def test_outputs_endpoint_stores_and_returns_the_sanitized_reply(
     mine = [json.loads(x) for x in raw.splitlines() if f"output:{session_id}:tr-out-1" in x]
     kinds = {f["kind"] for rec in mine for f in rec["findings"]}
     assert {"secret_value", "html_attr", "private_host"} <= kinds, mine
+
+
+# --- Markdown parsed like a renderer (issue 32, item 3) ------------------------------------
+#
+# Each payload hides an unsafe destination where the regex-based sanitizer did not look:
+# reference definitions inside containers, labels over two lines, link texts over 4 KiB,
+# destinations on a container's continuation line, scheme-relative bare URLs. The check is a
+# renderer's: markdown-it (the CommonMark reference parser), with its own link validation
+# off, must find no unsafe destination in the output, and the encoded payload is gone.
+
+
+def rendered_destinations(text: str) -> list[str]:
+    """Every link/image destination a CommonMark renderer produces from ``text`` (markdown-it
+    with validateLink accepting everything): inline, reference (all definitions, duplicates
+    included) and autolinks."""
+    from markdown_it import MarkdownIt
+
+    md = MarkdownIt("commonmark")
+    md.validateLink = lambda url: True  # type: ignore[method-assign]
+    env: dict[str, Any] = {}
+    out: list[str] = []
+    for tok in md.parse(text, env):
+        for child in tok.children or ():
+            if child.type in ("link_open", "image"):
+                out.append(str(child.attrs.get("src" if child.type == "image" else "href")))
+    out += [r["href"] for r in env.get("references", {}).values()]
+    out += [r["href"] for r in env.get("duplicate_refs", [])]
+    return out
+
+
+LONG = "a" * 5000
+# (id, payload, substrings that must be gone (checked on flat()))
+RENDERER_CORPUS: list[tuple[str, str, list[str]]] = [
+    (
+        "refdef-in-blockquote",
+        "> [r]: jav&#x61;script:alert(1)\n\n[click][r]",
+        ["javascript"],
+    ),
+    (
+        "refdef-in-list-item",
+        "- [r]: //169.254.169.254/latest/meta-data/\n\n[click][r]",
+        ["169.254.169.254"],
+    ),
+    (
+        "refdef-in-nested-containers",
+        "- > [r]:\n  > jav&#x61;script:alert(1)\n\n[click][r]",
+        ["javascript"],
+    ),
+    (
+        "refdef-dest-on-next-quoted-line",
+        "> > [r]:\n> > //169.254.169.254/latest\n\n[click][r]",
+        ["169.254.169.254"],
+    ),
+    (
+        "refdef-label-over-two-lines",
+        "[r\nx]: jav&#x61;script:alert(1)\n\n[click][r x]",
+        ["javascript"],
+    ),
+    (
+        "refdef-label-over-two-lines-private",
+        "[r\nx]:\n  //169.254.169.254/latest 'title'\n\n[click][r x]",
+        ["169.254.169.254"],
+    ),
+    (
+        "refdef-in-ordered-list-tab",
+        "1.\t[r]: <jav&#x61;script:alert(1)>\n\n[click][r]",
+        ["javascript"],
+    ),
+    ("link-text-over-4k", f"[{LONG}](jav&#x61;script:alert(1))", ["javascript"]),
+    ("image-alt-over-4k", f"![{LONG}](//169.254.169.254/latest)", ["169.254.169.254"]),
+    (
+        "link-text-over-4k-private-mapped-v6",
+        f"[{LONG}](http://[::ffff:a9fe:a9fe]/latest)",
+        ["::ffff:a9fe:a9fe"],
+    ),
+    ("link-dest-on-quoted-next-line", "> [x](\n> jav&#x61;script:alert(1))", ["javascript"]),
+    ("link-in-list-over-lines", "- [x\n  y](\n  //169.254.169.254/)", ["169.254.169.254"]),
+    ("link-label-with-code-span", "[`]`](jav&#x61;script:alert(1))", ["javascript"]),
+    (
+        "link-entity-colon",
+        "[x](javascript&colon;alert(1)) [y](java&Tab;script:alert(1))",
+        ["javascript", "java\tscript"],
+    ),
+    ("link-fullwidth-scheme", "[x](ｊａｖａｓｃｒｉｐｔ:alert(1))", ["ｊａｖａｓｃｒｉｐｔ"]),
+    ("link-octal-metadata", "[x](http://0251.0376.0251.0376/)", ["0251.0376"]),
+    ("link-in-heading", "## [x](jav&#x61;script:alert(1)) ##", ["javascript"]),
+    ("link-in-setext-heading", "[x](//169.254.169.254/)\n---", ["169.254.169.254"]),
+    ("nested-image-in-link", "[![i](//127.0.0.1/x.png)](jav&#x61;script:y)", ["javascript"]),
+    ("bare-scheme-relative", "fetch //169.254.169.254/latest/meta-data/ now", ["169.254.169.254"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("payload", "gone"), [c[1:] for c in RENDERER_CORPUS], ids=[c[0] for c in RENDERER_CORPUS]
+)
+def test_destinations_a_renderer_would_produce_are_cleaned(
+    gateway: Gateway, payload: str, gone: list[str]
+) -> None:
+    text = BENIGN_TOP + payload + BENIGN_BOTTOM
+    out = sanitize_output(text, gateway=gateway)
+    for bad in gone:
+        assert bad not in flat(out.text), (bad, out.text[-300:])
+    unsafe = [u for u in rendered_destinations(out.text) if check_url(u) is not None]
+    assert unsafe == [], out.text[-300:]
+    assert out.removed, out.text
+    assert {r.kind for r in out.removed} <= {"scheme", "private_host", "bad_url"}
+    assert out.text.startswith(BENIGN_TOP), out.text[:200]
+    assert out.text.endswith(
+        BENIGN_BOTTOM.replace('<a href="https://example.com/ok">ok</a>', KEPT_A)
+    )
+    assert sanitize_output(out.text, gateway=gateway).removed == ()
+
+
+def test_unsafe_link_becomes_its_text_and_definition_goes_with_its_lines(
+    gateway: Gateway,
+) -> None:
+    text = (
+        "> see [the panel](\n> jav&#x61;script:alert(1)) now\n\n"
+        "- item\n- [r]:\n  //169.254.169.254/latest\n\n"
+        "[click][r] and [ok](https://example.com/a)\n"
+    )
+    out = sanitize_output(text, gateway=gateway)
+    assert out.text == (
+        "> see the panel now\n\n- item\n- \n\n[click][r] and [ok](https://example.com/a)\n"
+    )
+    details = [r.detail for r in out.removed]
+    assert details == [
+        "link definition [R]: metadata address 169.254.169.254",
+        "markdown link: javascript: links are not allowed",
+    ]
+
+
+def test_destination_in_code_loses_its_destination_only(gateway: Gateway) -> None:
+    """Renderers disagree about where code ends: a destination is checked there too, and an
+    unsafe one is cut out ("[x]()"), the rest of the code kept."""
+    out = sanitize_output("Run `curl [x](//169.254.169.254/latest)` now", gateway=gateway)
+    assert out.text == "Run `curl [x]()` now"
+    assert [r.kind for r in out.removed] == ["private_host"]
+
+
+def test_crlf_text_is_parsed_like_lf(gateway: Gateway) -> None:
+    out = sanitize_output("> [r]:\r\n> jav&#x61;script:x\r\n\r\n[c][r]\r\n", gateway=gateway)
+    assert "javascript" not in flat(out.text)
+    assert [r.kind for r in out.removed] == ["scheme"]
+
+
+def test_stripped_character_class_matches_unicodedata() -> None:
+    """_normalize_url removes whitespace and Cc/Cf characters with one precompiled class."""
+    import sys
+    import unicodedata
+
+    from context_core.output_sanitizer import _STRIPPED_RX
+
+    for cp in range(sys.maxunicode + 1):
+        ch = chr(cp)
+        want = ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf")
+        assert bool(_STRIPPED_RX.fullmatch(ch)) == want, hex(cp)
+
+
+# Shapes that were quadratic (or worse) in the old sanitizer or are slow in markdown-it-py.
+PATHOLOGICAL: list[tuple[str, Any]] = [
+    ("bracket-paren run", lambda n: "](" * (n // 2)),
+    ("open bracket run", lambda n: "[" * n),
+    ("open brackets then unsafe link", lambda n: "[" * n + "](javascript:x)"),
+    ("nested emphasis", lambda n: "*a " * (n // 3)),
+    ("underscore run", lambda n: "_" * n),
+    ("long label", lambda n: "[" + "a" * n + "](javascript:x)"),
+    ("overlapping destinations", lambda n: "](http:x" * (n // 8)),
+    ("entity destinations", lambda n: "](&" * (n // 3)),
+    ("angle destinations", lambda n: "](<" * (n // 3)),
+    ("unsafe definitions", lambda n: "[a]: javascript:x\n" * (n // 18)),
+    ("comment openers", lambda n: "<!--" * (n // 4)),
+    ("close parens after url", lambda n: "http://x" + ")" * n),
+    ("backtick runs", lambda n: "".join("`" * i + "a" for i in range(1, int((2 * n) ** 0.5)))),
+]
+
+
+@pytest.mark.parametrize(("build"), [p[1] for p in PATHOLOGICAL], ids=[p[0] for p in PATHOLOGICAL])
+def test_work_is_linear_in_the_input(
+    gateway: Gateway, build: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counted, not timed: the sanitizer's steps (scan events, parser link rules, rounds) and
+    the characters its regexes and string searches are asked to look at grow linearly."""
+    import context_core.output_sanitizer as mod
+
+    steps = [0]
+    real = mod._tick
+
+    def counting() -> None:
+        steps[0] += 1
+        real()
+
+    monkeypatch.setattr(mod, "_tick", counting)
+    counts = []
+    for n in (8_000, 32_000):
+        steps[0] = 0
+        sanitize_output(build(n), gateway=gateway)
+        counts.append(steps[0])
+    assert counts[1] <= 4 * counts[0] * 1.25 + 50, counts
+
+
+def test_cpu_budget_stops_the_work(gateway: Gateway, tmp_path: Path) -> None:
+    from context_core.errors import PayloadTooLargeError, SanitizeBudgetExceededError
+
+    gw = Gateway(audit_path=tmp_path / "audit.jsonl")
+    hostile = "[x](javascript:a) <b>b</b> http://127.0.0.1/ " * 20_000
+    with pytest.raises(SanitizeBudgetExceededError) as info:
+        sanitize_output(hostile, gateway=gw, budget_ms=0.001)
+    err = info.value
+    assert isinstance(err, PayloadTooLargeError) and type(err).http_status == 413
+    assert err.details() == {"limit_ms": 0.001, "setting": "CTX_OUTPUT_SANITIZE_BUDGET_MS"}
+    assert "CTX_OUTPUT_SANITIZE_BUDGET_MS" in str(err)
+    assert not (tmp_path / "audit.jsonl").exists()  # nothing audited for a refused output
+    assert sanitize_output("fine", gateway=gateway, budget_ms=10_000).text == "fine"
+
+
+def test_hostile_shapes_cost_about_what_prose_costs(gateway: Gateway) -> None:
+    """Timed against a baseline measured here (no absolute threshold): 32 KB of each hostile
+    shape against 32 KB of ordinary Markdown with links. The old sanitizer took seconds on
+    the bracket run (quadratic), ~1000x the prose."""
+    import time
+
+    def best(text: str) -> float:
+        runs = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            sanitize_output(text, gateway=gateway)
+            runs.append(time.perf_counter() - t0)
+        return min(runs)
+
+    n = 32_000
+    prose = (BENIGN_TOP + "Some **text** with [a link](https://example.com/x).\n\n") * 400
+    base = best(prose[:n])
+    for hostile in ("](" * (n // 2), "[" * n + "](javascript:x)", "](http:x" * (n // 8)):
+        assert best(hostile) < 15 * base + 0.01, hostile[:20]
+
+
+# --- over HTTP: off the event loop, within a CPU budget ----------------------------------------
+
+
+def _open_session(c: httpx.Client, session_id: str) -> dict[str, Any]:
+    r = c.post("/v1/sessions", json={"session_id": session_id, "user_id": "u", "user_query": "q"})
+    assert r.status_code == 201, r.text
+    return dict(r.json()["state"])
+
+
+def test_healthz_answers_while_an_output_is_being_sanitized(
+    svc: dict[str, Any], session_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sanitizer's CPU work does not hold the event loop: while one output is being
+    cleaned (held busy, computing, until this test has its /healthz answer), /healthz
+    answers. On the loop, /healthz would wait for the cleaning to end."""
+    import threading
+    import time
+
+    marker = "SLOW-SANITIZE-MARKER"
+    entered, release, finished = threading.Event(), threading.Event(), threading.Event()
+    real = Gateway.clean_text_with_findings
+
+    def busy(self: Gateway, text: str, *args: Any, **kwargs: Any) -> Any:
+        if marker in text and not entered.is_set():
+            entered.set()
+            deadline = time.monotonic() + 20  # a safety net only
+            while not release.is_set() and time.monotonic() < deadline:
+                sum(range(2000))  # CPU work, holding the GIL between switches
+            finished.set()
+        return real(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(Gateway, "clean_text_with_findings", busy)
+    headers = {"X-API-Key": svc["keys"]["agent-a"]}
+    with httpx.Client(base_url=svc["url"], headers=headers, timeout=60) as c:
+        state = _open_session(c, session_id)
+        result: dict[str, Any] = {}
+
+        def post() -> None:
+            result["r"] = c.post(
+                f"/v1/sessions/{session_id}/outputs",
+                json={"state": state, "trace_id": "tr-slow", "output": f"{marker} [x](/ok)"},
+            )
+
+        t = threading.Thread(target=post)
+        t.start()
+        assert entered.wait(30), "the output never reached the sanitizer"
+        with httpx.Client(base_url=svc["url"], timeout=60) as probe:
+            health = probe.get("/healthz")
+        answered_during = not finished.is_set()
+        release.set()
+        t.join(60)
+        assert health.status_code == 200 and health.json() == {"status": "ok"}
+        assert answered_during, "/healthz waited for the sanitizer"
+        assert result["r"].status_code == 200, result["r"].text
+        c.delete(f"/v1/sessions/{session_id}")
+
+
+@pytest.fixture(scope="module")
+def tight_svc(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("outputs-budget")
+    settings, raw = service_settings(
+        tmp, redis_url, max_body_bytes=256 * 1024, output_sanitize_budget_ms=0.001
+    )
+    with running_service(settings) as url:
+        yield {"url": url, "keys": raw, "settings": settings}
+    cleanup_service_keys(redis_url)
+
+
+def test_output_over_the_cpu_budget_answers_413_naming_the_setting(
+    tight_svc: dict[str, Any], session_id: str
+) -> None:
+    headers = {"X-API-Key": tight_svc["keys"]["agent-a"]}
+    hostile = "[x](javascript:a) <b>b</b> http://127.0.0.1/ " * 1000  # 46 KB, under 64,000
+    with httpx.Client(base_url=tight_svc["url"], headers=headers, timeout=60) as c:
+        state = _open_session(c, session_id)
+        r = c.post(
+            f"/v1/sessions/{session_id}/outputs",
+            json={"state": state, "trace_id": "tr-budget", "output": hostile},
+        )
+        assert r.status_code == 413, r.text
+        body = r.json()
+        assert body["error"] == "output_sanitize_budget_exceeded"
+        assert body["setting"] == "CTX_OUTPUT_SANITIZE_BUDGET_MS"
+        assert body["limit_ms"] == 0.001
+        assert "CTX_OUTPUT_SANITIZE_BUDGET_MS" in body["detail"]
+        assert "javascript" not in r.text and "127.0.0.1" not in r.text
+        c.delete(f"/v1/sessions/{session_id}")
+    traces = "".join(f.read_text() for f in tight_svc["settings"].traces_dir.glob("traces-*.jsonl"))
+    assert "tr-budget" not in traces  # nothing stored for a refused output
+
+
+@pytest.mark.parametrize(
+    ("payload", "gone"), [c[1:] for c in RENDERER_CORPUS], ids=[c[0] for c in RENDERER_CORPUS]
+)
+def test_texts_over_the_token_bounds_are_cleaned_by_the_scan(
+    gateway: Gateway, payload: str, gone: list[str]
+) -> None:
+    """Over markdown-it's cost bounds (1,024 lines) the scan's rewrite applies alone: the
+    unsafe destination goes, the text around it stays."""
+    filler = "A line of ordinary text.\n" * 1100
+    out = sanitize_output(filler + payload + BENIGN_BOTTOM, gateway=gateway)
+    for bad in gone:
+        assert bad not in flat(out.text), (bad, out.text[-300:])
+    unsafe = [u for u in rendered_destinations(out.text) if check_url(u) is not None]
+    assert unsafe == [], out.text[-300:]
+    assert out.text.startswith(filler)

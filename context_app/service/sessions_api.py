@@ -30,6 +30,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
+from context_app.service.cpu_budget import run_sanitizer
 from context_app.service.deps import Services
 from context_app.service.errors_map import json_response
 from context_app.service.execution import endpoint
@@ -68,7 +69,6 @@ from context_core.errors import (
     UnknownSessionError,
 )
 from context_core.identity import canonical_user_id
-from context_core.output_sanitizer import sanitize_output
 from context_core.redis_conn import REDIS_ERRORS
 from context_core.redis_ops import Cmd, Op, ok
 from context_core.session import AuthContext, OffloadedPayload, SessionState, TraceOffload
@@ -448,11 +448,12 @@ def install_session_routes(app: FastAPI) -> None:
             "checking quotas and the session owner",
         )  # the quota's error first, as it is checked first
         step = wire.current_step if body.step is None else body.step
-        clean = sanitize_output(
+        clean = run_sanitizer(  # off the event loop, within CTX_OUTPUT_SANITIZE_BUDGET_MS
             body.output,
             gateway=svc.gateway,
             fmt=body.format,
             where=f"output:{session_id}:{body.trace_id}",
+            budget_ms=svc.settings.output_sanitize_budget_ms,
         )
         svc.tracer.record_output(body.trace_id, session_id, step, clean.text)
         info = {"step": step, "trace_id": body.trace_id}

@@ -63,6 +63,7 @@ def _rep(unit: str, size: int) -> str:
 
 MIXED = ("eyJ", "a.", "tokens=", "sk-", "@", "0123456789", "-----BEGIN ", '{"a":[')
 B64_WORD = "dGhpcyBpcyBqdXN0IHRleHQ= "  # base64 of harmless text
+_B64_RUN = ("Zq8xW3pL" * 512)[:4000]  # a long base64-alphabet run (low entropy: not redacted)
 # (name, why it is hostile, body builder)
 SHAPES: list[tuple[str, str, Callable[[int], str]]] = [
     ('"eyJ" * N', "JWT prefix in its own alphabet (the reported case)", lambda n: _rep("eyJ", n)),
@@ -79,6 +80,43 @@ SHAPES: list[tuple[str, str, Callable[[int], str]]] = [
     ('"Bearer " * N', "auth scheme without a token", lambda n: _rep("Bearer ", n)),
     ("base64 words", "20+ char base64 tokens, each decoded", lambda n: _rep(B64_WORD, n)),
     ("balanced deep JSON", "[[[...]]] deeper than 200: refused", lambda n: _deep(n)),
+    # the cue-word rule and the shapes added with it (issue 32 item 5)
+    ('"key " * N', "cue word chain: a window of pieces per cue", lambda n: _rep("key ", n)),
+    ('"key=" * N', "cue glued to its own run: one judgement per run", lambda n: _rep("key=", n)),
+    (
+        "cue + 4 KiB tokens",
+        "cue words before long base64 runs (entropy judged once per piece)",
+        lambda n: _rep("secret key is " + _B64_RUN + " ", n),
+    ),
+    ('"password is " * N', "password cue, connector, no value", lambda n: _rep("password is ", n)),
+    (
+        '"DB_PASSWORD=a&b;c#" * N',
+        "bare values cut at the next assignment",
+        lambda n: _rep("DB_PASSWORD=a&b;c#", n),
+    ),
+    (
+        '"password: x " * N',
+        "21,845 one-letter secrets, each redacted (the next row's ASCII twin)",
+        lambda n: _rep("password: x ", n),
+    ),
+    (
+        '"pаsswоrd: x " * N (Cyrillic а/о)',
+        "the same through the look-alike (skeleton) path",
+        lambda n: _rep("p\u0430ssw\u043erd: x ", n),
+    ),
+    (
+        '"pаsswоrd is " * N (Cyrillic а/о)',
+        "look-alike cues without values: skeleton path, nothing found",
+        lambda n: _rep("p\u0430ssw\u043erd is ", n),
+    ),
+    ('"12345678:" * N', "Telegram anchor (digits, colon)", lambda n: _rep("12345678:", n)),
+    ('"T3BlbkFJ" * N', "OpenAI marker in its own alphabet", lambda n: _rep("T3BlbkFJ", n)),
+    ('"-us1" * N', "Mailchimp anchor", lambda n: _rep("-us1", n)),
+    (
+        '"M" * 24 + "." * N',
+        "Discord anchor: dots after base64url runs",
+        lambda n: _rep("M" * 24 + ".", n),
+    ),
 ]
 
 

@@ -11,7 +11,9 @@ Three kinds of cleaning, applied at any depth of dicts/lists/tuples/sets:
   ``AWS_SECRET_ACCESS_KEY``, ``Set-Cookie`` ...) become :data:`REDACTED`, see
   :func:`is_secret_key` for the exact rule and what is deliberately *not* a secret key;
 * **value patterns** in every string: provider keys (``sk_live_``, ``sk-proj-``, ``AKIA``,
-  ``ghp_``, ``glpat-``, ``hf_``, ``AIza``, ``xoxb-``, ``ctxk_``), JWTs, ``Bearer``/``Basic``
+  ``ghp_``, ``glpat-``, ``hf_``, ``AIza``, ``xoxb-``, ``ctxk_``, ``npm_``, ``SG.``, ``pypi-``,
+  ``sq0csp-``, OpenAI, Discord, Telegram, Mailchimp, Twilio, Artifactory, PuTTY keys), high-entropy
+  tokens after cue words ("the secret key is ..."), JWTs, ``Bearer``/``Basic``
   credentials, PEM and PGP private keys, ``user:pw@`` in URLs, Slack webhooks,
   ``password=...``-style assignments and ``("password", "v")`` pairs in free text, base64
   tokens that decode to any of these;
@@ -29,6 +31,9 @@ The rules (which keys, which patterns, how each PII kind is masked, and why) liv
 * A mapping *key* that itself holds a secret or PII (``{"sk_live_...": 1}``) is never written
   anywhere as is: audit paths name it ``<key:hash12>``; in the cleaned mapping it becomes that
   label too, or its masked form for PII-only keys (``138****1234``) when that is unambiguous.
+* A string under a key that only loosely names a secret (``cloudant_key``, ``AWS_KEY``: a cue
+  word, see :func:`context_core.redaction.is_cue_key`) is redacted when it is a high-entropy
+  token (:func:`context_core.redaction_patterns.high_entropy`).
 * A list or tuple of two items whose first is a secret-like key name (``["password", "v"]``,
   header pairs) has its second item redacted.
 * Nesting deeper than 200 levels (structures, or JSON text inside strings) raises
@@ -59,7 +64,9 @@ from context_core.redaction import (
     KNOWN_CLEAN,
     KNOWN_CLEAN_TEXT_MAX_LEN,
     REDACTED,
+    cue_value_secret,
     fix_surrogates,
+    is_cue_key,
     is_secret_key,
     json_too_deep,
     mask_mobile,
@@ -330,6 +337,10 @@ class Gateway:
             cpath: _Path = (path, seg)
             if isinstance(k, str) and is_secret_key(k):
                 out[ck] = self._redact_tree(v, cpath, findings, depth + 1)
+            elif type(v) is str and type(k) is str and is_cue_key(k) and cue_value_secret(v):
+                # {"cloudant_key": "<random>"}: a loose key name and a value that looks random
+                findings.append(Finding(_render(cpath), "secret_value", self._hash(v)))
+                out[ck] = REDACTED
             else:
                 out[ck] = self._walk(v, cpath, findings, depth + 1)
         return out if type(value) is dict else _rebuild_mapping(value, out)

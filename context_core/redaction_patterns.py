@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import collections
 import datetime as dt
 import functools
+import math
 import re
 import sys
 import unicodedata
@@ -122,12 +124,13 @@ def _words(text: str) -> tuple[str, ...]:
 _STRONG = _words(
     "password passwd passphrase passcode pincode secret apikey privatekey credential "
     "authorization authkey subscriptionkey cookie accesskey signingkey encryptionkey "
-    "masterkey sshkey licensekey пароль 密码 口令 密钥 令牌 凭证"
+    "masterkey sshkey licensekey accountkey пароль 密码 口令 密钥 令牌 凭证"
 )
-# Whole words that mean "secret": pwd, pass, pin, jwt ... and any word ending in "token"
+# Whole words that mean "secret": pwd, pass, pin, jwt, sig (the signature of an Azure SAS
+# URL) ... and any word ending in "token"
 # (token, access_token, csrftoken, ACCESSTOKEN). "tokens" (plural) is NOT a secret word:
 # tokens_used / max_tokens / prompt_tokens are counts in every LLM API response.
-_WEAK_WORDS = frozenset({"pwd", "pass", "jwt", "otp", "bearer", "pin"})
+_WEAK_WORDS = frozenset({"pwd", "pass", "jwt", "otp", "bearer", "pin", "sig"})
 # A key whose LAST word is one of these describes a secret rather than holding it:
 # token_count, token_type, password_length, secret_name, token_expires_at.
 _HARMLESS_LAST = frozenset(
@@ -217,9 +220,29 @@ PROVIDER_RULES: tuple[tuple[str, str, re.Pattern[str], bool], ...] = tuple(
         ("stripe_test_key", "k_test_", rf"[sr]k_test_[A-Za-z0-9]{{8,{_T}}}+", False),
         ("aws_access_key_id", "AKIA", rf"AKIA[0-9A-Z]{{16,{_T}}}+", False),
         ("aws_temporary_key_id", "ASIA", rf"ASIA[0-9A-Z]{{16,{_T}}}+", False),
+        # the other AWS key-id prefixes (detect-secrets' list): A3T?, ABIA (STS), ACCA
+        ("aws_a3t_key_id", "A3T", rf"A3T[A-Z0-9][0-9A-Z]{{16,{_T}}}+", False),
+        ("aws_abia_key_id", "ABIA", rf"ABIA[0-9A-Z]{{16,{_T}}}+", False),
+        ("aws_acca_key_id", "ACCA", rf"ACCA[0-9A-Z]{{16,{_T}}}+", False),
         ("github_token", "gh", rf"gh[pousr]_[A-Za-z0-9]{{20,{_T}}}+", False),
         ("github_pat", "github_pat_", rf"github_pat_[A-Za-z0-9_]{{20,{_T}}}+", False),
-        ("slack_token", "xox", rf"xox[abposr]-[A-Za-z0-9\-]{{10,{_T}}}+", False),
+        ("slack_token", "xox", rf"xox[abposre]-[A-Za-z0-9\-]{{10,{_T}}}+", False),
+        ("slack_app_token", "xapp-", rf"xapp-[0-9]-[A-Za-z0-9\-]{{10,{_T}}}+", False),
+        ("npm_token", "npm_", rf"npm_(?<![A-Za-z0-9_]npm_)[A-Za-z0-9]{{30,{_T}}}+", False),
+        (
+            "sendgrid_key",
+            "SG.",
+            rf"SG\.(?<![A-Za-z0-9_.\-]SG\.){_B64URL}{{16,64}}+\.{_B64URL}{{16,{_T}}}+",
+            False,
+        ),
+        ("pypi_token", "pypi-Ag", rf"pypi-(?<!{_B64URL}pypi-)Ag{_B64URL}{{50,{_T}}}+", False),
+        (
+            "square_token",
+            "sq0",
+            rf"sq0(?<![A-Za-z0-9]sq0)(?:csp|atp|idp|atb)-[A-Za-z0-9_\\\-]{{20,{_T}}}+",
+            False,
+        ),
+        ("gitlab_runner_token", "GR1348941", rf"GR1348941{_B64URL}{{20,{_T}}}+", False),
         # OpenAI / Anthropic: project, admin, service-account keys, then the legacy shape
         (
             "llm_provider_key",
@@ -237,13 +260,53 @@ PROVIDER_RULES: tuple[tuple[str, str, re.Pattern[str], bool], ...] = tuple(
         (
             "gitlab_token",
             "gl",
-            rf"gl(?<!{_B64URL}gl)(?:pat|ptt|dt|rt|cbt|soat|oas)-{_B64URL}{{20,{_T}}}+",
+            rf"gl(?<!{_B64URL}gl)(?:pat|ptt|dt|rt|ft|cbt|soat|oas|imt|agent)-{_B64URL}{{20,{_T}}}+",
             False,
         ),
         ("huggingface_token", "hf_", rf"hf_(?<![A-Za-z0-9_]hf_)[A-Za-z0-9]{{30,{_T}}}+", False),
         ("ctx_api_key", "ctxk_", rf"ctxk_(?<!{_B64URL}ctxk_){_B64URL}{{16,{_T}}}+", False),
     )
 )
+# Provider shapes whose distinctive literal is not at the start (the match is anchored on it,
+# for the engine's fast literal search; the handler in redaction_rules extends the span back
+# over the rest of the token and checks its shape).
+# OpenAI keys embed base64("OpenAI"): sk-...T3BlbkFJ...
+OPENAI_MARK_RX = re.compile(rf"T3BlbkFJ(?<=[A-Za-z0-9]{{8}}T3BlbkFJ)[A-Za-z0-9]{{16,{_T}}}+")
+# Mailchimp: 32 [0-9a-z] then -us<datacenter>
+MAILCHIMP_RX = re.compile(r"-us(?<=[0-9a-z]{32}-us)[0-9]{1,2}(?![0-9A-Za-z])")
+# Telegram bot tokens: <8-10 digit bot id>:<35 base64url>
+TELEGRAM_RX = re.compile(rf":(?<=[0-9]{{8}}:){_B64URL}{{35}}(?!{_B64URL})")
+# Discord bot tokens: <23-25 base64url, first M/N/O>.<6>.<27+>; anchored on the first dot
+DISCORD_RX = re.compile(
+    rf"\.(?<={_B64URL}{{23}}\.){_B64URL}{{6}}\.{_B64URL}{{25,45}}+(?![A-Za-z0-9_.\-])"
+)
+# Twilio account SID / API key SID: AC / SK + 32 [0-9a-z]
+TWILIO_RXS = (
+    ("twilio_account_sid", "AC", re.compile(r"AC(?<![A-Za-z0-9]AC)[0-9a-z]{32}(?![A-Za-z0-9])")),
+    ("twilio_api_key", "SK", re.compile(r"SK(?<![A-Za-z0-9]SK)[0-9a-z]{32}(?![A-Za-z0-9])")),
+)
+# Artifactory API keys (AKC...) and reference tokens / encrypted passwords (AP<hex>...)
+ARTIFACTORY_RXS = (
+    (
+        "artifactory_api_key",
+        "AKC",
+        re.compile(rf"AKC(?<![A-Za-z0-9]AKC)[A-Za-z0-9]{{10,{_T}}}+(?![A-Za-z0-9])"),
+    ),
+    (
+        "artifactory_password",
+        "AP",
+        re.compile(rf"AP(?<![A-Za-z0-9]AP)[0-9A-F][A-Za-z0-9]{{8,{_T}}}+(?![A-Za-z0-9])"),
+    ),
+)
+# SoftLayer API URLs carry the 64-character key in the path
+SOFTLAYER_URL_RX = re.compile(
+    r"softlayer\.com/soap/v3(?:\.1)?/(?P<secret>[A-Za-z0-9]{64})(?![A-Za-z0-9])"
+)
+# PuTTY private key files: from the header to the Private-MAC line (linear like PEM_RX)
+PUTTY_RX = re.compile(
+    r"PuTTY-User-Key-File-[0-9]{1,2}:(?s:.*?)(?:Private-MAC:[ \t]{0,8}+[0-9A-Fa-f]{0,128}+|\Z)"
+)
+
 # Slack incoming-webhook URLs: the path after /services/ is the secret.
 SLACK_HOOK_RX = re.compile(
     r"hooks\.slack\.com/(?:services|workflows|triggers)/(?P<secret>[A-Za-z0-9_/\-]{8,1024}+)"
@@ -305,7 +368,8 @@ _GROUPS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("jwt",), _ci("jwt") + _whole("jwt")),
     (("otp",), _ci("otp") + _whole("otp")),
     (("bearer",), _ci("bearer") + _whole("bearer")),
-    *(((w,), _ci(w) + _KEY) for w in _words("encryption master license")),
+    (("sig",), _ci("sig") + _whole("sig")),  # Azure SAS: ...&sig=<signature>
+    *(((w,), _ci(w) + _KEY) for w in _words("encryption master license account")),
     ((_NON_ASCII := _words("пароль 密码 口令 密钥 令牌 凭证")), _alt(*map(_ci, _NON_ASCII))),
 )
 _by_len: dict[int, list[str]] = {}
@@ -315,14 +379,14 @@ for _w in sorted(_HARMLESS_LAST):
 # (fixed-width lookbehinds, grouped by length; O(1) each, no scan).
 # stems whose anchors all end in "key" (api_key, privateKey, ...): not looked for without "key"
 KEYED_STEMS = frozenset(
-    _words("private signing ssh subscription api access encryption master license")
+    _words("private signing ssh subscription api access encryption master license account")
 )
 _NOT_HARMLESS_LAST = "".join(
     rf"(?<![._\-](?:{'|'.join(_ci(w) for w in ws)}))" for ws in _by_len.values()
 )
 _KEY_REST = (
     r"[\w.\-]{0,120}+" + _NOT_HARMLESS_LAST + r"(?P<kq>\\{0,8}+[\"']?)"
-    r"(?P<sep>\s{0,16}+[:=：]\s{0,16}+)"
+    r"(?P<sep>\s{0,16}+(?::=|=>|[:=：])\s{0,16}+)"
 )
 # (stems that gate it, pattern) per group of key words; the stems are tested on lower case
 ASSIGN_RXS: tuple[tuple[tuple[str, ...], re.Pattern[str]], ...] = tuple(
@@ -341,8 +405,14 @@ VALUE_RX = re.compile(
     rf"|(?P<open>[\"'])(?:[^\"'\\\n]|\\.){{1,{_T}}}+"  # an unterminated quote: up to line end
     # a bare run, after an auth scheme on the same line ("Authorization: Bearer x")
     rf"|(?:(?:{_ci('bearer')}|{_ci('basic')}|{_ci('token')}|{_ci('digest')})[ \t]{{1,16}}+)?"
-    rf"[^\s\"',;&<>(){{}}\[\]]{{1,{_T}}}+"
+    # ... up to whitespace, a quote, "<>" or an escape sequence: "&", ";", "#", "%", "," and
+    # brackets may be part of a password; the engine trims the run afterwards (BARE_CUT_RX)
+    # (an atomic group: a lookahead inside a possessive repeat is lost on CPython < 3.11.5)
+    rf"(?>(?:[^\s\"'`<>\\]|\\(?![\"'nrt\\])){{1,{_T}}})"
 )
+#: Where a bare value really ends inside its run: the next assignment of the surrounding
+#: syntax (``&user=`` in a query string, ``;Server=`` in a connection string, ``,user:``).
+BARE_CUT_RX = re.compile(r"[;&,]\s{0,4}+[A-Za-z_][\w.\-]{0,64}+\s{0,4}+[=:]")
 # ("password", "v") / ["token", "v"] pairs in reprs and JSON-ish text
 PAIR_RX = re.compile(
     r"[\[(]\s{0,8}+(?P<q>[\"'])(?P<k>[\w.\-]{1,64}+)(?P=q)\s{0,8}+,\s{0,8}+"
@@ -458,6 +528,104 @@ def looks_random(tok: str) -> bool:
     return has_digit or (any(c.isupper() for c in tok) and any(c.islower() for c in tok))
 
 
+# --------------------------------------------------------------------------------------------
+# Values after a cue word ("the secret key is ...", "token: ...", "password was ...")
+# --------------------------------------------------------------------------------------------
+
+#: Characters of a high-entropy token: base64, base64url, hex, plus "." "~" and "%" (URL-encoded
+#: base64, Azure client secrets).
+TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=_-.~%")
+_HEX_CHARS = frozenset("0123456789abcdefABCDEF")
+_VOWELS = frozenset("aeiouyAEIOUY")
+ENTROPY_MIN_LEN = 16
+_PIECE_RX = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
+_SEGMENT_RX = re.compile(r"[-_./~]")
+
+
+def shannon_entropy(text: str) -> float:
+    """Shannon entropy of ``text`` in bits per character (over its character frequencies)."""
+    n = len(text)
+    if not n:
+        return 0.0
+    return -sum(c / n * math.log2(c / n) for c in collections.Counter(text).values())
+
+
+def _word_like(tok: str) -> bool:
+    """An identifier made of words (maxTokensPerRequest, max_tokens_per_request, v2_config):
+    its letter pieces average 4+ letters, 30 %+ of the letters are vowels (random letters:
+    ~23 %, y counted) and every piece of 3+ letters has one. A random
+    token's camelCase pieces are short ("wJalr XUtn FEMI K7 ...") or vowel-less. Upper case
+    only is never word-like here (base32 secrets)."""
+    if not any(c.islower() for c in tok):
+        return False  # CONSTANT_CASE with digits: base32 secrets look like that
+    alpha = [p for p in _PIECE_RX.findall(tok) if p.isalpha()]
+    letters = sum(map(len, alpha))
+    if not alpha or letters < 4 * len(alpha):
+        return False
+    vowels = sum(c in _VOWELS for p in alpha for c in p)
+    if vowels * 10 < 3 * letters:
+        return False
+    return all(len(p) < 3 or not _VOWELS.isdisjoint(p) for p in alpha)
+
+
+def high_entropy(tok: str) -> bool:
+    """A random-looking token (a key, a secret, a token) rather than a word or an identifier.
+
+    The rule (``H`` is :func:`shannon_entropy` in bits per character, ``n`` the length):
+
+    * 16..4096 characters of :data:`TOKEN_CHARS` (base64/base64url/hex, ``.~%``), not all
+      digits, trailing ``=`` padding included; a UUID counts as its 32 hex digits; 3+
+      segments between ``-_./~`` of at most 8 characters each are a structured name
+      (``gpt-4o-mini-2024-07-18``, a version, a date), not a secret;
+    * hex (``[0-9a-f]`` or ``[0-9A-F]``, with a digit and a letter): ``H >= 2.75 + 0.03 (n -
+      16)``, capped at 3.3;
+    * letters of one case only: ``n >= 20``, ``H >= 3.3`` and at most 30 % vowels (random
+      lower case has ~19 %, English words ~40 %);
+    * otherwise at least two of lower case / upper case / digits, ``H >= 3.3 + 0.04 (n -
+      16)`` capped at 4.2, and not word-like (``maxTokensPerRequest``: see ``_word_like``).
+
+    The thresholds sit under the 1st percentile of uniformly random tokens of each alphabet
+    and length (16 base62 characters: 3.38 bits; 40: 4.47), above English words and the
+    identifiers of code (``max_tokens_per_request``: 3.61 at 22 characters, limit 3.54, and
+    word-like anyway).
+    """
+    n = len(tok)
+    if n < ENTROPY_MIN_LEN or n > TOKEN_MAX or not TOKEN_CHARS.issuperset(tok):
+        return False
+    core = tok.rstrip("=")
+    if core.isdigit() or not core:
+        return False
+    if "-" in core and _HEX_CHARS.issuperset(core.replace("-", "")):
+        core = core.replace("-", "")  # a UUID (npm's legacy tokens, Heroku keys): its hex
+        n = len(core)
+    elif len(parts := _SEGMENT_RX.split(core)) >= 3 and max(map(len, parts)) <= 8:
+        return False  # a structured name: gpt-4o-mini-2024-07-18, llama-3.1-70b, 1.2.3-rc.4
+    h = shannon_entropy(core)
+    lower = any(c.islower() for c in core)
+    upper = any(c.isupper() for c in core)
+    digit = any(c.isdigit() for c in core)
+    if _HEX_CHARS.issuperset(core) and digit and not (lower and upper):
+        return h >= min(2.75 + 0.03 * (n - 16), 3.3)
+    if not digit and (lower != upper) and core.isalpha():
+        vowels = sum(c in _VOWELS for c in core)
+        return n >= 20 and h >= 3.3 and vowels * 10 <= 3 * n
+    if lower + upper + digit < 2:
+        return False
+    return h >= min(3.3 + 0.04 * (n - 16), 4.2) and not _word_like(core)
+
+
+def password_like(tok: str) -> bool:
+    """A value right after "password is" / "password:" that is a password, not prose: 6+
+    characters with a digit, a symbol (not a hyphen or apostrophe) or a capital after the first
+    letter ("hunter22", "P@ss&w0rd", "correctHorse"; not "required", "e-mail", "Changed")."""
+    core = tok.rstrip("!?.,;:")  # "required!" ends a sentence; "Summer2024!" keeps its "!"
+    if len(core) < 6 or len(tok) > TOKEN_MAX:
+        return False
+    return any(c.isdigit() or (not c.isalnum() and c not in "-'") for c in core) or any(
+        c.isupper() for c in core[1:]
+    )
+
+
 def basic_ok(tok: str) -> bool:
     """HTTP Basic credentials are base64 of ``user:password``; anything else is prose."""
     if len(tok) % 4:
@@ -539,6 +707,12 @@ _ENGINE_PROBES: tuple[tuple[str, str, str, str | None], ...] = (
         '\\"s3cr3t\\"',
     ),
     ("possessive run never gives back", r"[a-z]{1,8}+z", "abcz", None),
+    (
+        "atomic group over a lookahead alternation",
+        r"(?>(?:[^\s\\]|\\(?![nrt])){1,64})",
+        "abc\\ndef",
+        "abc",
+    ),
     ("possessive alternation group", r'"(?:[^"\\]|\\.)*+"', 'x "a\\"b" y', '"a\\"b"'),
     ("lookbehind after a literal", r"eyJ(?<![A-Za-z]eyJ)[A-Za-z]{2,8}+", "xeyJab eyJcd", "eyJcd"),
 )

@@ -27,21 +27,29 @@ from dataclasses import dataclass
 from typing import Literal
 
 from context_core.redaction_patterns import (
+    ARTIFACTORY_RXS,
     BASIC_RX,
     BEARER_RX,
     CARD_RX,
     DIGIT_CLASS,
+    DISCORD_RX,
     EMAIL_DENSE_RX,
     EMAIL_LOCAL,
     EMAIL_RX,
     ID_RX,
+    MAILCHIMP_RX,
+    OPENAI_MARK_RX,
     PEM_RX,
     PHONE_RX,
     PROVIDER_RULES,
+    PUTTY_RX,
     REDACTED,
     SCAN_OVERLAP,
     SLACK_HOOK_RX,
+    SOFTLAYER_URL_RX,
+    TELEGRAM_RX,
     TOKEN_MAX,
+    TWILIO_RXS,
     URL_CRED_RX,
     basic_ok,
     birth_date_ok,
@@ -167,6 +175,74 @@ _PORT_PATH_RX = re.compile(r"[0-9]{1,5}/")
 
 def _random_token(m: re.Match[str], f: str, kind: str) -> Edit | None:
     return _whole(m, f, kind) if looks_random(m.group(0)[3:]) else None
+
+
+_B64URL_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+_LOWER_ALNUM = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
+
+
+def _back(f: str, i: int, chars: frozenset[str], limit: int) -> int:
+    """Start of the run of ``chars`` that ends at ``i`` (at most ``limit`` characters)."""
+    lo = max(0, i - limit)
+    j = i
+    while j > lo and f[j - 1] in chars:
+        j -= 1
+    return j
+
+
+def _mixed(tok: str) -> bool:
+    return any(c.isdigit() for c in tok) and any(c.isalpha() for c in tok)
+
+
+def _openai(m: re.Match[str], f: str, kind: str) -> Edit | None:
+    """``sk-...T3BlbkFJ...``: the whole token around the marker (base64 of "OpenAI")."""
+    start = _back(f, m.start(), _B64URL_CHARS, 512)
+    return start, m.end(), (REDACTED,), kind, f[start : m.end()]
+
+
+def _mailchimp(m: re.Match[str], f: str, kind: str) -> Edit | None:
+    start = m.start() - 32
+    if (start > 0 and f[start - 1].isalnum()) or not _mixed(f[start : m.start()]):
+        return None
+    return start, m.end(), (REDACTED,), kind, f[start : m.end()]
+
+
+def _telegram(m: re.Match[str], f: str, kind: str) -> Edit | None:
+    start = _back(f, m.start(), frozenset("0123456789"), 11)
+    n = m.start() - start
+    if not 8 <= n <= 10 or (start > 0 and f[start - 1].isalnum()):
+        return None
+    if not looks_random(m.group(0)[1:]):
+        return None
+    return start, m.end(), (REDACTED,), kind, f[start : m.end()]
+
+
+def _discord(m: re.Match[str], f: str, kind: str) -> Edit | None:
+    start = _back(f, m.start(), _B64URL_CHARS, 26)
+    if not 23 <= m.start() - start <= 25 or f[start] not in "MNO":
+        return None
+    if start > 0 and (f[start - 1] in _B64URL_CHARS or f[start - 1] == "."):
+        return None
+    tok = f[start : m.end()]
+    return (start, m.end(), (REDACTED,), kind, tok) if looks_random(tok) else None
+
+
+def _twilio(m: re.Match[str], f: str, kind: str) -> Edit | None:
+    return _whole(m, f, kind) if _mixed(m.group(0)[2:]) else None
+
+
+def _artifactory(m: re.Match[str], f: str, kind: str) -> Edit | None:
+    tok = m.group(0)
+    if tok.startswith("AKC"):
+        ok = looks_random(tok[3:])
+    else:  # "AP" + hex digit + ...: all three character classes, 12+ characters
+        ok = (
+            len(tok) >= 12
+            and any(c.isdigit() for c in tok[2:])
+            and any(c.islower() for c in tok)
+            and any(c.isupper() for c in tok[2:])
+        )
+    return _whole(m, f, kind) if ok else None
 
 
 def _in_run(m: re.Match[str], f: str) -> bool:
@@ -298,6 +374,70 @@ RULES: tuple[Rule, ...] = build_rules(
                 overlap=SCAN_OVERLAP if name == "jwt" else _TOKEN,
             )
             for name, gate, rx, random in PROVIDER_RULES
+        ),
+        # provider shapes anchored on an inner literal (the handler extends the span back)
+        Rule(
+            "openai_key",
+            OPENAI_MARK_RX,
+            _openai,
+            _SECRET,
+            "credential",
+            needle="T3BlbkFJ",
+            overlap=_TOKEN + 512,
+        ),
+        Rule(
+            "mailchimp_key",
+            MAILCHIMP_RX,
+            _mailchimp,
+            _SECRET,
+            "credential",
+            needle="-us",
+            overlap=64,
+        ),
+        Rule(
+            "telegram_bot_token",
+            TELEGRAM_RX,
+            _telegram,
+            _SECRET,
+            "credential",
+            needle=":",
+            overlap=64,
+        ),
+        Rule(
+            "discord_token",
+            DISCORD_RX,
+            _discord,
+            _SECRET,
+            "credential",
+            needle=".",
+            overlap=128,
+        ),
+        *(
+            Rule(name, rx, _twilio, _SECRET, "credential", needle=gate, overlap=64)
+            for name, gate, rx in TWILIO_RXS
+        ),
+        *(
+            Rule(name, rx, _artifactory, _SECRET, "credential", needle=gate, overlap=_TOKEN)
+            for name, gate, rx in ARTIFACTORY_RXS
+        ),
+        Rule(
+            "softlayer_api_url",
+            SOFTLAYER_URL_RX,
+            _group("secret"),
+            _SECRET,
+            "credential",
+            needle="softlayer.com/soap/",
+            quick="/",
+            overlap=128,
+        ),
+        Rule(
+            "putty_private_key",
+            PUTTY_RX,
+            _whole,
+            _SECRET,
+            "credential",
+            needle="PuTTY-User-Key-File-",
+            overlap=UNBOUNDED,
         ),
         # an ID number is checked before it can look like a card
         Rule("id_number", ID_RX, _prc_id, "pii_id", "pii", digits=6, overlap=128),

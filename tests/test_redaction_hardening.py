@@ -90,6 +90,13 @@ SHAPES: dict[str, Callable[[int], str]] = {
     "Bearer ": lambda n: _rep("Bearer ", n),
     "passed=": lambda n: _rep("passed=", n),
     "base64 words": lambda n: _rep("dGhpcyBpcyBqdXN0IHRleHQ= ", n),
+    # the cue-word rule and the look-alike path (tests/test_secret_kinds.py)
+    "key ": lambda n: _rep("key ", n),
+    "key=": lambda n: _rep("key=", n),
+    "password is ": lambda n: _rep("password is ", n),
+    "cyrillic password: ": lambda n: _rep("p\u0430ssw\u043erd: x ", n),
+    "cue + long runs": lambda n: _rep("secret key is " + "Zq8xW3pL" * 500 + " ", n),
+    "telegram anchor": lambda n: _rep("12345678:", n),
     "mixed": lambda n: "".join(_rep(u, n // 8) for u in MIXED_UNITS),
 }
 
@@ -111,7 +118,7 @@ def test_adversarial_shape_completes_quickly(shape: str) -> None:
     assert _clean_time(gw(), body) < 2.0
 
 
-@pytest.mark.parametrize("shape", ["eyJ", "tokens="])
+@pytest.mark.parametrize("shape", ["eyJ", "tokens=", "key=", "cyrillic password: "])
 def test_historically_bad_shapes_scale_linearly(shape: str) -> None:
     g = gw()
     small, big = SHAPES[shape](SIZE), SHAPES[shape](2 * SIZE)
@@ -597,6 +604,9 @@ ATOMS = [
     *("-----END RSA PRIVATE KEY-----", "hooks.slack.com/services/", "ctxk_", "密码", "пароль"),
     *("ｐａｓｓ", "cGFzc3dvcmQ9aHVudGVyMng=", "hunter2X", "Ab3Ab3Ab3Ab3Ab3Ab3Ab3Ab3", "x.com"),
     *("\ud800", "\udfff", "[[", "]]", "{", "Zz9", "example.com", " 1234 ", "0086"),
+    # cue words, connectors, a high-entropy token, look-alikes (the cue-word rule)
+    *("key", "secret ", " is ", "Zk8pQ2rX9vB4nM7tL1wC6yH3", "p\u0430ssw\u043erd", "\u200b"),
+    *("%3D", "</", "<password>", "&x=", ";Server=", "密码是", "hunter22!", "\n  "),
 ]
 DENSE_TEXT = st.lists(st.sampled_from(ATOMS), max_size=40).map("".join)
 

@@ -32,6 +32,10 @@ from context_core.redaction_rules import RULES, Rule, RuleTableError, build_rule
 # local-part character), which a generated full match cannot have: they generate text that
 # *contains* a match instead.
 _SEARCH_ONLY = {"url_credentials", "email"}
+# These are anchored on an inner literal with a lookbehind for what precedes it (the handler
+# extends the span back): hypothesis cannot generate their matches; tests/test_secret_kinds.py
+# checks them on built samples instead.
+_INNER_ANCHORED = {"openai_key", "mailchimp_key", "telegram_bot_token", "discord_token"}
 _GW = Gateway()
 _SETTINGS = settings(
     max_examples=60,
@@ -78,7 +82,8 @@ def _check_rule(rule: Rule, text: str, *, gateway: bool = True) -> None:
         return  # a lookalike the rule leaves alone by design (Luhn, checksum, prose)
     assert edit[3] == rule.kind
     found = fold[edit[0] : edit[1]]  # what the rule replaces (a mask keeps some of it)
-    cleaned = fold_text(_GW.clean_text(text, where="test_redaction_rules"))
+    # the placeholder's own letters are not a leak ("A" of a "user:A@" password)
+    cleaned = fold_text(_GW.clean_text(text, where="test_redaction_rules")).replace(REDACTED, "\0")
     assert cleaned.count(found) < fold.count(found), (
         f"rule {rule.name!r}: the gateway left {found!r} in {cleaned!r}"
     )
@@ -95,7 +100,11 @@ def _holds(rule: Rule, *, gateway: bool = True) -> None:
     prop()
 
 
-@pytest.mark.parametrize("rule", RULES, ids=[r.name for r in RULES])
+@pytest.mark.parametrize(
+    "rule",
+    [r for r in RULES if r.name not in _INNER_ANCHORED],
+    ids=[r.name for r in RULES if r.name not in _INNER_ANCHORED],
+)
 def test_every_rule_precheck_accepts_its_matches_and_the_gateway_redacts(rule: Rule) -> None:
     _holds(rule)
 

@@ -5,7 +5,7 @@
 # build CPython with profile-guided and link-time optimisation, a plain source build (pyenv's
 # default) has neither, and here it cost about a quarter more CPU per service request (README,
 # "The interpreter"). PYTHON=... overrides.
-PY_OK  := import sys, venv, ensurepip, runpy; (3, 11) <= sys.version_info[:2] < (3, 13) or sys.exit(1); runpy.run_path("context_core/redaction_patterns.py")
+PY_OK  := import sys, venv, ensurepip, runpy; (3, 11) <= sys.version_info[:2] < (3, 13) or sys.exit(1); runpy.run_path("context_core/gateway/patterns.py")
 ifeq ($(origin PYTHON),undefined)
 PYTHON := $(shell for p in /usr/bin/python3.11 /usr/bin/python3.12 python3.11 python3.12 python3; do \
   command -v $$p >/dev/null 2>&1 && $$p -c '$(PY_OK)' 2>/dev/null && { command -v $$p; break; }; done)
@@ -23,7 +23,7 @@ export TOKENIZERS_PARALLELISM := false
 install: $(STAMP)
 
 $(STAMP): pyproject.toml requirements/constraints.txt
-	@test -n "$(PYTHON)" || { echo 'no CPython 3.11 or 3.12 with venv (and a re module that passes context_core/redaction_patterns.py) found: install one, or make PYTHON=/path/to/python3.11'; exit 1; }
+	@test -n "$(PYTHON)" || { echo 'no CPython 3.11 or 3.12 with venv (and a re module that passes context_core/gateway/patterns.py) found: install one, or make PYTHON=/path/to/python3.11'; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "torch==2.13.0"

@@ -65,7 +65,7 @@ def record(pid: int, out: Path, *, rate: int = 100) -> Iterator[Path]:
 
 
 def _package(frame: str) -> str:
-    """The project's own modules as ``context_core.router`` (a subpackage by its name:
+    """The project's own modules as ``context_core.routing.router`` (a subpackage by its name:
     ``context_core.knowledge``); anything else by the first part of its path as py-spy
     prints it (``uvicorn``, ``asyncio``, ``json``, ``pydantic``)."""
     m = _FRAME.match(frame)

@@ -2,7 +2,8 @@
 
 All real parts, wired by ``build_platform`` as in the service: Redis (``--redis-url``), Qdrant
 Edge in a temp dir holding the bundled sample export (ingested by ``run_refresh``), MiniLM.
-Tokens are counted with the project's counter (:class:`context_core.tokens.TokenCounter` over
+Tokens are counted with the project's counter (:class:`context_core.lifecycle.tokens.TokenCounter`
+over
 the encoder's own tokenizer), on the JSON a client receives:
 
 * **response**: the whole answer (``to_json()`` vs ``to_delta_dict()`` encoded);
@@ -22,7 +23,7 @@ Workloads:
   Two bases: the previous step's bundle (any intent), and the previous bundle of the same
   intent (the log keeps 8; the cycle has 5 intents).
 
-Every delta answer is applied to its base (:class:`context_core.delta.BundleMirror`) and
+Every delta answer is applied to its base (:class:`context_core.routing.delta.BundleMirror`) and
 checked against the full bundle of the same route, so the token figures are for answers that
 reproduce the full bundles exactly.
 
@@ -67,8 +68,8 @@ class _Tokens:
     def add(self, bundle: Any, mirror: Any) -> None:
         import json
 
-        from context_core.delta import DELTA_ONLY
-        from context_core.wire import encode_json
+        from context_core.routing.delta import DELTA_ONLY
+        from context_core.session.wire import encode_json
 
         full = json.loads(bundle.to_json())
         delta = json.loads(encode_json(bundle.to_delta_dict()))
@@ -168,7 +169,7 @@ class _DeltaRouter:
 
 def _scripted(platform: Any, tokens: _Tokens, sid: str) -> None:
     from context_app.demo import run_demo
-    from context_core.delta import BundleMirror
+    from context_core.routing.delta import BundleMirror
 
     mirror = BundleMirror()
     router = platform.router
@@ -189,9 +190,9 @@ def _long_session(
     """One long_sessions agent session (loadtests/user.py's steps, through the library),
     each route asked as a delta against the previous step's bundle, or (``same_intent``)
     against the previous bundle of the same intent."""
-    from context_core.delta import BundleMirror
     from context_core.errors import ContextMissError
-    from context_core.session import AuthContext
+    from context_core.routing.delta import BundleMirror
+    from context_core.session.state import AuthContext
 
     life, router = platform.lifecycle, platform.router
     sid = f"bench-delta-{_tag()}"
@@ -286,9 +287,9 @@ def main(argv: list[str]) -> int:
 
     from context_core.config import get_settings
     from context_core.ingest.pipeline import run_refresh
+    from context_core.lifecycle.tokens import TokenCounter
     from context_core.platform import build_platform
     from context_core.sample_data import sample_export_path
-    from context_core.tokens import TokenCounter
 
     budgets = [int(b) for b in args.budgets.split(",") if b.strip()]
     tmp = Path(tempfile.mkdtemp(prefix="bench-delta-"))
@@ -409,7 +410,7 @@ def main(argv: list[str]) -> int:
         if not args.no_write:
             body = (
                 "Tokens of full bundles vs delta bundles (`route(..., delta=True, "
-                "since_bundle=...)`, `context_core.delta`), counted with the project's "
+                "since_bundle=...)`, `context_core.routing.delta`), counted with the project's "
                 "`TokenCounter` over MiniLM's tokenizer. *LLM tokens* = what the agent "
                 "appends to its LLM conversation for the step: the full bundle's `fragments` "
                 "(JSON), or the delta's new/changed fragments + the ids of the unchanged and "

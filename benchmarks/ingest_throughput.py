@@ -66,9 +66,9 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     from context_core.config import get_settings
-    from context_core.embedding import load_encoder
     from context_core.ingest.pipeline import plan_refresh, run_refresh
     from context_core.knowledge.edge import EdgeStore
+    from context_core.knowledge.embedding import load_encoder
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_ingest_"))
     try:

@@ -70,7 +70,7 @@ def _l2(url: str) -> Platform:
 
 
 def _bundle_rows(label: str, url: str, iterations: int) -> list[dict[str, Any]]:
-    from context_core.session import SessionState
+    from context_core.session.state import SessionState
 
     platform = _l2(url)
     client = platform.redis
@@ -207,7 +207,7 @@ def _write_rows(label: str, url: str, iterations: int) -> list[dict[str, Any]]:
 
 def _plain_twin() -> type:
     """A plain (no slots, not frozen) dataclass with exactly SessionState's fields."""
-    from context_core.session import SessionState
+    from context_core.session.state import SessionState
 
     specs = [
         (f.name, f.type, dataclasses.field(default=None)) for f in dataclasses.fields(SessionState)
@@ -230,8 +230,8 @@ def _traced_bytes(build: Callable[[int], Any], n: int) -> float:
 
 
 def _memory_rows(n: int) -> list[dict[str, Any]]:
-    from context_core.gateway import Gateway
-    from context_core.session import SessionState
+    from context_core.gateway.sanitize import Gateway
+    from context_core.session.state import SessionState
 
     gw = Gateway()
     base = SessionState.start("s-mem", "u-mem", "check pump-0042 pressure", gateway=gw)
@@ -275,7 +275,7 @@ def _client(url: str, **kwargs: Any) -> Any:
     """A plain client, or a cluster client for ``redis+cluster://`` URLs."""
     from redis.cluster import RedisCluster
 
-    from context_core.redis_conn import split_cluster_url
+    from context_core.redis.connection import split_cluster_url
 
     plain, cluster = split_cluster_url(url)
     return (

@@ -92,7 +92,7 @@ def _redis_client(url: str | None, tmp: Path) -> tuple[redis.Redis, str, Any]:
             if url:
                 raise
     from context_core.config import get_settings
-    from context_core.redis_conn import RedisProvider
+    from context_core.redis.connection import RedisProvider
 
     provider = RedisProvider(get_settings(data_dir=tmp / "valkey", redis_url=None))
     return provider.client(decode_responses=False), f"embedded Valkey {provider.safe_url}", provider

@@ -101,8 +101,8 @@ def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
 def rows(kib: int, repeats: int) -> list[dict[str, Any]]:
     from markdown_it import MarkdownIt
 
-    from context_core.gateway import Gateway
-    from context_core.output_sanitizer import sanitize_output
+    from context_core.gateway.output import sanitize_output
+    from context_core.gateway.sanitize import Gateway
 
     gw = Gateway(audit_path=None)
     md = MarkdownIt("commonmark")

@@ -145,8 +145,8 @@ def _time_clean(gateway: Any, body: str, repeats: int) -> tuple[list[float], str
 
 
 def rows(size: int, repeats: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    from context_core.gateway import Gateway
-    from context_core.redaction import redact_text
+    from context_core.gateway.redaction import redact_text
+    from context_core.gateway.sanitize import Gateway
 
     gw = Gateway()
     base_samples, _ = _time_clean(gw, english(size), repeats)

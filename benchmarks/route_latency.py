@@ -207,11 +207,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--no-write", action="store_true", help="print only, leave the report")
     args = ap.parse_args(argv)
 
+    from context_core.access.namespaces import Grant
     from context_core.config import get_settings
-    from context_core.intents import fill
-    from context_core.namespaces import Grant
     from context_core.platform import build_platform
-    from context_core.session import SessionState
+    from context_core.routing.intents import fill
+    from context_core.session.state import SessionState
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes:

@@ -559,7 +559,7 @@ def measure_cpu(
 
     ``workers`` > 1: the service as a campaign runs it (that many uvicorn workers and the edge
     server owning the Edge shards), its CPU = every one of those processes'."""
-    from context_core.auth import generate_keys
+    from context_core.access.auth import generate_keys
     from loadtests.campaign import FLEET_PURPOSES, _seed_knowledge
     from loadtests.machine import reference_ms
 

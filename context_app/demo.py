@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from context_core.namespaces import Grant
+from context_core.access.namespaces import Grant
 from context_core.platform import Platform, build_platform
-from context_core.router import ContextBundle
+from context_core.routing.router import ContextBundle
 
 if TYPE_CHECKING:
     from context_core.config import Settings

@@ -102,7 +102,7 @@ class Settings(BaseSettings):
         "(negation + a value that contradicts the contract) above this confidence.",
     )
 
-    # --- compliance profiles (context_core.compliance) ---------------------------------
+    # --- compliance profiles (context_core.access.compliance) ---------------------------------
     postgres_url: str | None = Field(
         None,
         description="postgresql://role@host:port/db: compliance profiles in PostgreSQL with "

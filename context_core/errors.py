@@ -277,7 +277,7 @@ class StateTooLargeError(PayloadTooLargeError):
 
 
 class SanitizeBudgetExceededError(PayloadTooLargeError):
-    """Cleaning an agent's output (:func:`context_core.output_sanitizer.sanitize_output`)
+    """Cleaning an agent's output (:func:`context_core.gateway.output.sanitize_output`)
     took more CPU time than ``CTX_OUTPUT_SANITIZE_BUDGET_MS``; nothing was stored. A shorter
     or simpler output fits (the budget is what one request may cost the service)."""
 

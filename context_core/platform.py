@@ -26,20 +26,20 @@ import redis
 
 from context_core.config import Settings
 from context_core.errors import BackendUnavailableError
-from context_core.redis_conn import REDIS_ERRORS, RedisClient, make_client, split_cluster_url
+from context_core.redis.connection import REDIS_ERRORS, RedisClient, make_client, split_cluster_url
 
 if TYPE_CHECKING:
-    from context_core.compliance import ComplianceStore
-    from context_core.confidence import PolicySource
-    from context_core.embedding import Encoder
-    from context_core.gateway import Gateway
-    from context_core.intents import IntentRegistry
+    from context_core.access.compliance import ComplianceStore
+    from context_core.access.namespaces import NamespaceRegistry
+    from context_core.gateway.sanitize import Gateway
+    from context_core.knowledge.embedding import Encoder
     from context_core.knowledge.memory import KnowledgeMemory
     from context_core.knowledge.store import VectorStore
-    from context_core.lifecycle import LifecycleManager
-    from context_core.namespaces import NamespaceRegistry
-    from context_core.redis_conn import RedisProvider
-    from context_core.router import ContextRouter
+    from context_core.lifecycle.manager import LifecycleManager
+    from context_core.redis.connection import RedisProvider
+    from context_core.routing.confidence import PolicySource
+    from context_core.routing.intents import IntentRegistry
+    from context_core.routing.router import ContextRouter
     from context_core.traces import TraceWriter
     from context_core.working_memory import WorkingMemory
 
@@ -57,7 +57,8 @@ def fail_fast_client(
 
     A broken connection (reset by a restarted server) is retried once, immediately, on a new
     connection; a timeout is not retried, since a hung server would just cost the time twice.
-    A ``redis+cluster://`` URL gives a cluster client (:func:`context_core.redis_conn.make_client`);
+    A ``redis+cluster://`` URL gives a cluster client
+    (:func:`context_core.redis.connection.make_client`);
     the platform itself asks its provider, which also detects a cluster behind a plain URL.
     """
     return make_client(
@@ -144,7 +145,7 @@ class Platform:
     # --- L2: Redis ------------------------------------------------------------------------------
     @cached_property
     def provider(self) -> RedisProvider:
-        from context_core.redis_conn import RedisProvider
+        from context_core.redis.connection import RedisProvider
 
         s = self.settings
         if self.fail_fast_redis:
@@ -189,7 +190,7 @@ class Platform:
         """The text client (``decode_responses=True``): L2, namespaces, owners.
 
         A :class:`redis.cluster.RedisCluster` when the server is a Redis Cluster (see
-        :mod:`context_core.redis_conn`); it answers the same command methods. Typed as
+        :mod:`context_core.redis.connection`); it answers the same command methods. Typed as
         ``redis.Redis`` only for callers outside the library still annotated so
         (``evaluation/health.py``); the library's own parts take ``RedisClient``.
         """
@@ -202,7 +203,7 @@ class Platform:
 
     @cached_property
     def gateway(self) -> Gateway:
-        from context_core.gateway import Gateway
+        from context_core.gateway.sanitize import Gateway
 
         return Gateway.from_settings(self.settings)
 
@@ -216,7 +217,7 @@ class Platform:
 
     @cached_property
     def namespaces(self) -> NamespaceRegistry:
-        from context_core.namespaces import NamespaceRegistry
+        from context_core.access.namespaces import NamespaceRegistry
 
         return NamespaceRegistry(
             self.redis, self.gateway, audit_path=self.settings.data_dir / "audit" / "access.jsonl"
@@ -226,7 +227,7 @@ class Platform:
     def compliance(self) -> ComplianceStore:
         """Compliance profiles: PostgreSQL under row-level security when
         ``CTX_POSTGRES_URL`` is set, else Redis (the L2 client)."""
-        from context_core.compliance import PostgresComplianceStore, RedisComplianceStore
+        from context_core.access.compliance import PostgresComplianceStore, RedisComplianceStore
 
         s = self.settings
         if s.postgres_url:
@@ -254,7 +255,7 @@ class Platform:
 
     @cached_property
     def encoder(self) -> Encoder:
-        from context_core.embedding import load_encoder
+        from context_core.knowledge.embedding import load_encoder
 
         return load_encoder(
             self.settings, redis_client=self.redis_bin if self.embed_cache else None
@@ -278,7 +279,7 @@ class Platform:
     # --- routing and lifecycle -------------------------------------------------------------------
     @cached_property
     def registry(self) -> IntentRegistry:
-        from context_core.intents import IntentRegistry
+        from context_core.routing.intents import IntentRegistry
 
         return IntentRegistry.builtin()
 
@@ -295,14 +296,14 @@ class Platform:
         """The thresholds in force, re-read when thresholds.json changes; refused when the
         file was calibrated for another model than the encoder's (the configured model's
         without knowledge)."""
-        from context_core.confidence import PolicySource
+        from context_core.routing.confidence import PolicySource
 
         model = self.encoder.name if self.with_knowledge else None
         return PolicySource(self.settings, model=model)
 
     @cached_property
     def router(self) -> ContextRouter:
-        from context_core.router import ContextRouter
+        from context_core.routing.router import ContextRouter
 
         s = self.settings
         router = ContextRouter(
@@ -321,7 +322,7 @@ class Platform:
 
     @cached_property
     def lifecycle(self) -> LifecycleManager:
-        from context_core.lifecycle import LifecycleManager
+        from context_core.lifecycle.manager import LifecycleManager
 
         knowledge = self.knowledge if self.with_knowledge else None
         return LifecycleManager.from_settings(

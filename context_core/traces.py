@@ -7,7 +7,7 @@ and an invalid record raises instead of leaving a line evaluation would trip ove
 Files: ``<CTX_DATA_DIR>/traces/traces-YYYY-MM-DD.jsonl`` (UTC date of the record). Two kinds
 of record share a file:
 
-``kind = "route"`` (written by :class:`context_core.router.ContextRouter` on every route),
+``kind = "route"`` (written by :class:`context_core.routing.router.ContextRouter` on every route),
 schema 3::
 
     {"schema": 3, "kind": "route", "trace_id": "<uuid4 hex>", "ts": "<ISO-8601 UTC>",
@@ -47,7 +47,8 @@ from this bundle). ``fallback`` is the bundle's fallback section when the route 
 else null. ``confidence`` is the threshold pair and rule the route labelled hits with, with
 their provenance (file path or defaults) and the model the file was calibrated for; CER judges
 a schema-3 record against *its* ``accept``. When a fitted relevance model labelled the hits
-(:mod:`context_core.relevance`), ``l3.confidence_signal`` is ``"p_relevant"``, each hit carries
+(:mod:`context_core.routing.relevance`), ``l3.confidence_signal`` is ``"p_relevant"``, each hit
+carries
 its ``p_relevant`` and ``confidence.relevance`` holds the model's cut points on it; the cosine
 pair stays in ``confidence`` (``score`` is still the cosine). Records without these keys were
 labelled by cosine.
@@ -116,7 +117,7 @@ from context_core.errors import DataValidationError
 
 if TYPE_CHECKING:
     from context_core.config import Settings
-    from context_core.gateway import Gateway
+    from context_core.gateway.sanitize import Gateway
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -462,7 +463,7 @@ _FRAGMENT_TRACE_FIELDS = tuple(FragmentTraceV1.model_fields)
 
 
 def fragment_entry(frag: Any) -> dict[str, Any]:
-    """A delivered fragment (:class:`~context_core.bundle.Fragment`) as a route record lists
+    """A delivered fragment (:class:`~context_core.routing.bundle.Fragment`) as a route record lists
     it: the fields of :class:`FragmentTrace`, ``cites`` computed from its content."""
     out = {name: getattr(frag, name) for name in _FRAGMENT_TRACE_FIELDS}
     out["cites"] = fragment_cites(frag.layer, frag.source, frag.content)
@@ -559,7 +560,7 @@ class TraceWriter:
         hash_key: bytes | None = None,
     ) -> None:
         if gateway is None:
-            from context_core.gateway import Gateway
+            from context_core.gateway.sanitize import Gateway
 
             gateway = Gateway()
         self.traces_dir = Path(traces_dir)

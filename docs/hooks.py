@@ -14,7 +14,8 @@ from ``reports/benchmarks.md``, which ``make bench`` rewrites) each time the sit
   ``<!-- gen:settings -->``      the ``Settings`` fields of ``context_core.config``
   ``<!-- gen:endpoints -->``     the HTTP routes, from the FastAPI app's OpenAPI document
   ``<!-- gen:errors -->``        the error classes of ``context_core.errors`` and their answers
-  ``<!-- gen:lifecycle -->``     the lifecycle effects table, ``context_core.lifecycle.EFFECTS``
+  ``<!-- gen:lifecycle -->``     the lifecycle effects table,
+  ``context_core.lifecycle.manager.EFFECTS``
   ``<!-- gen:bench NAME -->``    section NAME of ``reports/benchmarks.md``
 
   An unknown marker, or one whose source cannot be read, stops the build.
@@ -290,7 +291,7 @@ def errors_reference() -> str:
 
 
 def lifecycle_table() -> str:
-    from context_core.lifecycle import EFFECTS
+    from context_core.lifecycle.manager import EFFECTS
 
     rows = [
         "| event | L1 (session state) | L2 (working memory) | L3 (knowledge) |",

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from context_core.config import Settings
-    from context_core.embedding import Encoder
+    from context_core.knowledge.embedding import Encoder
     from context_core.knowledge.store import VectorStore
     from evaluation.calibration import CalibrationResult
     from evaluation.labels import LabelSet
@@ -240,12 +240,12 @@ def label_hits(
     ``source`` has a qrel score > 0 for that query. Returns the labels frame and stats.
 
     Each row also carries the relevance model's features of the hit in its list
-    (:func:`context_core.relevance.hit_features`: ``rank``, ``margin``, ``query_len``, and
+    (:func:`context_core.routing.relevance.hit_features`: ``rank``, ``margin``, ``query_len``, and
     ``sparse_score`` when the search ran a sparse leg), so the same labels fit ``p_relevant``.
     """
     import pandas as pd
 
-    from context_core.relevance import FEATURES, hit_features, query_length
+    from context_core.routing.relevance import FEATURES, hit_features, query_length
 
     rows: list[dict[str, Any]] = []
     recalls: list[float] = []
@@ -328,8 +328,8 @@ def _finish(
 ) -> CalibrationRun:
     """Store labels, validate, calibrate, write thresholds, the relevance model (next to the
     thresholds, installed with them) and the report."""
-    from context_core.confidence import ConfidencePolicy
-    from context_core.relevance import relevance_path_for
+    from context_core.routing.confidence import ConfidencePolicy
+    from context_core.routing.relevance import relevance_path_for
     from evaluation.calibration import (
         Provenance,
         calibrate,
@@ -451,8 +451,8 @@ def calibrate_beir(
     score, fused rank, margin) match what the router will see. ``calib_kwargs`` go to
     :func:`evaluation.calibration.calibrate` (criteria, targets, n_boot, seed).
     """
-    from context_core.embedding import load_encoder
     from context_core.knowledge.edge import EdgeStore
+    from context_core.knowledge.embedding import load_encoder
 
     dataset = load_beir(path, split=split, limit_queries=limit_queries, limit_docs=limit_docs)
     run_settings = settings.model_copy(update={"embed_model": model}) if model else settings
@@ -520,7 +520,7 @@ def calibrate_beir(
 
 def _sparse_encoder() -> Any:
     """The library's sparse encoder."""
-    from context_core.sparse import SparseEncoder
+    from context_core.knowledge.sparse import SparseEncoder
 
     return SparseEncoder()
 
@@ -541,7 +541,7 @@ def calibrate_sample(
     ``eval_dir`` holds ``queries.jsonl`` and ``qrels.tsv`` (or ``qrels/test.tsv``) whose
     corpus ids are page ids: a hit is relevant when its payload ``source`` is one of them.
     """
-    from context_core.embedding import load_encoder
+    from context_core.knowledge.embedding import load_encoder
     from context_core.knowledge.store import open_store
 
     eval_dir = Path(eval_dir or SAMPLE_EVAL_DIR)

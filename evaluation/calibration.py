@@ -44,9 +44,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from context_core.confidence import DEFAULT_ACCEPT, DEFAULT_SKIP, label_score, model_name
 from context_core.errors import CalibrationError
 from context_core.fsutil import atomic_write_text
+from context_core.routing.confidence import DEFAULT_ACCEPT, DEFAULT_SKIP, label_score, model_name
 
 if TYPE_CHECKING:
     from evaluation.labels import LabelSet
@@ -377,8 +377,8 @@ def _tool_version() -> str:
 def thresholds_document(result: CalibrationResult, provenance: Provenance) -> dict[str, Any]:
     """The thresholds.json content. ``accept``/``skip``/``model`` at top level are the runtime
     contract: the router uses the pair only with the embedding model named here
-    (:class:`context_core.confidence.PolicySource`), so ``model`` is recorded the way a
-    collection records it (:func:`context_core.confidence.model_name`)."""
+    (:class:`context_core.routing.confidence.PolicySource`), so ``model`` is recorded the way a
+    collection records it (:func:`context_core.routing.confidence.model_name`)."""
     doc = result.summary()
     filled = provenance.filled()
     doc["model"] = model_name(filled.model) if filled.model else None

@@ -1,6 +1,6 @@
 """The daily context-health snapshot: is each memory layer behaving as designed?
 
-* L1: how much memory a realistic :class:`~context_core.session.SessionState` costs
+* L1: how much memory a realistic :class:`~context_core.session.state.SessionState` costs
   (tracemalloc over a batch of probe instances, plus ``sys.getsizeof``), and whether any attempt
   to mutate one in place succeeds (immutability violations; must be 0).
 * L2: keys under ``wm:*`` (SCAN with a bounded budget, never ``KEYS *``), ``DBSIZE``, the
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from context_core.fsutil import atomic_write_text
-from context_core.redis_conn import is_cluster_client
+from context_core.redis.connection import is_cluster_client
 
 if TYPE_CHECKING:
     import redis
@@ -77,7 +77,7 @@ class L1Probe:
 
 
 def _probe_state(i: int, gateway: Any) -> Any:
-    from context_core.session import SessionState
+    from context_core.session.state import SessionState
 
     state = SessionState.start(
         f"probe-{i}", "probe-user", f"PUMP-{i:04d} vibration high since 06:00?", gateway=gateway
@@ -128,7 +128,7 @@ def _mutation_attempts(state: Any) -> tuple[int, list[str]]:
 
 def probe_l1(n: int = 200) -> L1Probe:
     """Build ``n`` realistic states (10 trace pairs each), measure them, try to mutate one."""
-    from context_core.gateway import Gateway
+    from context_core.gateway.sanitize import Gateway
 
     gateway = Gateway()
     _probe_state(0, gateway)  # warm caches (regexes, interned names) outside the measurement

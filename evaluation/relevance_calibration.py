@@ -2,7 +2,8 @@
 
 Steps, each pure until the last:
 
-1. :func:`features_from_frame`: the labels frame -> the :data:`~context_core.relevance.FEATURES`
+1. :func:`features_from_frame`: the labels frame -> the
+   :data:`~context_core.routing.relevance.FEATURES`
    matrix and the features the file actually has (an old file has only ``similarity``; a
    column with a gap counts as absent).
 2. :func:`fit_relevance`: out-of-fold predictions of each candidate (:data:`CANDIDATES`:
@@ -34,7 +35,7 @@ import numpy as np
 
 from context_core.errors import CalibrationError
 from context_core.fsutil import atomic_write_text
-from context_core.relevance import (
+from context_core.routing.relevance import (
     FEATURES,
     RelevanceKind,
     RelevanceModel,
@@ -276,7 +277,7 @@ def fit_relevance(
     when the labels cannot support a model (e.g. a precision target no threshold reaches).
     ``kinds`` (e.g. ``("logistic",)``) keeps only the candidates of those model kinds.
     """
-    from context_core.confidence import model_name
+    from context_core.routing.confidence import model_name
     from evaluation.calibration import _tool_version, calibrate
 
     if kinds is not None:

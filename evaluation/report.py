@@ -13,8 +13,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from context_core.confidence import label_score
 from context_core.fsutil import atomic_write_text
+from context_core.routing.confidence import label_score
 from evaluation.calibration import CalibrationResult, LabelChange, Provenance
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ One BEIR folder in, one report out (``reports/retrieval_<dataset>.{md,json,png}`
    95 % intervals over queries (:mod:`evaluation.retrieval_metrics`).
 4. **Confidence signal.** The top-k hits of each mode are labelled from the qrels. Queries are
    split (seeded) into train and held-out halves; the relevance model
-   (:mod:`context_core.relevance`) is fitted on the train queries' hits only, and cosine and
+   (:mod:`context_core.routing.relevance`) is fitted on the train queries' hits only, and cosine and
    ``p_relevant`` are compared on the held-out queries only: AUC with a query-bootstrap
    interval, Brier score, and the precision of ``confident`` hits at each signal's accept
    threshold (the calibration's criterion, fitted on the train hits).
@@ -57,7 +57,7 @@ from evaluation.retrieval_metrics import (
 
 if TYPE_CHECKING:
     from context_core.config import Settings
-    from context_core.embedding import Encoder
+    from context_core.knowledge.embedding import Encoder
     from context_core.knowledge.store import Hit
 
 __all__ = [
@@ -446,7 +446,7 @@ def confidence_signal(
     )
     import pandas as pd
 
-    from context_core.relevance import RelevanceModel, hit_features
+    from context_core.routing.relevance import RelevanceModel, hit_features
     from evaluation.labels import LabelSet
     from evaluation.relevance_calibration import fit_relevance
 
@@ -538,7 +538,7 @@ def goals_for(
 
 def _sparse_support() -> tuple[Any, str | None]:
     """(sparse module, None) or (None, why sparse/hybrid cannot run on this library)."""
-    from context_core import sparse
+    from context_core.knowledge import sparse
 
     return sparse, None
 
@@ -698,7 +698,7 @@ def compare_retrieval(
         m: score_mode(m, ranked[m], dataset.qrels, lat[m], k=k, n_boot=n_boot, seed=seed)
         for m in run_modes
     }
-    from context_core.relevance import query_length  # as the router counts it
+    from context_core.routing.relevance import query_length  # as the router counts it
 
     qlen = {q: query_length(t) for q, t in dataset.queries.items()}
     confidence: dict[str, ConfidenceResult] = {}

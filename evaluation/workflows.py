@@ -70,10 +70,10 @@ def calibrate_labels_file(
     reads) and ``<reports>/<report_name>_report.md``; compare with the thresholds in force.
 
     With ``relevance`` the relevance model (``p_relevant``) is fitted on the same labels and
-    written next to the thresholds (:func:`context_core.relevance.relevance_path_for`: the
+    written next to the thresholds (:func:`context_core.routing.relevance.relevance_path_for`: the
     router's ``relevance_model.json`` when the thresholds are the router's)."""
-    from context_core.confidence import ConfidencePolicy, model_name
-    from context_core.relevance import relevance_path_for
+    from context_core.routing.confidence import ConfidencePolicy, model_name
+    from context_core.routing.relevance import relevance_path_for
     from evaluation.calibration import (
         Provenance,
         calibrate,

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from context_core.auth import generate_keys
+from context_core.access.auth import generate_keys
 from context_core.config import Settings
 from context_core.errors import ConfigError
 from loadtests.faults import (

@@ -78,7 +78,7 @@ class Sampler:
             return None, None
         try:
             if self._redis is None:
-                from context_core.redis_conn import (
+                from context_core.redis.connection import (
                     cluster_enabled,
                     make_client,
                     split_cluster_url,

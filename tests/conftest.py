@@ -34,10 +34,10 @@ from redis_cluster import LocalCluster, cluster_binaries, redis_client
 
 from context_app.airflow_local import LocalAirflow as AirflowHome
 from context_core.config import Settings, get_settings
-from context_core.redis_conn import split_cluster_url
+from context_core.redis.connection import split_cluster_url
 
 if TYPE_CHECKING:
-    from context_core.embedding import Encoder
+    from context_core.knowledge.embedding import Encoder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -66,7 +66,7 @@ def _reachable(url: str) -> bool:
 
 @pytest.fixture(scope="session")
 def embedded_valkey_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from context_core.redis_conn import RedisProvider
+    from context_core.redis.connection import RedisProvider
 
     d = tmp_path_factory.mktemp("valkey")
     provider = RedisProvider(get_settings(data_dir=d, redis_url=None))
@@ -155,7 +155,7 @@ def settings(tmp_path: Path, redis_url: str) -> Settings:
 def encoder(tmp_path_factory: pytest.TempPathFactory) -> Encoder:
     """The offline MiniLM encoder, loaded once for the whole run (the model is read-only; the
     query-vector cache it keeps per process is what the service keeps too)."""
-    from context_core.embedding import load_encoder
+    from context_core.knowledge.embedding import load_encoder
 
     return load_encoder(get_settings(data_dir=tmp_path_factory.mktemp("encoder")))
 
@@ -263,7 +263,7 @@ class RoundTrips:
     active: one entry per packet, the command names in it in order (``[["EVALSHA", "ZADD"],
     ["HGETALL"]]``). Commands are parsed from the RESP arrays themselves, so the count holds
     whatever code path built them. ``trips``: synchronous clients; ``loop_trips``: those of
-    them sent by code running on the event loop (:func:`context_core.redis_ops.on_loop`:
+    them sent by code running on the event loop (:func:`context_core.redis.ops.on_loop`:
     they block the loop, the hot endpoints must send none); ``async_trips``: the
     asynchronous twins' (what code on the loop awaits: the lean client's rounds, or
     ``redis.asyncio``'s packets)."""
@@ -280,7 +280,7 @@ class RoundTrips:
         import redis.asyncio.connection as arc
         import redis.connection as rc
 
-        from context_core.on_loop import on_loop_now
+        from context_core.concurrency import on_loop_now
 
         self._orig = orig = rc.AbstractConnection.send_packed_command
         self._orig_async = orig_async = arc.AbstractConnection.send_packed_command
@@ -300,7 +300,7 @@ class RoundTrips:
                 async_trips.append(names)
             return await orig_async(conn, command, check_health)
 
-        from context_core.redis_loop import LoopRedis
+        from context_core.redis.loop_client import LoopRedis
 
         self._orig_lean = orig_lean = LoopRedis.execute
 
@@ -317,7 +317,7 @@ class RoundTrips:
         import redis.asyncio.connection as arc
         import redis.connection as rc
 
-        from context_core.redis_loop import LoopRedis
+        from context_core.redis.loop_client import LoopRedis
 
         rc.AbstractConnection.send_packed_command = self._orig  # type: ignore[method-assign]
         arc.AbstractConnection.send_packed_command = self._orig_async  # type: ignore[method-assign]

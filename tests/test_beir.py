@@ -67,8 +67,8 @@ def test_calibrate_beir_cranfield_subset(cranfield: Path, settings) -> None:
 def test_calibrate_sample_against_the_ingested_sample_export(
     settings, redis_url: str, session_id: str
 ) -> None:
-    from context_core.confidence import ConfidencePolicy
     from context_core.ingest import pipeline
+    from context_core.routing.confidence import ConfidencePolicy
     from evaluation.beir import SAMPLE_EVAL_DIR, calibrate_sample
 
     export = SAMPLE_EVAL_DIR.parent / "confluence" / "EQM"
@@ -87,12 +87,12 @@ def test_calibrate_sample_against_the_ingested_sample_export(
     import redis
     from conftest import cleanup_keys
 
-    from context_core.embedding import load_encoder
-    from context_core.gateway import Gateway
+    from context_core.gateway.sanitize import Gateway
     from context_core.knowledge.edge import EdgeStore
+    from context_core.knowledge.embedding import load_encoder
     from context_core.knowledge.memory import KnowledgeMemory
-    from context_core.router import ContextRouter
-    from context_core.session import SessionState
+    from context_core.routing.router import ContextRouter
+    from context_core.session.state import SessionState
     from context_core.traces import TraceWriter
     from context_core.working_memory import WorkingMemory
 

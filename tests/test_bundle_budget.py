@@ -15,11 +15,11 @@ import pytest
 from conftest import cleanup_keys
 from test_router import KNOWLEDGE, Env, _pid, env  # noqa: F401 (fixtures)
 
-from context_core.bundle import PRIORITY, Fragment, Tier, apply_budget, reference_entry
+from context_core.access.namespaces import Grant, NamespaceRegistry
 from context_core.errors import ConfigError
-from context_core.intents import IntentRegistry, IntentSpec, L2KeySpec, NsKeySpec
-from context_core.namespaces import Grant, NamespaceRegistry
-from context_core.router import ContextRouter
+from context_core.routing.bundle import PRIORITY, Fragment, Tier, apply_budget, reference_entry
+from context_core.routing.intents import IntentRegistry, IntentSpec, L2KeySpec, NsKeySpec
+from context_core.routing.router import ContextRouter
 
 # --- apply_budget, pure ---------------------------------------------------------------------
 

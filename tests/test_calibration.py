@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from context_core.confidence import ConfidencePolicy, label_score
 from context_core.errors import CalibrationError
+from context_core.routing.confidence import ConfidencePolicy, label_score
 from evaluation.calibration import (
     Provenance,
     calibrate,
@@ -140,7 +140,7 @@ def test_calibration_labels_hits_with_the_routers_rule() -> None:
 
 
 def test_thresholds_json_round_trips_into_confidence_policy(settings) -> None:
-    from context_core import confidence
+    from context_core.routing import confidence
 
     scores, labels = _separable()
     r = calibrate(scores, labels, n_boot=20)
@@ -170,7 +170,7 @@ def test_thresholds_json_round_trips_into_confidence_policy(settings) -> None:
 def test_thresholds_record_the_model_as_collections_name_it(settings) -> None:
     """A hub id is written as the registry name the collection records, so the router's
     PolicySource accepts the file for that encoder and refuses it for another."""
-    from context_core.confidence import PolicySource
+    from context_core.routing.confidence import PolicySource
 
     scores, labels = _separable()
     r = calibrate(scores, labels, n_boot=0)

@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from context_app.cli import app
 from context_core.config import get_settings
-from context_core.gateway import Gateway
-from context_core.lifecycle import LifecycleManager
-from context_core.redis_conn import RedisProvider
+from context_core.gateway.sanitize import Gateway
+from context_core.lifecycle.manager import LifecycleManager
+from context_core.redis.connection import RedisProvider
 from context_core.working_memory import WorkingMemory
 
 

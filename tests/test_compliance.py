@@ -25,8 +25,8 @@ import httpx
 import pytest
 from conftest import cleanup_keys, redis_client
 
-from context_core.auth import hash_key, new_key
-from context_core.compliance import (
+from context_core.access.auth import hash_key, new_key
+from context_core.access.compliance import (
     BlockedKeywordError,
     ComplianceProfile,
     ComplianceStore,
@@ -41,7 +41,7 @@ from context_core.compliance import (
 )
 from context_core.config import Settings, get_settings
 from context_core.errors import ConfigError, VersionConflictError
-from context_core.gateway import Gateway
+from context_core.gateway.sanitize import Gateway
 from context_core.platform import build_platform
 
 PG_ADMIN_URL = os.environ.get("CTX_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -723,7 +723,7 @@ def test_http_confirmations_refuse_look_alike_keywords(service: Service) -> None
 
 
 def test_keys_file_org_defaults_and_is_validated() -> None:
-    from context_core.auth import KeyStore
+    from context_core.access.auth import KeyStore
 
     digest = hash_key(new_key())
     ks = KeyStore.from_mapping({"a": {"key_sha256": digest}})

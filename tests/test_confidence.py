@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from context_core.confidence import ConfidencePolicy
 from context_core.config import get_settings
+from context_core.routing.confidence import ConfidencePolicy
 
 
 def _settings(tmp_path: Path):
@@ -91,7 +91,7 @@ def test_malformed_file_falls_back_with_warning(
     path = settings.resolved_thresholds_path
     path.parent.mkdir(parents=True)
     path.write_text(content, encoding="utf-8")
-    with caplog.at_level(logging.WARNING, logger="context_core.confidence"):
+    with caplog.at_level(logging.WARNING, logger="context_core.routing.confidence"):
         policy = ConfidencePolicy.load(settings)
     assert policy.pair == (0.72, 0.65)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

@@ -26,10 +26,10 @@ from test_working_memory import _Clock
 
 from context_core.config import get_settings
 from context_core.errors import AccessDeniedError, ConfigError, ContextError
-from context_core.gateway import Gateway
-from context_core.lifecycle import LifecycleManager
-from context_core.redis_conn import RedisProvider, split_cluster_url
-from context_core.session import SessionState
+from context_core.gateway.sanitize import Gateway
+from context_core.lifecycle.manager import LifecycleManager
+from context_core.redis.connection import RedisProvider, split_cluster_url
+from context_core.session.state import SessionState
 from context_core.working_memory import WorkingMemory
 from context_core.working_memory.keys import check_kind
 
@@ -330,7 +330,7 @@ def test_key_expired_across_instances_processes_and_sweeps(env: _Env) -> None:
 
         code = (
             "import redis, sys\n"
-            "from context_core.gateway import Gateway\n"
+            "from context_core.gateway.sanitize import Gateway\n"
             "from context_core.working_memory import WorkingMemory\n"
             f"sys.path.insert(0, {TESTS_DIR!r})\n"
             "from redis_cluster import redis_client\n"

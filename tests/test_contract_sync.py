@@ -34,9 +34,9 @@ from test_service import cleanup_service_keys, service_settings
 
 from context_app.contract_client import HttpContractSource, put_contract
 from context_core.errors import ContextError, VersionConflictError
-from context_core.gateway import Gateway
-from context_core.session import AuthContext, SessionState
-from context_core.wire import WireState, _signature, encode_json
+from context_core.gateway.sanitize import Gateway
+from context_core.session.state import AuthContext, SessionState
+from context_core.session.wire import WireState, _signature, encode_json
 from context_core.working_memory import WorkingMemory
 from context_core.working_memory.contract import TaskContract
 from context_core.working_memory.contract_sync import (

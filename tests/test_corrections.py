@@ -1,4 +1,4 @@
-"""The user_correction detection rule (context_core.corrections): a table of messages.
+"""The user_correction detection rule (context_core.lifecycle.corrections): a table of messages.
 
 Rule: negation/correction cue + a value contradicting the contract + confidence > 0.6.
 Pure functions, no servers.
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from context_core.correction_cues import CJK_NON_VALUES, NON_VALUES
-from context_core.corrections import DEFAULT_MIN_CONFIDENCE, Correction, detect_correction
+from context_core.lifecycle.correction_cues import CJK_NON_VALUES, NON_VALUES
+from context_core.lifecycle.corrections import DEFAULT_MIN_CONFIDENCE, Correction, detect_correction
 
 CONTRACT: dict[str, Any] = {
     "goal": "Why is PUMP-0042 vibrating? Keep the report under 1 page.",

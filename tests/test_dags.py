@@ -121,10 +121,10 @@ def test_knowledge_refresh_guards_fail_the_dag_and_write_nothing(
 @pytest.mark.slow
 def test_hot_knowledge_merge_runs_end_to_end(airflow_home: AirflowHome, tmp_path: Path) -> None:
     from context_core.config import get_settings
-    from context_core.embedding import load_encoder
-    from context_core.gateway import Gateway
+    from context_core.gateway.sanitize import Gateway
     from context_core.ingest.hot import on_fallback
     from context_core.knowledge.edge import EdgeStore
+    from context_core.knowledge.embedding import load_encoder
     from context_core.knowledge.memory import KnowledgeMemory
 
     cfg = get_settings(data_dir=tmp_path / "ctx", reports_dir=tmp_path / "reports")

@@ -1,4 +1,5 @@
-"""Delta recall (context_core.delta): a delta applied to its base is exactly the full bundle.
+"""Delta recall (context_core.routing.delta): a delta applied to its base is exactly the full
+bundle.
 
 Real parts, as in test_router.py (whose fixtures this module reuses): Redis (and a Redis
 Cluster), Qdrant Edge on a temp dir with a few manual pages, the packaged MiniLM model.
@@ -15,7 +16,8 @@ from typing import Any
 import pytest
 from test_router import ALL, Env, env, redis_url
 
-from context_core.delta import (
+from context_core.errors import ContextMissError
+from context_core.routing.delta import (
     BundleMirror,
     DeltaMismatchError,
     apply_delta,
@@ -23,9 +25,8 @@ from context_core.delta import (
     fragment_ids,
     log_key,
 )
-from context_core.errors import ContextMissError
-from context_core.router import ContextBundle, ContextRouter
-from context_core.wire import BundleDeltaWire, FragmentWire, encode_json
+from context_core.routing.router import ContextBundle, ContextRouter
+from context_core.session.wire import BundleDeltaWire, FragmentWire, encode_json
 
 FIXTURES = (env, redis_url)  # test_router's, used here by name (encoder: conftest)
 FRAGMENT_FIELDS = set(FragmentWire.model_fields)

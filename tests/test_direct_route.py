@@ -283,7 +283,7 @@ def test_event_info_skips_fastapis_encoder_only_when_it_would_change_nothing() -
     from fastapi.encoders import jsonable_encoder
 
     from context_app.service.sessions_api import _plain_json
-    from context_core.wire import encode_json
+    from context_core.session.wire import encode_json
 
     class Kind(enum.StrEnum):
         a = "a"

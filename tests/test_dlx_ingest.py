@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from context_core.config import get_settings
-from context_core.embedding import load_encoder
 from context_core.ingest.pipeline import run_refresh
 from context_core.knowledge.edge import EdgeStore
+from context_core.knowledge.embedding import load_encoder
 
 PAGE_FILES = 405  # *.html files besides index.html
 PAGES_WITH_BODY = 371

@@ -188,7 +188,9 @@ def test_api_reference_has_a_rendered_page_per_module(site: Path) -> None:
     assert "context_core.config" in modules and "context_app.service.app" in modules
     missing = [m for m in modules if not (site / "api" / m / "index.html").is_file()]
     assert not missing, missing
-    router = (site / "api" / "context_core.router" / "index.html").read_text(encoding="utf-8")
+    router = (site / "api" / "context_core.routing.router" / "index.html").read_text(
+        encoding="utf-8"
+    )
     assert "ContextRouter" in router  # mkdocstrings rendered the members, not just a title
 
 

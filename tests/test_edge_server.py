@@ -537,8 +537,8 @@ def test_hybrid_search_batch_is_proxied_in_one_round_trip(
     served: tuple[EdgeServer, RemoteEdgeStore],
 ) -> None:
     """Sparse vectors travel both ways; the route's main + hot hybrid searches stay one call."""
+    from context_core.knowledge.sparse import SparseEncoder
     from context_core.knowledge.store import SearchQuery, search_batch
-    from context_core.sparse import SparseEncoder
 
     server, client = served
     direct: EdgeStore = server.store
@@ -588,13 +588,13 @@ def test_hybrid_search_batch_is_proxied_in_one_round_trip(
     )
 
 
-# --- on the event loop (context_core.on_loop): the same calls, awaited ----------------------
+# --- on the event loop (context_core.concurrency): the same calls, awaited ----------------------
 
 
 def _on_a_loop(fn: Callable[..., Any], *args: Any) -> Any:
     import asyncio
 
-    from context_core.on_loop import on_loop
+    from context_core.concurrency import on_loop
 
     return asyncio.run(on_loop(fn, *args))
 
@@ -645,7 +645,7 @@ def test_on_the_loop_a_restarted_server_is_reached_by_reconnecting_once(
 ) -> None:
     import asyncio
 
-    from context_core.on_loop import on_loop
+    from context_core.concurrency import on_loop
 
     path = sock_dir / "edge.sock"
     proc = start_edge_server(tmp_path / "qdrant", path, 1)

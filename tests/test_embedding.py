@@ -10,8 +10,8 @@ import pytest
 import redis
 
 from context_core.config import Settings, get_settings
-from context_core.embedding import MODEL_REGISTRY, Encoder, load_encoder
 from context_core.errors import ConfigError, ModelLoadError
+from context_core.knowledge.embedding import MODEL_REGISTRY, Encoder, load_encoder
 
 
 class CountingEncoder(Encoder):

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 from test_router import KNOWLEDGE, Env, env  # noqa: F401 (fixtures)
 
-from context_core.bundle import teaching_cue
-from context_core.confidence import ConfidencePolicy
 from context_core.ingest.hot import on_fallback
+from context_core.routing.bundle import teaching_cue
+from context_core.routing.confidence import ConfidencePolicy
 
 
 @pytest.mark.parametrize(

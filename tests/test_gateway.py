@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from context_core.config import get_settings
-from context_core.gateway import (
+from context_core.gateway.sanitize import (
     REDACTED,
     AuditRecord,
     Finding,
@@ -887,14 +887,14 @@ def test_audit_write_failure_is_logged_cleaned_without_recursion(tmp_path: Path)
     out = stream.getvalue()
     assert STRIPE not in out
     assert f"context_core.worker key {REDACTED}" in out
-    assert "context_core.gateway gateway audit write to" in out
+    assert "context_core.gateway.sanitize gateway audit write to" in out
     assert len(g.recent_audit) == 1  # the in-memory tail still has the record
 
 
 def test_clean_text_is_remembered_but_text_with_a_finding_is_scanned_and_audited_every_time(
     tmp_path: Path,
 ) -> None:
-    from context_core.redaction import KNOWN_CLEAN, KNOWN_CLEAN_TEXT_MAX_LEN
+    from context_core.gateway.redaction import KNOWN_CLEAN, KNOWN_CLEAN_TEXT_MAX_LEN
 
     g = Gateway(audit_path=tmp_path / "audit.jsonl")
     clean = '{"device": "PUMP-0042", "rms_mm_s": 4.2, "status": "running"} ' * 3

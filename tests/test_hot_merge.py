@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from context_core.config import Settings, get_settings
-from context_core.embedding import Encoder, load_encoder
-from context_core.gateway import Gateway
+from context_core.gateway.sanitize import Gateway
 from context_core.ingest.hot import merge_hot, normalise_terms, on_fallback, run_merge
 from context_core.ingest.pipeline import run_refresh
 from context_core.knowledge.edge import EdgeStore
+from context_core.knowledge.embedding import Encoder, load_encoder
 from context_core.knowledge.memory import KnowledgeMemory
 from context_core.knowledge.store import PointRecord, point_id
 from context_core.sample_data import sample_export_path

@@ -26,20 +26,20 @@ import redis
 from conftest import cleanup_keys
 from test_service import running_service
 
-from context_core.bundle import ContextBundle, Fragment
-from context_core.confidence import ConfidencePolicy
+from context_core.access.namespaces import Grant, NamespaceRegistry
 from context_core.config import Settings, get_settings
-from context_core.embedding import Encoder
-from context_core.gateway import Gateway
+from context_core.gateway.sanitize import Gateway
 from context_core.ingest.hot import merge_hot, merged_point_id, on_fallback
-from context_core.intents import IntentRegistry, IntentSpec, NsKeySpec
 from context_core.knowledge.edge import EdgeStore
+from context_core.knowledge.embedding import Encoder
 from context_core.knowledge.memory import SYSTEM_SCOPE, KnowledgeMemory, hot_point_id
 from context_core.knowledge.store import PointRecord, point_id
-from context_core.lifecycle import LifecycleManager
-from context_core.namespaces import Grant, NamespaceRegistry
-from context_core.router import ContextRouter
-from context_core.session import AuthContext, SessionState
+from context_core.lifecycle.manager import LifecycleManager
+from context_core.routing.bundle import ContextBundle, Fragment
+from context_core.routing.confidence import ConfidencePolicy
+from context_core.routing.intents import IntentRegistry, IntentSpec, NsKeySpec
+from context_core.routing.router import ContextRouter
+from context_core.session.state import AuthContext, SessionState
 from context_core.traces import TraceWriter, read_traces
 from context_core.working_memory import WorkingMemory
 
@@ -376,7 +376,7 @@ def test_on_fallback_is_scoped_per_agent(env: Env) -> None:
 def test_http_goal_achieved_from_an_agent_without_grants_is_not_served_to_another(
     tmp_path: Path, redis_url: str, encoder: Encoder
 ) -> None:
-    from context_core.auth import hash_key, new_key
+    from context_core.access.auth import hash_key, new_key
 
     ns = f"fleet-{uuid.uuid4().hex[:8]}"
     raw = {"agent-a": new_key(), "agent-b": new_key()}

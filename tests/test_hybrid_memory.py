@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 
 from context_core.config import Settings
-from context_core.embedding import Encoder
-from context_core.gateway import Gateway
+from context_core.gateway.sanitize import Gateway
 from context_core.ingest.add_sparse import add_sparse_vectors
 from context_core.ingest.hot import merge_hot
 from context_core.knowledge.edge import EdgeStore
+from context_core.knowledge.embedding import Encoder
 from context_core.knowledge.memory import KnowledgeMemory
 from context_core.knowledge.server import QdrantServerStore
+from context_core.knowledge.sparse import SPARSE_ENCODER, SparseEncoder
 from context_core.knowledge.store import PointRecord, VectorStore, point_id
-from context_core.sparse import SPARSE_ENCODER, SparseEncoder
 
 T0 = 1_700_000_000.0
 DOCS = [

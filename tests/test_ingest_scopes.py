@@ -16,7 +16,6 @@ from exports import para, write_export
 from typer.testing import CliRunner
 
 from context_core.config import Settings, get_settings
-from context_core.embedding import Encoder, load_encoder
 from context_core.errors import EmptyExportError, MassDeleteError
 from context_core.ingest.pipeline import (
     plan_refresh,
@@ -26,6 +25,7 @@ from context_core.ingest.pipeline import (
     source_scope,
 )
 from context_core.knowledge.edge import EdgeStore
+from context_core.knowledge.embedding import Encoder, load_encoder
 from context_core.knowledge.store import PointRecord, point_id
 
 

@@ -12,11 +12,11 @@ from exports import base_pages, write_export
 from typer.testing import CliRunner
 
 from context_core.config import Settings, get_settings
-from context_core.embedding import Encoder, load_encoder
 from context_core.ingest.pipeline import run_refresh
 from context_core.knowledge.edge import EdgeStore
+from context_core.knowledge.embedding import Encoder, load_encoder
+from context_core.knowledge.sparse import SPARSE_ENCODER
 from context_core.knowledge.store import PointRecord, point_id
-from context_core.sparse import SPARSE_ENCODER
 
 OLD = [
     "Old manual: the pump seal is replaced every 8000 running hours.",

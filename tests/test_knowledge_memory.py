@@ -9,10 +9,10 @@ import pytest
 from qdrant_server import server_store
 
 from context_core.config import Settings
-from context_core.embedding import Encoder
 from context_core.errors import ModelMismatchError, SessionDataInKnowledgeError
-from context_core.gateway import Gateway
+from context_core.gateway.sanitize import Gateway
 from context_core.knowledge.edge import EdgeStore
+from context_core.knowledge.embedding import Encoder
 from context_core.knowledge.memory import KnowledgeMemory, find_session_keys
 from context_core.knowledge.server import QdrantServerStore
 from context_core.knowledge.store import PointRecord, VectorStore, point_id

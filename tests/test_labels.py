@@ -164,8 +164,8 @@ def test_cli_export_candidates_on_a_real_collection(cli_env: Path) -> None:
 
     from context_app.cli import app
     from context_core.config import get_settings
-    from context_core.embedding import load_encoder
     from context_core.knowledge.edge import EdgeStore
+    from context_core.knowledge.embedding import load_encoder
     from context_core.knowledge.store import PointRecord, point_id
 
     settings = get_settings()

@@ -18,15 +18,15 @@ import pytest
 import redis
 from conftest import CrowdedRedis, cleanup_keys, redis_client
 
-from context_core import lifecycle
 from context_core.config import Settings, get_settings
-from context_core.embedding import load_encoder
 from context_core.errors import ContextError, ContractLockedError, UnknownEventError
-from context_core.gateway import Gateway
+from context_core.gateway.sanitize import Gateway
 from context_core.knowledge.edge import EdgeStore
+from context_core.knowledge.embedding import load_encoder
 from context_core.knowledge.memory import KnowledgeMemory
-from context_core.lifecycle import EFFECTS, EventResult, LifecycleEvent, LifecycleManager
-from context_core.session import SessionState
+from context_core.lifecycle import manager as lifecycle
+from context_core.lifecycle.manager import EFFECTS, EventResult, LifecycleEvent, LifecycleManager
+from context_core.session.state import SessionState
 from context_core.working_memory import SessionMemory, WorkingMemory
 from context_core.working_memory.lifetime import ACTIVITY_KEY
 

@@ -16,17 +16,17 @@ import pytest
 from conftest import cleanup_keys, redis_client
 
 from context_core.config import get_settings
-from context_core.embedding import Encoder
 from context_core.errors import ConfigError, ContractLockedError
-from context_core.gateway import Gateway
-from context_core.lifecycle import LifecycleManager
-from context_core.session import SessionState
-from context_core.tokens import (
+from context_core.gateway.sanitize import Gateway
+from context_core.knowledge.embedding import Encoder
+from context_core.lifecycle.manager import LifecycleManager
+from context_core.lifecycle.tokens import (
     TokenCounter,
     count_trace_tokens,
     heuristic_count_tokens,
     item_text,
 )
+from context_core.session.state import SessionState
 from context_core.working_memory import SessionMemory, WorkingMemory
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import cleanup_keys, redis_client
 
+from context_core.access.namespaces import Grant, NamespaceRegistry
 from context_core.errors import AccessDeniedError, ConfigError, ContextMissError
-from context_core.gateway import Gateway
-from context_core.namespaces import Grant, NamespaceRegistry
+from context_core.gateway.sanitize import Gateway
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from test_ops_hardening import run_app
 from test_service import cleanup_service_keys, service_settings
 from test_upload_scan import MARKER, ClamdUnavailable, running_clamd
 
-from context_core.auth import hash_key, new_key
+from context_core.access.auth import hash_key, new_key
 
 Answers = list[httpx.Response]
 

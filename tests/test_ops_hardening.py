@@ -33,9 +33,9 @@ import uvicorn
 from test_service import _acl_keys
 
 from context_app.service import create_app
+from context_core.access.namespaces import AclSync, GrantSpec, NamespaceRegistry
 from context_core.config import Settings, get_settings
-from context_core.gateway import Gateway
-from context_core.namespaces import AclSync, GrantSpec, NamespaceRegistry
+from context_core.gateway.sanitize import Gateway
 from context_core.traces import TraceWriter, new_trace_id, read_traces
 
 FAKE_SECRET = "sk_live_" + "q" * 24
@@ -424,7 +424,7 @@ def test_acl_sync_checks_at_most_once_per_interval(redis_url: str) -> None:
 def test_embedded_valkey_requires_its_password(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from context_core.redis_conn import RedisProvider
+    from context_core.redis.connection import RedisProvider
 
     settings = get_settings(data_dir=tmp_path / "ctx", redis_url=None)
     caplog.set_level(logging.DEBUG)
@@ -465,7 +465,7 @@ def test_embedded_valkey_requires_its_password(
 
 
 def test_a_loose_password_file_is_tightened(tmp_path: Path) -> None:
-    from context_core.redis_conn import load_or_create_password
+    from context_core.redis.connection import load_or_create_password
 
     path = tmp_path / "pw"
     first = load_or_create_password(path)

@@ -1,4 +1,4 @@
-"""The output sanitizer (context_core/output_sanitizer.py) against XSS and SSRF payload shapes
+"""The output sanitizer (context_core/gateway/output.py) against XSS and SSRF payload shapes
 written here, and the outputs endpoint that uses it (real app, real Redis).
 
 Each payload is wrapped in benign Markdown (a public link, bold, a list, inline code, an
@@ -19,8 +19,8 @@ import httpx
 import pytest
 from test_service import cleanup_service_keys, running_service, service_settings
 
-from context_core.gateway import Gateway
-from context_core.output_sanitizer import LINK_REMOVED, OutputFormat, check_url, sanitize_output
+from context_core.gateway.output import LINK_REMOVED, OutputFormat, check_url, sanitize_output
+from context_core.gateway.sanitize import Gateway
 
 FAKE_KEY = "sk_live_" + "Q7x9" * 6
 BENIGN_TOP = "See [the docs](https://example.com/docs) and **bold** text.\n\n"
@@ -676,7 +676,7 @@ def test_stripped_character_class_matches_unicodedata() -> None:
     import sys
     import unicodedata
 
-    from context_core.output_sanitizer import _STRIPPED_RX
+    from context_core.gateway.output import _STRIPPED_RX
 
     for cp in range(sys.maxunicode + 1):
         ch = chr(cp)
@@ -708,7 +708,7 @@ def test_work_is_linear_in_the_input(
 ) -> None:
     """Counted, not timed: the sanitizer's steps (scan events, parser link rules, rounds) and
     the characters its regexes and string searches are asked to look at grow linearly."""
-    import context_core.output_sanitizer as mod
+    import context_core.gateway.output as mod
 
     steps = [0]
     real = mod._tick

@@ -17,11 +17,11 @@ from exports import base_pages, para, write_export
 from typer.testing import CliRunner
 
 from context_core.config import Settings, get_settings
-from context_core.embedding import Encoder, load_encoder
 from context_core.errors import DataValidationError, IngestError
 from context_core.ingest.model import Chunk, Page
 from context_core.ingest.pipeline import plan_refresh, run_refresh
 from context_core.knowledge.edge import EdgeStore
+from context_core.knowledge.embedding import Encoder, load_encoder
 from context_core.knowledge.store import point_id
 
 

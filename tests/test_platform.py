@@ -19,9 +19,9 @@ from context_app.service.deps import Services
 from context_core import defaults
 from context_core.config import Settings, get_settings
 from context_core.errors import BackendUnavailableError
-from context_core.gateway import Gateway
+from context_core.gateway.sanitize import Gateway
 from context_core.platform import Platform, build_platform
-from context_core.router import ContextRouter
+from context_core.routing.router import ContextRouter
 from context_core.working_memory import WorkingMemory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,11 +188,11 @@ def test_bad_qdrant_path_closes_redis_and_names_the_setting(settings: Settings) 
 # ``from_settings``) anywhere else is hand wiring. Tests build them directly on purpose, and a
 # class's own module may (``cls(...)`` is not named here anyway).
 WIRED_ONCE = {
-    "ContextRouter": "context_core/router.py",
+    "ContextRouter": "context_core/routing/router.py",
     "WorkingMemory": "context_core/working_memory/memory.py",
     "KnowledgeMemory": "context_core/knowledge/memory.py",
-    "LifecycleManager": "context_core/lifecycle.py",
-    "NamespaceRegistry": "context_core/namespaces.py",
+    "LifecycleManager": "context_core/lifecycle/manager.py",
+    "NamespaceRegistry": "context_core/access/namespaces.py",
     "TraceWriter": "context_core/traces.py",
 }
 ROOT_MODULE = "context_core/platform.py"
@@ -242,7 +242,7 @@ def test_the_wiring_check_catches_hand_wiring() -> None:
     code = (
         "wm = WorkingMemory(client, gw)\n"
         "life = LifecycleManager.from_settings(s, wm=wm, gateway=gw)\n"
-        "r = context_core.router.ContextRouter\n"  # naming the class is not constructing it
+        "r = context_core.routing.router.ContextRouter\n"  # naming the class is not constructing it
     )
     assert _hand_wiring(code) == [(1, "WorkingMemory("), (2, "LifecycleManager.from_settings(")]
 
@@ -265,8 +265,8 @@ def test_library_defaults_come_from_one_place() -> None:
     router = inspect.signature(ContextRouter).parameters
     assert router["l3_timeout_ms"].default == s.l3_timeout_ms
     assert router["max_fragments"].default == s.bundle_max_fragments
-    from context_core.confidence import ConfidencePolicy
-    from context_core.lifecycle import LifecycleManager
+    from context_core.lifecycle.manager import LifecycleManager
+    from context_core.routing.confidence import ConfidencePolicy
 
     assert (ConfidencePolicy().accept, ConfidencePolicy().skip) == (
         s.accept_threshold,

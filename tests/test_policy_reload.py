@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from test_router import Env, env  # noqa: F401 (fixtures)
 
-from context_core import confidence
-from context_core.confidence import ConfidencePolicy, PolicySource, model_name
 from context_core.config import Settings, get_settings
+from context_core.routing import confidence
+from context_core.routing.confidence import ConfidencePolicy, PolicySource, model_name
 from evaluation.calibration import Provenance, calibrate, write_thresholds
 
 
@@ -133,7 +133,7 @@ def test_file_for_another_model_is_refused(
     path = settings.resolved_thresholds_path
     _write(path, accept=0.49, skip=0.28, provenance={"model": "bge-m3"})
     src = PolicySource(settings, model="minilm")
-    with caplog.at_level(logging.ERROR, logger="context_core.confidence"):
+    with caplog.at_level(logging.ERROR, logger="context_core.routing.confidence"):
         policy = src.current()
     assert policy.pair == (0.72, 0.65)  # the settings' defaults, not bge-m3's pair
     assert policy.model is None and "refused" in policy.source and "bge-m3" in policy.source
@@ -156,7 +156,7 @@ def test_mismatch_warn_uses_the_file_loudly(
     settings = _settings(tmp_path, thresholds_model_mismatch="warn")
     _write(settings.resolved_thresholds_path, accept=0.49, skip=0.28, model="bge-m3")
     src = PolicySource(settings, model="minilm")
-    with caplog.at_level(logging.WARNING, logger="context_core.confidence"):
+    with caplog.at_level(logging.WARNING, logger="context_core.routing.confidence"):
         policy = src.current()
     assert policy.pair == (0.49, 0.28) and policy.model == "bge-m3"
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -169,7 +169,7 @@ def test_legacy_file_without_model_is_used_with_a_warning(
 ) -> None:
     settings = _settings(tmp_path)
     _write(settings.resolved_thresholds_path, accept=0.6, skip=0.5)
-    with caplog.at_level(logging.WARNING, logger="context_core.confidence"):
+    with caplog.at_level(logging.WARNING, logger="context_core.routing.confidence"):
         policy = PolicySource(settings, model="minilm").current()
     assert policy.pair == (0.6, 0.5) and policy.model is None
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

@@ -17,10 +17,10 @@ from benchmarks import _pyspy
 def test_summary_counts_leaves_by_package_and_own_functions_inclusively(tmp_path: Path) -> None:
     folded = tmp_path / "p.folded"
     folded.write_text(
-        "run (asyncio/runners.py:118);route (context_core/router.py:300);"
+        "run (asyncio/runners.py:118);route (context_core/routing/router.py:300);"
         "dumps (json/__init__.py:238) 6\n"
-        "run (asyncio/runners.py:118);route (context_core/router.py:301);"
-        "round (context_core/redis_loop.py:101) 3\n"
+        "run (asyncio/runners.py:118);route (context_core/routing/router.py:301);"
+        "round (context_core/redis/loop_client.py:101) 3\n"
         "run (asyncio/runners.py:118);send (uvicorn/protocols/http/httptools_impl.py:524) 1\n"
         "malformed line\n",
         encoding="utf-8",
@@ -29,14 +29,14 @@ def test_summary_counts_leaves_by_package_and_own_functions_inclusively(tmp_path
     assert s["samples"] == [("samples", 10.0)]
     assert s["self_by_package"] == [
         ("json", 0.6),
-        ("context_core.redis_loop", 0.3),
+        ("context_core.redis.loop_client", 0.3),
         ("uvicorn", 0.1),
     ]
     assert s["self_by_function"][0] == ("dumps (json/__init__.py)", 0.6)
     # one route frame per stack whatever its line: 9 of the 10 samples are under it
     inclusive = dict(s["inclusive_own"])
-    assert inclusive["route (context_core/router.py)"] == pytest.approx(0.9)
-    assert inclusive["round (context_core/redis_loop.py)"] == pytest.approx(0.3)
+    assert inclusive["route (context_core/routing/router.py)"] == pytest.approx(0.9)
+    assert inclusive["round (context_core/redis/loop_client.py)"] == pytest.approx(0.3)
 
 
 @pytest.mark.skipif(_pyspy.available() is None, reason="py-spy is not installed (dev extra)")

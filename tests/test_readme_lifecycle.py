@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from context_core.lifecycle import EFFECTS, LifecycleEvent
+from context_core.lifecycle.manager import EFFECTS, LifecycleEvent
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -20,5 +20,7 @@ def _table_rows() -> list[list[str]]:
 def test_readme_lifecycle_table_matches_the_effects_table() -> None:
     rows = _table_rows()
     expected = [[f"`{e.event.value}`", e.l1, e.l2, e.l3] for e in EFFECTS.values()]
-    assert rows == expected, "re-render the README table from context_core.lifecycle.EFFECTS"
+    assert rows == expected, (
+        "re-render the README table from context_core.lifecycle.manager.EFFECTS"
+    )
     assert {r[0].strip("`") for r in rows} == {e.value for e in LifecycleEvent}

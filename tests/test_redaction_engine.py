@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from context_core import redaction, redaction_patterns
-from context_core.gateway import REDACTED, Gateway
-from context_core.redaction_patterns import EngineSelfTestError, check_engine
+from context_core.gateway import patterns as redaction_patterns
+from context_core.gateway import redaction
+from context_core.gateway.patterns import EngineSelfTestError, check_engine
+from context_core.gateway.sanitize import REDACTED, Gateway
 
 ROOT = Path(__file__).resolve().parents[1]
-_PATTERNS = "context_core/redaction_patterns.py"
+_PATTERNS = "context_core/gateway/patterns.py"
 
 
 def test_this_interpreter_passes_every_probe() -> None:
@@ -73,4 +74,4 @@ def test_make_accepts_an_interpreter_by_the_probe() -> None:
     )
     assert res.returncode == 0, res.stderr
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    assert 'runpy.run_path("context_core/redaction_patterns.py")' in makefile
+    assert 'runpy.run_path("context_core/gateway/patterns.py")' in makefile

@@ -27,11 +27,11 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from context_core.auth import KEY_PREFIX, new_key
+from context_core.access.auth import KEY_PREFIX, new_key
 from context_core.errors import InputTooDeepError
-from context_core.gateway import REDACTED, Gateway, install_log_redaction
-from context_core.redaction import redact_text
-from context_core.redaction_patterns import SCAN_OVERLAP, SCAN_WINDOW, is_secret_key
+from context_core.gateway.patterns import SCAN_OVERLAP, SCAN_WINDOW, is_secret_key
+from context_core.gateway.redaction import redact_text
+from context_core.gateway.sanitize import REDACTED, Gateway, install_log_redaction
 
 # ---- fake secrets --------------------------------------------------------------------------
 STRIPE = "sk_" + "live_" + "Ab3" * 8

@@ -17,16 +17,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from context_core.gateway import Gateway
-from context_core.redaction import _families, _key_start
-from context_core.redaction_patterns import (
+from context_core.gateway.patterns import (
     ASSIGN_RXS,
     REDACTED,
     fix_surrogates,
     fold_text,
     is_secret_key,
 )
-from context_core.redaction_rules import RULES, Rule, RuleTableError, build_rules
+from context_core.gateway.redaction import _families, _key_start
+from context_core.gateway.rules import RULES, Rule, RuleTableError, build_rules
+from context_core.gateway.sanitize import Gateway
 
 # These patterns look behind their anchor ("://" needs a scheme character before it, "@" a
 # local-part character), which a generated full match cannot have: they generate text that
@@ -216,7 +216,7 @@ def test_the_any_stem_gate_selects_the_same_families_as_the_per_stem_loop(
 ) -> None:
     """``_families`` first asks one alternation of every stem whether any stem is there; the
     answer must equal the per-stem loop's (overlapping stems such as "passecret" included)."""
-    from context_core.redaction import _families_by_stem
+    from context_core.gateway.redaction import _families_by_stem
 
     lower = "".join(parts).lower()
     assert _families(lower) == _families_by_stem(lower)
@@ -226,7 +226,7 @@ def test_the_any_stem_gate_selects_the_same_families_as_the_per_stem_loop(
 def test_the_any_stem_gate_passes_every_stem_alone(stem: str) -> None:
     """Each stem on its own, and beside "key" (the keyed stems count only then), reaches the
     per-stem loop: a gate missing one stem would switch its family off."""
-    from context_core.redaction import _families_by_stem
+    from context_core.gateway.redaction import _families_by_stem
 
     keyed = f"{stem}_key: 1"
     assert _families_by_stem(keyed), f"no family for {keyed!r}"

@@ -32,8 +32,8 @@ from test_service import running_service, service_settings
 
 from context_core.config import get_settings
 from context_core.errors import ConfigError
-from context_core.gateway import Gateway
-from context_core.redis_conn import (
+from context_core.gateway.sanitize import Gateway
+from context_core.redis.connection import (
     RedisProvider,
     ReplicaAckError,
     split_cluster_url,

@@ -1,4 +1,5 @@
-"""The lean asyncio client of the event-loop path (context_core/redis_loop.py) answers exactly
+"""The lean asyncio client of the event-loop path (context_core/redis/loop_client.py) answers
+exactly
 like redis-py's synchronous client, on real servers (Redis 7 and the password-protected
 embedded Valkey), and keeps the request path's connection rules: a hung server is a
 TimeoutError after the socket timeout, a restarted one is reconnected to once, at once.
@@ -20,8 +21,8 @@ import redis
 from conftest import redis_client
 from test_ops_hardening import private_redis
 
-from context_core.redis_conn import cluster_enabled, make_async_twin, make_client, url_db
-from context_core.redis_loop import LoopRedis
+from context_core.redis.connection import cluster_enabled, make_async_twin, make_client, url_db
+from context_core.redis.loop_client import LoopRedis
 from loadtests.campaign import start_campaign_valkey
 
 INCR_LUA = "return redis.call('INCR', KEYS[1])"

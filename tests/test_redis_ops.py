@@ -1,5 +1,5 @@
-"""Several operations in one round trip (context_core/redis_ops.py), the event-loop bridge
-(context_core/on_loop.py) and the deferred L2 writes (WorkingMemory.deferred), on real
+"""Several operations in one round trip (context_core/redis/ops.py), the event-loop bridge
+(context_core/concurrency.py) and the deferred L2 writes (WorkingMemory.deferred), on real
 servers: Redis 7, the embedded Valkey and a Redis Cluster.
 
 Round trips are counted at the wire (conftest.RoundTrips), so these tests hold whatever code
@@ -20,11 +20,11 @@ import pytest
 import redis
 from conftest import RoundTrips, redis_client
 
+from context_core.concurrency import await_, blocking, on_loop, on_loop_now, wait_future
 from context_core.errors import BackendUnavailableError
-from context_core.gateway import Gateway
-from context_core.on_loop import await_, blocking, on_loop, on_loop_now, wait_future
-from context_core.redis_conn import ReplicaAckError, is_cluster_client, make_async_twin
-from context_core.redis_ops import (
+from context_core.gateway.sanitize import Gateway
+from context_core.redis.connection import ReplicaAckError, is_cluster_client, make_async_twin
+from context_core.redis.ops import (
     Op,
     attach_async,
     cmd,

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 from test_router import Env, env  # noqa: F401 (fixtures)
 
-from context_core.confidence import ConfidencePolicy, PolicySource
 from context_core.config import get_settings
 from context_core.knowledge.store import Hit
-from context_core.relevance import (
+from context_core.routing.confidence import ConfidencePolicy, PolicySource
+from context_core.routing.relevance import (
     FEATURES,
     RelevanceModel,
     hit_features,
@@ -268,7 +268,7 @@ def test_policy_source_loads_refuses_and_reloads_the_relevance_model(
     assert src.status()["relevance"]["in_force"] is True
 
     _installed(tmp_path / "reports", model="bge-m3")  # replaced: fitted for another model
-    with caplog.at_level(logging.ERROR, logger="context_core.confidence"):
+    with caplog.at_level(logging.ERROR, logger="context_core.routing.confidence"):
         assert src.relevance() is None
     assert "refused" in caplog.text and "bge-m3" in caplog.text
     st = src.status()["relevance"]

@@ -306,8 +306,8 @@ def test_goals_read_pass_and_fail_honestly() -> None:
 
 
 def test_relevance_model_is_fitted_on_train_queries_only(monkeypatch) -> None:
-    from context_core import relevance
     from context_core.knowledge.store import Hit
+    from context_core.routing import relevance
     from evaluation.retrieval_compare import confidence_signal
 
     rng = np.random.default_rng(0)

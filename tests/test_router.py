@@ -16,9 +16,8 @@ import pytest
 import redis
 from conftest import cleanup_keys, redis_client
 
-from context_core.confidence import ConfidencePolicy
+from context_core.access.namespaces import Grant, NamespaceRegistry
 from context_core.config import Settings, get_settings
-from context_core.embedding import Encoder
 from context_core.errors import (
     AccessDeniedError,
     CollectionNotFoundError,
@@ -26,15 +25,16 @@ from context_core.errors import (
     ContextMissError,
     ModelMismatchError,
 )
-from context_core.gateway import Gateway
-from context_core.intents import IntentRegistry, IntentSpec, L2KeySpec, NsKeySpec
+from context_core.gateway.sanitize import Gateway
 from context_core.knowledge.edge import EdgeStore
+from context_core.knowledge.embedding import Encoder
 from context_core.knowledge.memory import KnowledgeMemory
 from context_core.knowledge.server import QdrantServerStore
 from context_core.knowledge.store import Filter, Hit, PointRecord, VectorStore, point_id
-from context_core.namespaces import Grant, NamespaceRegistry
-from context_core.router import LOW_CONFIDENCE_NOTE, ContextBundle, ContextRouter
-from context_core.session import SessionState
+from context_core.routing.confidence import ConfidencePolicy
+from context_core.routing.intents import IntentRegistry, IntentSpec, L2KeySpec, NsKeySpec
+from context_core.routing.router import LOW_CONFIDENCE_NOTE, ContextBundle, ContextRouter
+from context_core.session.state import SessionState
 from context_core.traces import TraceWriter, fragment_cites, read_traces, validate_record
 from context_core.working_memory import SessionMemory, WorkingMemory
 
@@ -535,8 +535,8 @@ def test_on_the_loop_a_remote_store_is_searched_without_a_thread_and_a_hung_one_
     import socket
     import tempfile
 
+    from context_core.concurrency import on_loop
     from context_core.knowledge.edge_server import EdgeServer, RemoteEdgeStore
-    from context_core.on_loop import on_loop
 
     env.sm().put_step_result("1", {"finding": "bearing wear"})
     env.store.close()  # the server owns the shards now

@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import pytest
 
-from context_core.gateway import Gateway
-from context_core.redaction import REDACTED, redact_text
+from context_core.gateway.redaction import REDACTED, redact_text
+from context_core.gateway.sanitize import Gateway
 
 _RNG = random.Random(20261204)
 _UP, _LOW, _DIG = string.ascii_uppercase, string.ascii_lowercase, string.digits

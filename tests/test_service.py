@@ -19,7 +19,7 @@ import uvicorn
 from conftest import cleanup_keys, redis_client
 
 from context_app.service import create_app
-from context_core.auth import generate_keys, hash_key, new_key
+from context_core.access.auth import generate_keys, hash_key, new_key
 from context_core.config import Settings, get_settings
 
 AGENTS = ("agent-a", "agent-b")
@@ -461,8 +461,8 @@ def test_keys_file_grants_reach_the_namespace_acl(
     client: httpx.Client, session_id: str, svc: dict[str, Any], redis_url: str
 ) -> None:
 
-    from context_core.gateway import Gateway
-    from context_core.namespaces import NamespaceRegistry
+    from context_core.access.namespaces import NamespaceRegistry
+    from context_core.gateway.sanitize import Gateway
 
     r = redis_client(redis_url, decode_responses=True)
     ns = NamespaceRegistry(r, Gateway())
@@ -557,9 +557,9 @@ def test_ctx_serve_runs_on_embedded_defaults_with_a_printed_dev_key(tmp_path: Pa
 
 def test_wire_state_signature_survives_a_json_round_trip() -> None:
     """The signed dict is what a client echoes: an int start_time is coerced before signing."""
-    from context_core.gateway import Gateway
-    from context_core.session import AuthContext, SessionState
-    from context_core.wire import WireState
+    from context_core.gateway.sanitize import Gateway
+    from context_core.session.state import AuthContext, SessionState
+    from context_core.session.wire import WireState
 
     key = b"k" * 32
     state = SessionState(

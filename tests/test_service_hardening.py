@@ -24,7 +24,7 @@ from conftest import cleanup_keys
 from test_service import _start, _tool, running_service
 
 import context_core.errors as errors_mod
-from context_core.auth import generate_keys
+from context_core.access.auth import generate_keys
 from context_core.config import get_settings
 from context_core.errors import ContextError, PayloadTooLargeError
 
@@ -582,7 +582,7 @@ def test_a_failed_event_keeps_the_sent_state_valid(ca: httpx.Client, session_id:
 
 
 def test_step_results_are_capped(tight: dict[str, Any], session_id: str, redis_url: str) -> None:
-    from context_core.gateway import Gateway
+    from context_core.gateway.sanitize import Gateway
     from context_core.working_memory import WorkingMemory
 
     client = redis_lib.Redis.from_url(redis_url, decode_responses=True)
@@ -650,9 +650,9 @@ def test_an_ownerless_library_session_is_not_claimable(
 ) -> None:
     from context_app.service.deps import load_state_key
     from context_app.service.owners import OwnerBinding
-    from context_core.gateway import Gateway
-    from context_core.lifecycle import LifecycleManager
-    from context_core.wire import WireState
+    from context_core.gateway.sanitize import Gateway
+    from context_core.lifecycle.manager import LifecycleManager
+    from context_core.session.wire import WireState
     from context_core.working_memory import WorkingMemory
 
     client = redis_lib.Redis.from_url(redis_url, decode_responses=True)

@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from context_core.errors import ContextError, PersistenceRefusedError
-from context_core.gateway import Gateway
-from context_core.session import (
+from context_core.gateway.sanitize import Gateway
+from context_core.session.state import (
     TRACE_PAIRS,
     ApiResultPointer,
     AuthContext,
@@ -125,7 +125,7 @@ def test_outside_replace_is_cleaned_too(state: SessionState) -> None:
     ],
 )
 def test_clean_trace_text_remembers_only_text_it_leaves_alone(text: str) -> None:
-    import context_core.session as session_mod
+    import context_core.session.state as session_mod
 
     fresh = session_mod.mask_mobile(session_mod._normalize_urls(session_mod.strip_emoji(text)))
     for _ in range(3):  # the second and third calls may come from the memo

@@ -18,7 +18,7 @@ import regex
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from context_core.compliance import (
+from context_core.access.compliance import (
     BlockedKeywordError,
     ComplianceProfile,
     EffectiveProfile,
@@ -26,10 +26,8 @@ from context_core.compliance import (
     find_blocked,
 )
 from context_core.config import get_settings
-from context_core.gateway import Gateway
-from context_core.ingest.clamd import ScanVerdict
-from context_core.ingest.upload import UploadBlockedError, parse_keywords, scan_and_ingest
-from context_core.skeleton import (
+from context_core.gateway.sanitize import Gateway
+from context_core.gateway.skeleton import (
     CONFUSABLES_VERSION,
     contains_term,
     is_default_ignorable,
@@ -38,6 +36,8 @@ from context_core.skeleton import (
     skeleton_with_offsets,
     term_pattern,
 )
+from context_core.ingest.clamd import ScanVerdict
+from context_core.ingest.upload import UploadBlockedError, parse_keywords, scan_and_ingest
 
 # Every Default_Ignorable_Code_Point, from the regex package's Unicode data (an independent
 # check of the set the skeleton drops).

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from context_core.sparse import K1, SPARSE_ENCODER, SparseEncoder, tokenize
+from context_core.knowledge.sparse import K1, SPARSE_ENCODER, SparseEncoder, tokenize
 
 
 def test_latin_words_lower_cased_without_stop_words_and_stemmed() -> None:
@@ -108,7 +108,7 @@ def test_vectors_are_sorted_unique_uint32() -> None:
 def test_term_ids_are_stable_across_processes() -> None:
     """Python's hash() is salted per process; the ids must not be."""
     code = (
-        "from context_core.sparse import SparseEncoder;"
+        "from context_core.knowledge.sparse import SparseEncoder;"
         "print(list(SparseEncoder().encode_query('pump bearing 泵振动').indices))"
     )
     runs = {

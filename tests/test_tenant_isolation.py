@@ -27,10 +27,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from context_core.auth import hash_key, new_key
+from context_core.access.auth import hash_key, new_key
+from context_core.access.identity import canonical_user_id
 from context_core.config import get_settings
 from context_core.errors import InvalidIdError
-from context_core.identity import canonical_user_id
 
 AGENTS = {
     "a-agent": ("A", ["diagnostics", "reporting"], ["fleet"]),
@@ -366,8 +366,8 @@ def test_namespaces_of_org_a_are_denied_to_org_b(two_orgs: TwoOrgs) -> None:
     from redis_cluster import redis_client
     from test_service import _tool
 
-    from context_core.gateway import Gateway
-    from context_core.namespaces import NamespaceRegistry
+    from context_core.access.namespaces import NamespaceRegistry
+    from context_core.gateway.sanitize import Gateway
 
     r = redis_client(two_orgs.redis_url, decode_responses=True)
     ns = NamespaceRegistry(r, Gateway())
@@ -402,7 +402,7 @@ def test_namespaces_of_org_a_are_denied_to_org_b(two_orgs: TwoOrgs) -> None:
 
 
 def test_a_keys_file_granting_one_namespace_to_two_orgs_is_refused(tmp_path: Path) -> None:
-    from context_core.auth import KeyStore
+    from context_core.access.auth import KeyStore
     from context_core.errors import ConfigError
 
     digest = hash_key(new_key())

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from context_core.errors import DataValidationError
-from context_core.gateway import Gateway
+from context_core.gateway.sanitize import Gateway
 from context_core.traces import (
     MAX_CITES,
     TraceWriter,

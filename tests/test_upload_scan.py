@@ -27,10 +27,9 @@ import pytest
 from test_ops_hardening import run_app
 from test_service import cleanup_service_keys, service_settings
 
-from context_core.compliance import find_blocked
+from context_core.access.compliance import find_blocked
 from context_core.config import Settings, get_settings
-from context_core.embedding import Encoder
-from context_core.gateway import Gateway
+from context_core.gateway.sanitize import Gateway
 from context_core.ingest.clamd import (
     ClamdScanner,
     ScannerUnavailableError,
@@ -51,6 +50,7 @@ from context_core.ingest.upload import (
     scan_and_ingest,
 )
 from context_core.knowledge.edge import EdgeStore
+from context_core.knowledge.embedding import Encoder
 from context_core.knowledge.memory import KnowledgeMemory
 from context_core.knowledge.store import VectorStore
 

@@ -1,6 +1,6 @@
 """The wire declarations agree with what produces and consumes them.
 
-One model per wire concept (:mod:`context_core.wire`, :mod:`context_core.traces`): these
+One model per wire concept (:mod:`context_core.session.wire`, :mod:`context_core.traces`): these
 tests fail when a field is added on one side only: SessionState vs WireState, Fragment and
 ContextBundle vs their wire models, bundle fragments vs trace records, and each lifecycle
 event's handler vs its request model and its documented effects.
@@ -18,12 +18,16 @@ import numpy as np
 import pytest
 
 from context_app.service.models import CreateSessionRequest, Event, EventRequest
-from context_core.bundle import ContextBundle, Fragment, reference_entry
-from context_core.gateway import Gateway
-from context_core.lifecycle import EFFECTS, LifecycleEvent, LifecycleManager, payload_parameters
-from context_core.session import ApiResultPointer, AuthContext, SessionState, TraceItem
-from context_core.traces import FragmentTrace, ReferenceTrace, fragment_entry
-from context_core.wire import (
+from context_core.gateway.sanitize import Gateway
+from context_core.lifecycle.manager import (
+    EFFECTS,
+    LifecycleEvent,
+    LifecycleManager,
+    payload_parameters,
+)
+from context_core.routing.bundle import ContextBundle, Fragment, reference_entry
+from context_core.session.state import ApiResultPointer, AuthContext, SessionState, TraceItem
+from context_core.session.wire import (
     L1_FIELDS,
     BundleWire,
     WireApiResult,
@@ -32,6 +36,7 @@ from context_core.wire import (
     _legacy_signature,
     encode_json,
 )
+from context_core.traces import FragmentTrace, ReferenceTrace, fragment_entry
 
 KEY = b"k" * 32
 

@@ -30,8 +30,8 @@ from context_core.errors import (
     ContractLockedError,
     VersionConflictError,
 )
-from context_core.gateway import Gateway
-from context_core.redis_conn import RedisProvider
+from context_core.gateway.sanitize import Gateway
+from context_core.redis.connection import RedisProvider
 from context_core.working_memory import (
     AnchoredPlan,
     PlannedStep,
@@ -315,7 +315,7 @@ def test_plan_governs_a_write_from_another_process(env: _Env) -> None:
     s.apply_plan(_plan(600.0))
     code = (
         "import sys, redis\n"
-        "from context_core.gateway import Gateway\n"
+        "from context_core.gateway.sanitize import Gateway\n"
         "from context_core.working_memory import WorkingMemory\n"
         f"sys.path.insert(0, {TESTS_DIR!r})\n"
         "from redis_cluster import redis_client\n"

@@ -32,7 +32,7 @@ def _configure(
     """Set up logging once for every command; every log line passes the sanitize gateway."""
     from context_core.config import get_settings
     from context_core.errors import ConfigError
-    from context_core.gateway import Gateway, install_log_redaction
+    from context_core.gateway.sanitize import Gateway, install_log_redaction
 
     try:
         settings = get_settings(**({"log_level": log_level} if log_level else {}))

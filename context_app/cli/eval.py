@@ -365,7 +365,7 @@ def cer(
     from rich.console import Console
     from rich.table import Table
 
-    from context_core.confidence import ConfidencePolicy
+    from context_core.routing.confidence import ConfidencePolicy
     from evaluation.cer import DEFAULT_RULES, compute_cer, load_rules
     from evaluation.report import write_cer_report
 

@@ -175,7 +175,7 @@ def _session(console: Any, settings: Any, platform: Platform) -> None:
 
 
 def _reports(console: Any, settings: Any, platform: Platform) -> None:
-    from context_core.confidence import PolicySource
+    from context_core.routing.confidence import PolicySource
     from evaluation import compute_cer, run_health_report
     from evaluation.report import write_cer_report
 

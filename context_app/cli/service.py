@@ -23,7 +23,7 @@ import typer
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from context_core.gateway import Gateway
+    from context_core.gateway.sanitize import Gateway
 
 PROFILES_HELP = (
     "short_sessions (1,000 QPS, 2.3 min sessions), long_sessions (100 QPS, 47 min), "
@@ -46,7 +46,7 @@ _SECRET_ENDINGS = ("key", "token", "secret", "password", "signature", "sig", "au
 def secret_param(name: str) -> bool:
     """True for a query parameter name that may carry a secret (generous on purpose: an
     over-blanked access-log value costs nothing)."""
-    from context_core.redaction import is_secret_key
+    from context_core.gateway.redaction import is_secret_key
 
     name = unquote(name)
     words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
@@ -98,7 +98,7 @@ def serve_log_config() -> dict[str, Any]:
 
 def install_serve_log_redaction(gateway: Gateway) -> None:
     """The gateway's log redaction and :class:`SecretQueryFilter` on uvicorn's loggers."""
-    from context_core.gateway import install_log_redaction
+    from context_core.gateway.sanitize import install_log_redaction
 
     for name in SERVE_LOGGERS:
         logger = logging.getLogger(name)
@@ -111,7 +111,7 @@ def serve_app() -> FastAPI:
     """The uvicorn factory `ctx serve` runs in each worker, after uvicorn set up logging."""
     from context_app.service import create_app
     from context_core.config import get_settings
-    from context_core.gateway import Gateway
+    from context_core.gateway.sanitize import Gateway
 
     settings = get_settings()
     install_serve_log_redaction(Gateway.from_settings(settings))
@@ -141,7 +141,7 @@ def serve(
     import uvicorn
 
     from context_core.config import get_settings
-    from context_core.redis_conn import RedisProvider
+    from context_core.redis.connection import RedisProvider
 
     settings = get_settings()
     host = host or settings.service_host
@@ -166,7 +166,7 @@ def serve(
     if not settings.api_keys_file:
         raise typer.BadParameter(
             "--workers > 1 needs CTX_API_KEYS_FILE (a dev key generated per worker would differ); "
-            "make one with: python -m context_core.auth --out DIR --agents my-agent",
+            "make one with: python -m context_core.access.auth --out DIR --agents my-agent",
             param_hint="--workers",
         )
     os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="ctx-metrics-"))

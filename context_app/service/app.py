@@ -7,7 +7,7 @@ error by its class), the body guard and request metrics in :mod:`.middleware`, a
 dependencies (services, calling agent) in :mod:`.http_deps`.
 
 The hot endpoints return JSON encoded once from the library's wire models
-(:mod:`context_core.wire`: the signed L1 state, the bundle); ``response_model`` on the route
+(:mod:`context_core.session.wire`: the signed L1 state, the bundle); ``response_model`` on the route
 publishes the same models in OpenAPI. FastAPI would otherwise re-validate and re-serialise
 every response in a second worker-thread hop, which cost more CPU than the route itself;
 tests/test_openapi_contract.py checks every endpoint's real answers against the published
@@ -41,7 +41,7 @@ from context_app.service.models import HealthResponse, IntentOut, ReadyResponse
 from context_app.service.sessions_api import install_session_routes
 from context_app.service.uploads_api import install_upload_routes, upload_raw_bodies
 from context_core.config import Settings, get_settings
-from context_core.redis_conn import REDIS_ERRORS
+from context_core.redis.connection import REDIS_ERRORS
 
 __all__ = ["create_app", "json_response", "validation_body"]
 
@@ -65,7 +65,7 @@ async def _idle_sweeps(svc: Services, interval_s: float) -> None:
     take the GIL from the loop at every one of its round trips."""
     import anyio.to_thread
 
-    from context_core.on_loop import on_loop
+    from context_core.concurrency import on_loop
 
     while True:
         await asyncio.sleep(interval_s)

@@ -1,4 +1,4 @@
-"""Compliance profiles over HTTP (:mod:`context_core.compliance`).
+"""Compliance profiles over HTTP (:mod:`context_core.access.compliance`).
 
 * ``GET /v1/compliance/orgs/{org}`` and ``GET .../orgs/{org}/users/{user}``: the stored record
   (version 0 and an empty profile when none was written yet). Any agent of that org.
@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from context_app.service.http_deps import BodyBytes, Svc, Who
 from context_app.service.models import error_responses
 from context_app.service.sessions_api import wire_response
-from context_core.auth import ORG_PATTERN, AgentKey
-from context_core.compliance import ADMIN_PURPOSE, ComplianceProfile, StoredProfile
+from context_core.access.auth import ORG_PATTERN, AgentKey
+from context_core.access.compliance import ADMIN_PURPOSE, ComplianceProfile, StoredProfile
 from context_core.errors import AccessDeniedError
 
 __all__ = [

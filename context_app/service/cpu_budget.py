@@ -2,7 +2,7 @@
 
 The hot endpoints run on the event loop (:mod:`.execution`): anything they compute for long
 stalls every request on that worker, ``/healthz`` included. Cleaning an agent's output
-(:func:`context_core.output_sanitizer.sanitize_output`: Markdown parsing, HTML cleaning, DLP)
+(:func:`context_core.gateway.output.sanitize_output`: Markdown parsing, HTML cleaning, DLP)
 is such work: linear, but a 256 KB reply can still take tens of milliseconds of pure Python.
 :func:`run_sanitizer` runs it on a small pool of its own (so hostile outputs cannot take the
 threads the rest of the service waits on) and awaits it from the request's greenlet; the loop
@@ -24,10 +24,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from context_core.concurrency import on_loop_now, wait_future
 from context_core.errors import SanitizeBudgetExceededError
-from context_core.gateway import Gateway
-from context_core.on_loop import on_loop_now, wait_future
-from context_core.output_sanitizer import OutputFormat, SanitizedOutput, sanitize_output
+from context_core.gateway.output import OutputFormat, SanitizedOutput, sanitize_output
+from context_core.gateway.sanitize import Gateway
 
 __all__ = ["POOL_THREADS", "run_sanitizer"]
 

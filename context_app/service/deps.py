@@ -18,20 +18,25 @@ from typing import TYPE_CHECKING
 
 from context_app.service.metrics import ServiceMetrics
 from context_app.service.owners import AgentQuotas, OwnerBinding
-from context_core.auth import KeyStore
+from context_core.access.auth import KeyStore
+from context_core.concurrency import blocking
 from context_core.errors import BackendUnavailableError, SessionExistsError, UnknownSessionError
 from context_core.knowledge.store import search_batch
-from context_core.on_loop import blocking
 from context_core.platform import Platform, build_platform, fail_fast_client
-from context_core.redis_conn import REDIS_ERRORS, RedisClient, is_cluster_client, make_async_twin
-from context_core.redis_ops import Op, attach_async, detach_async, run_all
+from context_core.redis.connection import (
+    REDIS_ERRORS,
+    RedisClient,
+    is_cluster_client,
+    make_async_twin,
+)
+from context_core.redis.ops import Op, attach_async, detach_async, run_all
 
 if TYPE_CHECKING:
-    from context_core.auth import AgentKey
-    from context_core.compliance import ComplianceStore
+    from context_core.access.auth import AgentKey
+    from context_core.access.compliance import ComplianceStore
+    from context_core.access.namespaces import AclSync, NamespaceRegistry
     from context_core.config import Settings
-    from context_core.gateway import Gateway
-    from context_core.intents import IntentRegistry
+    from context_core.gateway.sanitize import Gateway
     from context_core.knowledge.memory import KnowledgeMemory
     from context_core.knowledge.store import (
         CollectionInfo,
@@ -44,10 +49,10 @@ if TYPE_CHECKING:
         Vector,
         VectorStore,
     )
-    from context_core.lifecycle import LifecycleManager
-    from context_core.namespaces import AclSync, NamespaceRegistry
-    from context_core.redis_conn import RedisProvider
-    from context_core.router import ContextRouter
+    from context_core.lifecycle.manager import LifecycleManager
+    from context_core.redis.connection import RedisProvider
+    from context_core.routing.intents import IntentRegistry
+    from context_core.routing.router import ContextRouter
     from context_core.traces import TraceWriter
     from context_core.working_memory import WorkingMemory
 
@@ -250,7 +255,7 @@ class Services:
         self, ops: Sequence[Op[object]], what: str, *, return_exceptions: bool = False
     ) -> list[object]:
         """Run operations of several parts (quotas, owners, L2) on the service's Redis client
-        in shared round trips (:func:`context_core.redis_ops.run_all`); a Redis failure is a
+        in shared round trips (:func:`context_core.redis.ops.run_all`); a Redis failure is a
         :class:`BackendUnavailableError` naming ``what``."""
         try:
             return run_all(
@@ -360,7 +365,7 @@ def sync_grants(
     where the router checks it. A ``"*"`` namespace entry grants nothing here (namespaces are
     not enumerated); name the namespaces an agent needs.
     """
-    from context_core.namespaces import AclSync, GrantSpec
+    from context_core.access.namespaces import AclSync, GrantSpec
 
     grants = [
         GrantSpec(ns, agent.agent_id, tuple(agent.purposes or ("*",)))

@@ -5,8 +5,8 @@ lifecycle, the stores). FastAPI would run each on a worker thread; on this servi
 what a request mostly paid for: a thread hop and, under load, a GIL handover at every round
 trip (measured in ``benchmarks/service_capacity.py`` and the README's capacity section).
 :func:`endpoint` runs the function on the event loop instead (``CTX_SERVICE_EXECUTION=loop``,
-the default): in a greenlet (:func:`context_core.on_loop.on_loop`), with every round trip
-it makes through :mod:`context_core.redis_ops` *awaited* on an asynchronous twin of the
+the default): in a greenlet (:func:`context_core.concurrency.on_loop`), with every round trip
+it makes through :mod:`context_core.redis.ops` *awaited* on an asynchronous twin of the
 service's Redis client, so the loop serves other requests, ``/healthz`` included, while one
 waits on Redis or on the L3 search (in a greenlet of its own with the edge server's client,
 else on a thread of the router's pool).
@@ -26,7 +26,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
-from context_core.on_loop import on_loop
+from context_core.concurrency import on_loop
 
 __all__ = ["endpoint"]
 

@@ -12,7 +12,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import APIKeyHeader
 
 from context_app.service.deps import Services
-from context_core.auth import AgentKey
+from context_core.access.auth import AgentKey
 
 __all__ = ["API_KEY", "BodyBytes", "Svc", "Who", "agent", "body_bytes", "services"]
 

@@ -4,7 +4,7 @@ Activity is every event, route, plan, confirmation or preference write of a sess
 records it in Redis, :meth:`context_core.working_memory.SessionMemory.touch`), so the sweep
 sees the same clock whichever instance served the session. Every
 ``CTX_IDLE_SWEEP_INTERVAL_S`` each instance tries to take a short Redis lock; the one that
-gets it runs :meth:`context_core.lifecycle.LifecycleManager.sweep_idle` (the L2 side of
+gets it runs :meth:`context_core.lifecycle.manager.LifecycleManager.sweep_idle` (the L2 side of
 ``session_timeout``: contract marked ``expired`` and kept, every other key deleted) and then
 clears the L1 trace of each timed-out service session: the session's latest signed state is
 replaced by one with an empty trace and the next version. A client still holding the old
@@ -27,12 +27,12 @@ from typing import Any, Protocol
 
 from context_app.service.metrics import ServiceMetrics
 from context_app.service.owners import OwnerBinding
-from context_core.gateway import Gateway
-from context_core.lifecycle import LifecycleManager
-from context_core.redis_conn import REDIS_ERRORS, RedisClient
-from context_core.redis_ops import cmd, execute, ok
-from context_core.session import ANONYMOUS
-from context_core.wire import WireState
+from context_core.gateway.sanitize import Gateway
+from context_core.lifecycle.manager import LifecycleManager
+from context_core.redis.connection import REDIS_ERRORS, RedisClient
+from context_core.redis.ops import cmd, execute, ok
+from context_core.session.state import ANONYMOUS
+from context_core.session.wire import WireState
 
 __all__ = [
     "IDLE_LOCK_KEY",

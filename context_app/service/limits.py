@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic_core import PydanticCustomError
 
-from context_core.wire import check_unicode  # the wire state's check too: one definition
+from context_core.session.wire import check_unicode  # the wire state's check too: one definition
 
 __all__ = [
     "MAX_BODY_DEPTH",
@@ -74,7 +74,7 @@ _LOOKS_LIKE_JSON = '{["'
 def safe_key(key: str) -> str:
     """An object key as it may appear in an error: short plain names that the redaction
     rules leave alone; anything else (it could be data, even a secret) becomes ``?``."""
-    from context_core.redaction import redact_text
+    from context_core.gateway.redaction import redact_text
 
     if _PLAIN_KEY.match(key) and redact_text(key)[0] == key:
         return key

@@ -1,8 +1,8 @@
 """Request/response models of the HTTP API.
 
-The wire forms the library produces are declared once in :mod:`context_core.wire` and used
+The wire forms the library produces are declared once in :mod:`context_core.session.wire` and used
 here as they are: L1 state (:class:`WireState`) and the context bundle (``ContextResponse``
-is :class:`~context_core.wire.BundleWire` under its published name).
+is :class:`~context_core.session.wire.BundleWire` under its published name).
 
 The service is stateless: the agent's L1 state travels in each request and comes back
 updated. It is signed (HMAC-SHA256, key shared by every instance through Redis), so a client
@@ -26,7 +26,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, FiniteFloat, 
 from pydantic_core import PydanticCustomError
 
 from context_app.service.limits import check_json, check_text
-from context_core.wire import (
+from context_core.session.wire import (
     BUNDLE_ID_PATTERN,
     ID_PATTERN,
     BundleDeltaWire,
@@ -384,12 +384,13 @@ class OutputResponse(StateResponse):
 
 
 class ContextResponse(BundleWire):
-    """The step's context bundle (declared once, as :class:`context_core.wire.BundleWire`)."""
+    """The step's context bundle (declared once, as
+    :class:`context_core.session.wire.BundleWire`)."""
 
 
 class ContextDeltaResponse(BundleDeltaWire):
-    """The step's bundle as a delta (``"delta": true``; :class:`context_core.wire.
-    BundleDeltaWire`, applied by :func:`context_core.delta.apply_delta`)."""
+    """The step's bundle as a delta (``"delta": true``; :class:`context_core.session.wire.
+    BundleDeltaWire`, applied by :func:`context_core.routing.delta.apply_delta`)."""
 
 
 class ToolResultResponse(_Model):

@@ -22,7 +22,7 @@ the scripts are legal on Redis Cluster and creation can refuse an id whose L2 da
 exists without an owner (a session made by library code on the same Redis): such a session is
 never claimable through the service. Library code that wants agents to use one of its
 sessions through the service binds it explicitly with :meth:`OwnerBinding.adopt` and hands the
-agent a state signed by :meth:`context_core.wire.WireState.of` with the returned nonce and
+agent a state signed by :meth:`context_core.session.wire.WireState.of` with the returned nonce and
 version 0 (the signing key is ``load_state_key`` in :mod:`.deps`).
 
 Quotas (:class:`AgentQuotas`) are per agent, on keys with the ``{<agent>}`` hash tag: a sorted
@@ -46,8 +46,8 @@ from context_core.errors import (
     StaleStateError,
     UnknownSessionError,
 )
-from context_core.redis_conn import REDIS_ERRORS, RedisClient
-from context_core.redis_ops import Cmd, Op, call, cmd, execute, ok, run, script
+from context_core.redis.connection import REDIS_ERRORS, RedisClient
+from context_core.redis.ops import Cmd, Op, call, cmd, execute, ok, run, script
 from context_core.working_memory.index import FIXED_KEYS, index_key
 from context_core.working_memory.keys import session_prefix
 
@@ -151,7 +151,7 @@ class OwnerBinding:
 
     ``min_replicas`` (``CTX_REDIS_MIN_REPLICAS``): creating a session, publishing its first
     state and committing an event's state each wait for that many replicas
-    (:func:`context_core.redis_conn.call_script`), so an answer the agent received survives
+    (:func:`context_core.redis.connection.call_script`), so an answer the agent received survives
     the loss of the master that gave it; the lease itself is not waited for (a lost lease
     only lets the same state be applied again).
     """
@@ -270,7 +270,7 @@ class OwnerBinding:
     def access_op(
         self, mode: str, session_id: str, agent_id: str, nonce: str = "", version: int = 0
     ) -> Op[tuple[int, str]]:
-        """Operation (:mod:`context_core.redis_ops`): the access script for ``mode``
+        """Operation (:mod:`context_core.redis.ops`): the access script for ``mode``
         (``owner``, ``read`` or ``write``: see :meth:`check`, :meth:`verify`,
         :meth:`reserve`); returns the latest version and the lease token (``write``)."""
         token = secrets.token_hex(8) if mode == "write" else ""
@@ -504,7 +504,7 @@ class AgentQuotas:
     def charge_op(
         self, agent_id: str, nbytes: int, *, session_id: str = "", new_session: bool = False
     ) -> Op[None]:
-        """Operation (:mod:`context_core.redis_ops`): :meth:`charge`."""
+        """Operation (:mod:`context_core.redis.ops`): :meth:`charge`."""
         now = time.time()
         minute = int(now // 60)
         (reply,) = ok(

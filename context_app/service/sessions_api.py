@@ -2,7 +2,7 @@
 
 Endpoints are plain ``def``: the memory layers are synchronous clients, so FastAPI runs them
 in its worker threads. The hot endpoints return JSON encoded once by the library's encoder
-(:func:`context_core.wire.encode_json`) from the library's own wire models (the bundle,
+(:func:`context_core.session.wire.encode_json`) from the library's own wire models (the bundle,
 the signed state), with no second validation pass; ``response_model`` on the route publishes
 the same models in OpenAPI, and tests/test_openapi_contract.py checks the bytes against it.
 
@@ -58,7 +58,8 @@ from context_app.service.models import (
     error_responses,
 )
 from context_app.service.owners import Lease
-from context_core.compliance import EffectiveProfile, snapshot_op
+from context_core.access.compliance import EffectiveProfile, snapshot_op
+from context_core.access.identity import canonical_user_id
 from context_core.errors import (
     AccessDeniedError,
     BackendUnavailableError,
@@ -68,11 +69,10 @@ from context_core.errors import (
     StateTooLargeError,
     UnknownSessionError,
 )
-from context_core.identity import canonical_user_id
-from context_core.redis_conn import REDIS_ERRORS
-from context_core.redis_ops import Cmd, Op, ok
-from context_core.session import AuthContext, OffloadedPayload, SessionState, TraceOffload
-from context_core.wire import encode_json
+from context_core.redis.connection import REDIS_ERRORS
+from context_core.redis.ops import Cmd, Op, ok
+from context_core.session.state import AuthContext, OffloadedPayload, SessionState, TraceOffload
+from context_core.session.wire import encode_json
 from context_core.working_memory.contract_sync import contract_since
 
 __all__ = ["install_session_routes"]
@@ -369,7 +369,7 @@ def install_session_routes(app: FastAPI) -> None:
         Under load (``CTX_DEGRADE_INFLIGHT`` requests in flight) L3 is skipped and the bundle
         says ``degraded: true``; past ``CTX_SHED_INFLIGHT`` the service answers 503.
         With ``"delta": true`` the answer is a ContextDeltaResponse: what changed since the
-        bundle ``since_bundle`` names (``context_core.delta``)."""
+        bundle ``since_bundle`` names (``context_core.routing.delta``)."""
         allowed = svc.intents()
         if body.step_intent not in allowed:
             raise RequestValidationError(
@@ -433,7 +433,7 @@ def install_session_routes(app: FastAPI) -> None:
         session_id: PathSessionId, body: OutputRequest, svc: Svc, who: Who, nbytes: BodyBytes
     ) -> Response:
         """Record the step's output for CER (the state comes back unchanged). The output is
-        sanitized first (:mod:`context_core.output_sanitizer`): unsafe links and HTML, secrets
+        sanitized first (:mod:`context_core.gateway.output`): unsafe links and HTML, secrets
         and PII removed; the cleaned text is what is stored and returned (``output``), with
         what was removed (``removed``), also written to the audit file."""
         wire = body.state

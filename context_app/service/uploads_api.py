@@ -43,7 +43,7 @@ from context_app.service.models import (
     ValidationErrorResponse,
     error_responses,
 )
-from context_core.auth import AgentKey
+from context_core.access.auth import AgentKey
 from context_core.config import Settings
 from context_core.ingest.clamd import ClamdScanner
 from context_core.ingest.upload import parse_keywords, scan_and_ingest
@@ -61,7 +61,7 @@ MULTIPART_ENVELOPE = 64 * 1024
 """Bytes a multipart body may have beyond the file: boundaries, part headers, form fields."""
 
 SECTION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # context_core.namespaces' names
+NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # context_core.access.namespaces' names
 
 
 def blocked_keywords_for(svc: Services, who: AgentKey) -> Sequence[str]:

@@ -22,8 +22,8 @@ import logging
 from dataclasses import asdict, dataclass
 
 from context_core.errors import CollectionNotFoundError
+from context_core.knowledge.sparse import SparseEncoder
 from context_core.knowledge.store import SparseVector, VectorStore
-from context_core.sparse import SparseEncoder
 
 __all__ = ["SparseMigration", "add_sparse_vectors"]
 

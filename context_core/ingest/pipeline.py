@@ -49,12 +49,12 @@ from context_core.ingest.plan import (
     source_scope,
 )
 from context_core.ingest.progress import StageProgress, timed
+from context_core.knowledge.sparse import SparseEncoder
 from context_core.knowledge.store import PointRecord
-from context_core.sparse import SparseEncoder
 
 if TYPE_CHECKING:
-    from context_core.embedding import Encoder
-    from context_core.gateway import Gateway
+    from context_core.gateway.sanitize import Gateway
+    from context_core.knowledge.embedding import Encoder
     from context_core.knowledge.store import VectorStore
 
 __all__ = [

@@ -37,8 +37,8 @@ from context_core.ingest.progress import StageProgress, timed
 from context_core.knowledge.store import point_id
 
 if TYPE_CHECKING:
-    from context_core.embedding import Encoder
-    from context_core.gateway import Gateway
+    from context_core.gateway.sanitize import Gateway
+    from context_core.knowledge.embedding import Encoder
     from context_core.knowledge.store import VectorStore
 
 __all__ = [
@@ -312,7 +312,7 @@ def plan_refresh(
     Raises DataValidationError when the chunk suite fails (naming the rows) and IngestError
     when the export is unreadable. The guards run before any chunking or model loading.
     """
-    from context_core.gateway import Gateway as _Gateway
+    from context_core.gateway.sanitize import Gateway as _Gateway
 
     export = Path(export_path).expanduser()
     if not export.exists():
@@ -484,7 +484,7 @@ def _empty_message(export: Path, quarantined: list[dict[str, str]]) -> str:
 
 def _model_name(settings: Settings) -> str:
     """The name an encoder for these settings will report, without loading the model."""
-    from context_core.embedding import MODEL_REGISTRY
+    from context_core.knowledge.embedding import MODEL_REGISTRY
 
     if settings.embed_model in MODEL_REGISTRY:
         return MODEL_REGISTRY[settings.embed_model].name
@@ -493,6 +493,6 @@ def _model_name(settings: Settings) -> str:
 
 def load_encoder_lazily(settings: Settings) -> Encoder:
     """The settings' encoder; the embedding stack is imported only when a page needs it."""
-    from context_core.embedding import load_encoder
+    from context_core.knowledge.embedding import load_encoder
 
     return load_encoder(settings)

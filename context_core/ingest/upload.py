@@ -72,7 +72,7 @@ from datetime import UTC, datetime
 from pathlib import Path, PureWindowsPath
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from context_core.compliance import find_blocked
+from context_core.access.compliance import find_blocked
 from context_core.errors import ContextError, PayloadTooLargeError
 from context_core.ingest.clamd import Scanner, ScannerUnavailableError
 from context_core.ingest.model import Page, Section, compute_content_hash
@@ -82,7 +82,7 @@ from context_core.knowledge.store import PointRecord
 
 if TYPE_CHECKING:
     from context_core.config import Settings
-    from context_core.gateway import Gateway
+    from context_core.gateway.sanitize import Gateway
     from context_core.knowledge.memory import KnowledgeMemory
 
 __all__ = [

@@ -56,6 +56,7 @@ from typing import IO, Any
 import msgspec
 import numpy as np
 
+from context_core.concurrency import OneExchange, await_, on_loop_now
 from context_core.errors import (
     BackendUnavailableError,
     CollectionNotFoundError,
@@ -75,7 +76,6 @@ from context_core.knowledge.store import (
     Vector,
     parse_filter,
 )
-from context_core.on_loop import OneExchange, await_, on_loop_now
 
 __all__ = [
     "MAX_FRAME_BYTES",
@@ -211,7 +211,7 @@ class _Conn:
 
 
 class _LoopConn(OneExchange[bytes]):
-    """:class:`_Conn` for code on the event loop (:mod:`context_core.on_loop`): the same
+    """:class:`_Conn` for code on the event loop (:mod:`context_core.concurrency`): the same
     framing, its one exchange awaited (no worker thread, no blocking socket)."""
 
     def __init__(self) -> None:
@@ -750,7 +750,7 @@ class RemoteEdgeStore:
         self._loop_idle: list[_LoopConn] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    #: a call made on the event loop (context_core.on_loop) awaits its exchange instead of
+    #: a call made on the event loop (context_core.concurrency) awaits its exchange instead of
     #: blocking: the router runs an L3 search on the loop, not on a worker thread
     awaits_on_loop = True
 

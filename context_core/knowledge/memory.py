@@ -8,7 +8,7 @@ filtered out at query time and deleted by :meth:`KnowledgeMemory.sweep_expired` 
 native TTL).
 
 Retrieval modes (``CTX_RETRIEVAL_MODE``): every point carries a sparse BM25 vector
-(:mod:`context_core.sparse`) next to its dense embedding; ``dense`` ranks by cosine,
+(:mod:`context_core.knowledge.sparse`) next to its dense embedding; ``dense`` ranks by cosine,
 ``sparse`` by BM25, ``hybrid`` fuses both lists (``CTX_HYBRID_FUSION``: reciprocal rank
 fusion, or a weighted sum). In every mode ``Hit.score`` stays the dense cosine, so the
 confidence thresholds keep their meaning; ``Hit.sparse_score`` and ``Hit.rank`` add what the
@@ -31,7 +31,7 @@ so no hot answer can pass for an ingested page. Scopes:
 
 Namespace names cannot contain ``:``, so the two private forms never collide with a real one.
 How hot hits are labelled (never ``confident``) is the router's business; see
-:mod:`context_core.router`.
+:mod:`context_core.routing.router`.
 
 Hard rule: nothing that identifies a session or a user may enter L3. A payload carrying
 ``session_id``/``user_id``/``sid``/``uid`` (any case or separator, at any depth) is refused with
@@ -50,11 +50,13 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from context_core.concurrency import blocking
 from context_core.errors import (
     CollectionNotFoundError,
     InvalidStoreRequestError,
     SessionDataInKnowledgeError,
 )
+from context_core.knowledge.sparse import SparseEncoder
 from context_core.knowledge.store import (
     Filter,
     Hit,
@@ -66,14 +68,12 @@ from context_core.knowledge.store import (
     check_mode,
     search_batch,
 )
-from context_core.on_loop import blocking
-from context_core.sparse import SparseEncoder
 
 if TYPE_CHECKING:  # pragma: no cover
+    from context_core.access.namespaces import Grant
     from context_core.config import Settings
-    from context_core.embedding import Encoder
-    from context_core.gateway import Gateway
-    from context_core.namespaces import Grant
+    from context_core.gateway.sanitize import Gateway
+    from context_core.knowledge.embedding import Encoder
 
 __all__ = [
     "FORBIDDEN_KEYS",
@@ -141,7 +141,8 @@ _SERVER_FIELDS = frozenset(
 
 
 class AclSource(Protocol):
-    """The part of :class:`context_core.namespaces.NamespaceRegistry` the trust checks use."""
+    """The part of :class:`context_core.access.namespaces.NamespaceRegistry` the trust checks
+    use."""
 
     def acl(self, name: str) -> dict[str, Grant]: ...
 

@@ -23,7 +23,7 @@ from context_core.working_memory.keys import (
 )
 
 if TYPE_CHECKING:
-    from context_core.gateway import Gateway
+    from context_core.gateway.sanitize import Gateway
     from context_core.working_memory.memory import WorkingMemory
 
 __all__ = ["SessionBase", "expired_key", "index_key"]

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from context_core.errors import ContextError, ContractLockedError, VersionConflictError
-from context_core.redis_ops import Op, cmd, ok
+from context_core.redis.ops import Op, cmd, ok
 from context_core.working_memory.base import SessionBase
 from context_core.working_memory.index import INDEX_ADD_LUA
 from context_core.working_memory.keys import canonical
@@ -160,7 +160,7 @@ class ContractOps(SessionBase):
         return self.wm.run(self.contract_op(), f"HGETALL {self._contract_keys()[0]}")
 
     def contract_op(self) -> Op[TaskContract]:
-        """Operation (:mod:`context_core.redis_ops`): :meth:`contract`."""
+        """Operation (:mod:`context_core.redis.ops`): :meth:`contract`."""
         key, _ = self._contract_keys()
         (h,) = ok((yield [cmd("HGETALL", key)]))
         return contract_from_hash(h)

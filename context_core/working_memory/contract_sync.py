@@ -1,7 +1,7 @@
 """Shared-state sync between cooperating agents that work on one task contract.
 
 A planner, an executor and a verifier act on one session's task contract (L2,
-:mod:`.contract`). Each agent keeps, in its L1 :class:`~context_core.session.SessionState`,
+:mod:`.contract`). Each agent keeps, in its L1 :class:`~context_core.session.state.SessionState`,
 ``shared_state_ref``: the contract version it last read or wrote. Three parts here:
 
 * **Reading and writing with the reference.** :func:`read_shared` reads the contract and
@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from context_core.errors import ContextError, VersionConflictError
-from context_core.session import SessionState
+from context_core.session.state import SessionState
 from context_core.working_memory.contract import ContractOps, TaskContract
 
 __all__ = [

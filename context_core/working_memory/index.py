@@ -54,7 +54,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from context_core.redis_ops import cmd, execute, ok
+from context_core.redis.ops import cmd, execute, ok
 from context_core.working_memory.base import SessionBase, expired_key, index_key
 from context_core.working_memory.keys import check_kind
 

@@ -2,7 +2,7 @@
 
 Session keys are ``wm:{<sid>}:<kind>:<ident>`` and preference keys
 ``pref:{<org>:<uid>}:<type>``: a user id means something only inside its organisation
-(:mod:`context_core.identity`), so a user's keys carry the organisation too.
+(:mod:`context_core.access.identity`), so a user's keys carry the organisation too.
 The braces are a Redis Cluster hash tag, so all of one session's keys share a slot. Ids are
 checked against strict patterns because a brace, colon or glob character in an id would let
 one session's key address another's. Session keys are never found by pattern: each session
@@ -17,8 +17,8 @@ import re
 from typing import Any
 
 from context_core import defaults
+from context_core.access.identity import canonical_user_id
 from context_core.errors import ContextError, PayloadTooLargeError
-from context_core.identity import canonical_user_id
 
 __all__ = [
     "DEFAULT_MAX_STEP_BYTES",
@@ -126,7 +126,7 @@ def check_org(value: object) -> str:
 
 def user_key_id(user_id: object) -> str:
     """The id a user's keys are built from: the canonical user id
-    (:func:`context_core.identity.canonical_user_id`) when it is a valid key id
+    (:func:`context_core.access.identity.canonical_user_id`) when it is a valid key id
     (:func:`check_sid`), else ``h~`` + 40 hex digits of its sha256.
 
     User ids come from clients (an e-mail address, a display name); hashing the ones outside

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from context_core.redis_conn import is_cluster_client
-from context_core.redis_ops import Cmd, Op, cmd, ok, script
+from context_core.redis.connection import is_cluster_client
+from context_core.redis.ops import Cmd, Op, cmd, ok, script
 from context_core.working_memory.contract import ContractOps
 from context_core.working_memory.index import INDEX_ADD_LUA, IndexOps
 
@@ -108,7 +108,7 @@ class LifetimeOps(IndexOps, ContractOps):
         ``ZADD ctx:activity <now> <sid>``. The ZADD is a separate command in the same
         pipeline, not part of the script: its key is global, the script's keys are all in
         this session's slot (on a Redis Cluster, two calls: the slots are on different
-        nodes anyway, see :mod:`context_core.redis_ops`). The Set is ``wm.activity_key``
+        nodes anyway, see :mod:`context_core.redis.ops`). The Set is ``wm.activity_key``
         (``ctx:activity`` unless configured).
         """
         cmds = self.touch_cmds()

@@ -51,18 +51,18 @@ from context_core.errors import (
     ContextError,
     ContextMissError,
 )
-from context_core.gateway import Gateway
-from context_core.redis_conn import (
+from context_core.gateway.sanitize import Gateway
+from context_core.redis.connection import (
     REDIS_ERRORS,
     RedisClient,
     RedisProvider,
     client_location,
     connection_kwargs,
 )
-from context_core.redis_ops import Cmd, Op, cmd, ok
-from context_core.redis_ops import call as _call_script
-from context_core.redis_ops import run_all as _run_ops
-from context_core.redis_ops import script as _script_cmd
+from context_core.redis.ops import Cmd, Op, cmd, ok
+from context_core.redis.ops import call as _call_script
+from context_core.redis.ops import run_all as _run_ops
+from context_core.redis.ops import script as _script_cmd
 from context_core.working_memory.contract import CONTRACT_LUA, CONTRACT_STATUS_LUA, LOCK_LUA
 from context_core.working_memory.index import (
     API_PUT_LUA,
@@ -134,8 +134,8 @@ class WorkingMemory:
     activity Set is only ever written by a command of its own. ``min_replicas`` /
     ``replica_wait_ms`` (``CTX_REDIS_MIN_REPLICAS`` / ``CTX_REDIS_REPLICA_WAIT_MS``): every
     write script is followed by ``WAIT`` and fails
-    (:class:`~context_core.redis_conn.ReplicaAckError`, a 503 in the service) when fewer
-    replicas acknowledged it; :func:`context_core.redis_conn.call_script` says what that does
+    (:class:`~context_core.redis.connection.ReplicaAckError`, a 503 in the service) when fewer
+    replicas acknowledged it; :func:`context_core.redis.connection.call_script` says what that does
     and does not guarantee. The activity ZADD of :meth:`SessionMemory.touch` is not waited
     for (every request sends it again).
     """
@@ -256,7 +256,7 @@ class WorkingMemory:
     def preferences(self, org_id: str, user_id: str) -> Preferences:
         """The preferences of user ``user_id`` of organisation ``org_id`` (the org comes from
         the caller's credential; the user id is canonicalised, see
-        :func:`context_core.identity.canonical_user_id`)."""
+        :func:`context_core.access.identity.canonical_user_id`)."""
         return Preferences(self, org_id, user_id)
 
     # ---- session activity (global Sorted Set ctx:activity, see .lifetime) -----------------
@@ -292,7 +292,7 @@ class WorkingMemory:
         """:meth:`forget_activity` as commands, for a caller's own round trip."""
         return [cmd("ZREM", self.activity_key, check_sid(session_id))]
 
-    # ---- round trips (see context_core.redis_ops) ----------------------------------------
+    # ---- round trips (see context_core.redis.ops) ----------------------------------------
     def run(self, op: Op[T], what: str) -> T:
         """Run one operation on this store's client (its rounds, one round trip each, the
         writes a :meth:`deferred` scope holds back at the head of the first); Redis failures
@@ -300,7 +300,7 @@ class WorkingMemory:
         return self.run_all([op], what)[0]  # type: ignore[no-any-return]
 
     def run_all(self, ops: Sequence[Op[Any]], what: str) -> list[Any]:
-        """:func:`context_core.redis_ops.run_all` on this store's client (see :meth:`run`)."""
+        """:func:`context_core.redis.ops.run_all` on this store's client (see :meth:`run`)."""
         with self._guard(what, flush=False):
             return _run_ops(
                 self._client,
@@ -470,7 +470,7 @@ class SessionMemory(LifetimeOps):
         return self.wm.run(self.string_op(key), f"GET {key}")
 
     def string_op(self, key: str) -> Op[Loaded]:
-        """Operation (:mod:`context_core.redis_ops`): one of this session's String values
+        """Operation (:mod:`context_core.redis.ops`): one of this session's String values
         (GET + PTTL); a miss raises :class:`ContextMissError`."""
         raw, pttl = ok((yield [cmd("GET", self._own(key)), cmd("PTTL", key)]))
         if raw is None:

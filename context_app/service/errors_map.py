@@ -22,8 +22,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from redis.exceptions import RedisClusterException
 
-from context_core.access.compliance import BlockedKeywordError, ProfileValidationError
-from context_core.errors import BackendUnavailableError, ContextError
+from context_core.errors import (
+    BackendUnavailableError,
+    BlockedKeywordError,
+    ContextError,
+    ProfileValidationError,
+)
 from context_core.redis.connection import REDIS_ERRORS
 
 __all__ = ["error_response", "install_handlers", "json_response", "validation_body"]

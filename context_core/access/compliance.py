@@ -52,7 +52,7 @@ import zoneinfo
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -62,9 +62,12 @@ from context_core.access.identity import DEFAULT_ORG
 from context_core.concurrency import blocking
 from context_core.errors import (
     BackendUnavailableError,
+    BlockedKeywordError,
     ConfigError,
     ContextError,
     ContextMissError,
+    ProfileValidationError,
+    ToolNotApprovedError,
     VersionConflictError,
 )
 from context_core.gateway.skeleton import (
@@ -114,64 +117,6 @@ SNAPSHOT_KIND, SNAPSHOT_IDENT = "compliance", "profile"
 
 
 # --- errors -------------------------------------------------------------------------------------
-
-
-class ProfileValidationError(ContextError, ValueError):
-    """A profile field is invalid; ``issues`` name each field (``loc``), what is wrong and
-    what is allowed (``msg``), as request validation errors do."""
-
-    http_status: ClassVar[int] = 422
-    error_code: ClassVar[str] = "invalid_request"
-
-    def __init__(self, issues: Sequence[Mapping[str, Any]]) -> None:
-        self.issues = [dict(i) for i in issues]
-        text = "; ".join(
-            f"{'.'.join(str(p) for p in i['loc']) or 'profile'}: {i['msg']}" for i in self.issues
-        )
-        super().__init__(f"invalid compliance profile: {text}")
-
-
-class ToolNotApprovedError(ContextError, PermissionError):
-    """A tool call for a tool outside the session's ``approved_tools``; nothing was applied."""
-
-    http_status: ClassVar[int] = 403
-    error_code: ClassVar[str] = "tool_not_approved"
-
-    def __init__(self, tool: str, approved: Sequence[str], *, org_id: str, version: str) -> None:
-        allowed = ", ".join(approved) if approved else "none (every tool is forbidden)"
-        super().__init__(
-            f"tool {tool!r} is not in the approved_tools of the compliance profile of org "
-            f"{org_id!r} (version {version}); approved tools: {allowed}"
-        )
-        self.tool, self.approved, self.org_id, self.version = tool, list(approved), org_id, version
-
-    def details(self) -> dict[str, Any]:
-        return {
-            "tool": self.tool,
-            "approved_tools": self.approved,
-            "org_id": self.org_id,
-            "profile_version": self.version,
-        }
-
-
-class BlockedKeywordError(ContextError, ValueError):
-    """Text holds a keyword of the profile's ``blocked_keywords``; nothing was written.
-    ``loc`` names the offending field (e.g. ``("answers", 0, "text")``)."""
-
-    http_status: ClassVar[int] = 422
-    error_code: ClassVar[str] = "invalid_request"
-
-    def __init__(self, keyword: str, loc: Sequence[str | int], *, org_id: str) -> None:
-        where = ".".join(str(p) for p in loc) or "text"
-        super().__init__(
-            f"{where} contains the blocked keyword {keyword!r} (blocked_keywords of the "
-            f"compliance profile of org {org_id!r}); remove it and retry"
-        )
-        self.keyword, self.loc, self.org_id = keyword, tuple(loc), org_id
-
-    @property
-    def issues(self) -> list[dict[str, Any]]:
-        return [{"loc": list(self.loc), "msg": str(self), "type": "blocked_keyword"}]
 
 
 # --- the profile ----------------------------------------------------------------------------------

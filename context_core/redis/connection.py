@@ -52,7 +52,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from context_core.config import Settings
-from context_core.errors import BackendUnavailableError, ConfigError
+from context_core.errors import BackendUnavailableError, ConfigError, ReplicaAckError
 
 __all__ = [
     "CLUSTER_SCHEMES",
@@ -192,10 +192,6 @@ def _server_class() -> type[Any]:
 
 
 # --- cluster or single server ------------------------------------------------------------------
-class ReplicaAckError(BackendUnavailableError):
-    """A write reached the master but fewer replicas than ``CTX_REDIS_MIN_REPLICAS``
-    acknowledged it within ``CTX_REDIS_REPLICA_WAIT_MS``: not durable, so not acknowledged
-    (a 503; the write may still be on the master, and retrying it is safe)."""
 
 
 def split_cluster_url(url: str) -> tuple[str, bool]:

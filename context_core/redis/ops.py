@@ -56,12 +56,8 @@ import redis
 from redis.commands.core import Script
 
 from context_core.concurrency import await_, on_loop_now
-from context_core.redis.connection import (
-    RedisClient,
-    ReplicaAckError,
-    call_script,
-    is_cluster_client,
-)
+from context_core.errors import ReplicaAckError
+from context_core.redis.connection import RedisClient, call_script, is_cluster_client
 from context_core.redis.loop_client import Command, LoopRedis
 
 __all__ = [

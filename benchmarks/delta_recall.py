@@ -2,9 +2,9 @@
 
 All real parts, wired by ``build_platform`` as in the service: Redis (``--redis-url``), Qdrant
 Edge in a temp dir holding the bundled sample export (ingested by ``run_refresh``), MiniLM.
-Tokens are counted with the project's counter (:class:`context_core.lifecycle.tokens.TokenCounter`
-over
-the encoder's own tokenizer), on the JSON a client receives:
+Tokens are counted with the project's counter
+(:class:`context_core.lifecycle.tokens.TraceTokenCounter` over the encoder's own tokenizer), on
+the JSON a client receives:
 
 * **response**: the whole answer (``to_json()`` vs ``to_delta_dict()`` encoded);
 * **fragments**: what an agent re-sends to its LLM: the full bundle's ``fragments`` vs the
@@ -287,7 +287,7 @@ def main(argv: list[str]) -> int:
 
     from context_core.config import get_settings
     from context_core.ingest.pipeline import run_refresh
-    from context_core.lifecycle.tokens import TokenCounter
+    from context_core.lifecycle.tokens import TraceTokenCounter
     from context_core.platform import build_platform
     from context_core.sample_data import sample_export_path
 
@@ -309,7 +309,7 @@ def main(argv: list[str]) -> int:
             gateway=platform.gateway,
             progress=False,
         )
-        counter = TokenCounter(platform.encoder.count_tokens)
+        counter = TraceTokenCounter(platform.encoder.count_tokens)
         rows = []
         kind_rows: list[dict[str, Any]] = []
         state = None
@@ -411,7 +411,7 @@ def main(argv: list[str]) -> int:
             body = (
                 "Tokens of full bundles vs delta bundles (`route(..., delta=True, "
                 "since_bundle=...)`, `context_core.routing.delta`), counted with the project's "
-                "`TokenCounter` over MiniLM's tokenizer. *LLM tokens* = what the agent "
+                "`TraceTokenCounter` over MiniLM's tokenizer. *LLM tokens* = what the agent "
                 "appends to its LLM conversation for the step: the full bundle's `fragments` "
                 "(JSON), or the delta's new/changed fragments + the ids of the unchanged and "
                 "removed ones; *wire tokens* = the whole JSON answer (the delta's carries "

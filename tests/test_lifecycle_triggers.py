@@ -21,7 +21,7 @@ from context_core.gateway.sanitize import Gateway
 from context_core.knowledge.embedding import Encoder
 from context_core.lifecycle.manager import LifecycleManager
 from context_core.lifecycle.tokens import (
-    TokenCounter,
+    TraceTokenCounter,
     count_trace_tokens,
     heuristic_count_tokens,
     item_text,
@@ -293,10 +293,10 @@ def test_token_counter_caches_and_the_heuristic_tracks_the_tokenizer(encoder: En
         seen.append(text)
         return len(text.split())
 
-    counter = TokenCounter(count)
+    counter = TraceTokenCounter(count)
     assert counter("a b c") == 3 and counter("a b c") == 3 and seen == ["a b c"]
     with pytest.raises(ConfigError):
-        TokenCounter(cache_size=0)
+        TraceTokenCounter(cache_size=0)
     samples = [
         'sensor_api {"device":"PUMP-0042","page":3}',
         'sensor_api ok {"rms_mm_s":4.7,"status":"alarm","readings":[1.5,2.0,3.25]}',
@@ -316,7 +316,7 @@ def test_count_trace_tokens_counts_names_and_payloads(env: Env) -> None:
     n = count_trace_tokens(state)
     assert n == sum(heuristic_count_tokens(item_text(i)) for i in state.trace)
     assert count_trace_tokens(state, lambda t: 1) == 4  # 2 pairs = 4 items
-    assert count_trace_tokens(state, TokenCounter(lambda t: 2)) == 8
+    assert count_trace_tokens(state, TraceTokenCounter(lambda t: 2)) == 8
     assert all("sensor_api" in item_text(i) for i in state.trace)
 
 

@@ -80,7 +80,7 @@ from context_core.errors import (
     VersionConflictError,
 )
 from context_core.lifecycle.corrections import DEFAULT_MIN_CONFIDENCE, detect_correction
-from context_core.lifecycle.tokens import TokenCounter, pair_tokens
+from context_core.lifecycle.tokens import TraceTokenCounter, pair_tokens
 from context_core.working_memory.keys import check_sid
 
 if TYPE_CHECKING:
@@ -272,7 +272,7 @@ class LifecycleManager:
         self.correction_drop_pairs = correction_drop_pairs
         self.max_trace_tokens = int(max_trace_tokens)
         self.correction_min_confidence = float(correction_min_confidence)
-        self.tokens = TokenCounter(count_tokens)
+        self.tokens = TraceTokenCounter(count_tokens)
         self._handlers: dict[LifecycleEvent, Callable[..., EventResult]] = {
             LifecycleEvent.SESSION_START: self._session_start,
             LifecycleEvent.TOOL_CALL: self._tool_call,

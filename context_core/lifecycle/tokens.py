@@ -18,7 +18,7 @@ early rather than late); prose costs a few percent more than the model counts.
 
 What a trace item costs: its tool name and its payload (the cleaned JSON, or the pointer
 that replaced an offloaded one), plus the result status. The trace changes by one pair per
-event and every event counts the whole trace, so :class:`TokenCounter` caches the count per
+event and every event counts the whole trace, so :class:`TraceTokenCounter` caches the count per
 item text (a bounded LRU): counting a full 10-pair trace costs at most two tokenizer calls
 per event.
 """
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from context_core.session.state import SessionState, TraceItem
 
 __all__ = [
-    "TokenCounter",
+    "TraceTokenCounter",
     "count_trace_tokens",
     "heuristic_count_tokens",
     "item_text",
@@ -73,7 +73,7 @@ def item_text(item: TraceItem) -> str:
     return f"{item.name}{status} {item.payload}"
 
 
-class TokenCounter:
+class TraceTokenCounter:
     """Counts tokens with ``count_tokens`` (the model's tokenizer; None = the heuristic),
     caching the count per distinct text (LRU of ``cache_size`` entries, thread-safe)."""
 
@@ -81,7 +81,7 @@ class TokenCounter:
         self, count_tokens: Callable[[str], int] | None = None, *, cache_size: int = 4096
     ) -> None:
         if cache_size <= 0:
-            raise ConfigError(f"TokenCounter: cache_size must be positive, got {cache_size}")
+            raise ConfigError(f"TraceTokenCounter: cache_size must be positive, got {cache_size}")
         self.uses_model = count_tokens is not None
         self._count: Callable[[str], int] = functools.lru_cache(maxsize=cache_size)(
             count_tokens or heuristic_count_tokens
@@ -103,7 +103,7 @@ class TokenCounter:
         return self.items(state.trace)
 
 
-def pair_tokens(state: SessionState, counter: TokenCounter) -> list[tuple[str, int]]:
+def pair_tokens(state: SessionState, counter: TraceTokenCounter) -> list[tuple[str, int]]:
     """``(call_id, tokens)`` per trace pair, oldest first (a pair = its call and result)."""
     order: list[str] = []
     cost: dict[str, int] = {}
@@ -117,9 +117,13 @@ def pair_tokens(state: SessionState, counter: TokenCounter) -> list[tuple[str, i
 
 
 def count_trace_tokens(
-    state: SessionState, count_tokens: Callable[[str], int] | TokenCounter | None = None
+    state: SessionState, count_tokens: Callable[[str], int] | TraceTokenCounter | None = None
 ) -> int:
     """Tokens of ``state``'s L1 trace, counted with ``count_tokens`` (a tokenizer's count
-    function, a :class:`TokenCounter`, or None for the heuristic)."""
-    counter = count_tokens if isinstance(count_tokens, TokenCounter) else TokenCounter(count_tokens)
+    function, a :class:`TraceTokenCounter`, or None for the heuristic)."""
+    counter = (
+        count_tokens
+        if isinstance(count_tokens, TraceTokenCounter)
+        else TraceTokenCounter(count_tokens)
+    )
     return counter.trace(state)

@@ -123,6 +123,92 @@ class _L3Outcome:
     ms: float = 0.0
 
 
+@dataclass(frozen=True)
+class _Run:
+    """What one route knows from its start: the request, the spec, the policy snapshot."""
+
+    state: SessionState
+    intent: str
+    spec: IntentSpec
+    params: dict[str, Any]
+    values: dict[str, Any]
+    now: float
+    t0: float
+    trace_id: str
+    agent_id: str | None
+    skip_l3: str | None
+    policy: ConfidencePolicy
+    relevance: RelevanceModel | None
+    p_policy: ConfidencePolicy | None
+
+
+@dataclass(frozen=True)
+class _L3Start:
+    """Step 1: the L3 search submitted (``future`` None: not wanted) and its query."""
+
+    wanted: bool
+    query: str
+    future: Future[_L3Outcome] | asyncio.Future[_L3Outcome] | None
+    submitted: float
+
+
+def _l2_trace() -> L2Trace:
+    return {"requested": [], "required": [], "found": [], "missing": [], "expired": []}
+
+
+def _ns_trace() -> dict[str, list[str]]:
+    return {"requested": [], "found": [], "denied": []}
+
+
+@dataclass
+class _Exact:
+    """Steps 2-4: the L1/L2/namespace fragments (ranked by tier), their traces, and the
+    first required miss or denied read (the route raises it after the trace)."""
+
+    ranked: list[tuple[Tier, Fragment]]
+    l2_trace: L2Trace = field(default_factory=_l2_trace)
+    ns_trace: dict[str, list[str]] = field(default_factory=_ns_trace)
+    required_miss: ContextMissError | None = None
+    required_denied: AccessDeniedError | None = None
+    t_l1: float = 0.0
+    t_l2: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return self.required_miss is not None or self.required_denied is not None
+
+
+@dataclass(frozen=True)
+class _L3Found:
+    """Step 5: the L3 outcome, whether the route is degraded, whether a search completed."""
+
+    outcome: _L3Outcome
+    degraded: bool
+    searched: bool
+    t_l3: float
+
+
+@dataclass(frozen=True)
+class _Labelled:
+    """Step 5, continued: the labelled hits as ranked fragments and as trace entries."""
+
+    ranked: list[tuple[Tier, Fragment]]
+    trace: list[dict[str, Any]]
+    p_values: Sequence[float] | None
+    signal: str
+
+
+@dataclass(frozen=True)
+class _Built:
+    """Steps 6-8: the bundle and what the trace repeats of it."""
+
+    bundle: ContextBundle
+    delivered: list[Fragment]
+    used: dict[str, Any]
+    fallback: dict[str, Any] | None
+    timings: dict[str, float]
+
+
 class ContextRouter:
     """Routes a step intent to L1/L2/L3/namespaces and returns a :class:`ContextBundle`.
 
@@ -275,7 +361,12 @@ class ContextRouter:
 
         ``delta``: also log the bundle and diff it against ``since_bundle`` (a ``bundle_id``
         of this session's earlier delta routes; None, unknown or expired: a full delta); the
-        result is in :attr:`ContextBundle.delta` (:mod:`context_core.routing.delta`)."""
+        result is in :attr:`ContextBundle.delta` (:mod:`context_core.routing.delta`).
+
+        The steps, in order: :meth:`_start_l3` (1), :meth:`_read_exact` (2-4, L1, L2 and the
+        shared namespaces), :meth:`_await_l3` and :meth:`_label_l3` (5), :meth:`_assemble`
+        (6-8: the budget, the fallback, the delta), :meth:`_record` (the trace), then
+        :func:`_raise_failure` (a required miss or denied read)."""
         if since_bundle is not None and not delta:
             raise ValueError("route: since_bundle is only meaningful with delta=True")
         t0 = time.perf_counter()
@@ -284,58 +375,70 @@ class ContextRouter:
         spec = self.registry.get(step_intent)
         policy = self.policy  # one snapshot per route, even if the file changes meanwhile
         relevance, p_policy = self.relevance_in_force()
-        values = self._values(state, params)
-        trace_id = new_trace_id()
+        run = _Run(
+            state=state,
+            intent=step_intent,
+            spec=spec,
+            params=params,
+            values=self._values(state, params),
+            now=now,
+            t0=t0,
+            trace_id=new_trace_id(),
+            agent_id=agent_id,
+            skip_l3=skip_l3,
+            policy=policy,
+            relevance=relevance,
+            p_policy=p_policy,
+        )
+        l3 = self._start_l3(run)
+        exact = self._read_exact(run, l3, preflight, touch_guard)
+        found = self._await_l3(run, l3, wait=not exact.failed)
+        labelled = self._label_l3(run, l3.query, found.outcome.hits)
+        built = self._assemble(
+            run, l3, exact, found, labelled, delta=delta, since_bundle=since_bundle
+        )
+        self._record(run, l3, exact, found, labelled, built)
+        _raise_failure(run, exact)
+        return built.bundle
 
-        # 1. L3 starts first so it overlaps the Redis round trips.
-        l3_wanted = spec.l3 and self.knowledge is not None and not skip_l3
-        query = self._l3_query(spec, values, params) if spec.l3 else ""
+    def _start_l3(self, run: _Run) -> _L3Start:
+        """Step 1: L3 starts first, so embedding and search overlap the Redis round trips."""
+        spec = run.spec
+        wanted = bool(spec.l3 and self.knowledge is not None and not run.skip_l3)
+        query = self._l3_query(spec, run.values, run.params) if spec.l3 else ""
         future: Future[_L3Outcome] | asyncio.Future[_L3Outcome] | None = None
-        if l3_wanted:
-            sections = self._sections(spec, values)
-            args = (query, sections, agent_id, _declared(spec))
+        if wanted:
+            sections = self._sections(spec, run.values)
+            args = (query, sections, run.agent_id, _declared(spec))
             if on_loop_now() and getattr(self.knowledge, "awaits_on_loop", False):
                 future = spawn(self._search, *args)  # its round trip awaited on the loop
             else:
                 future = self._pool.submit(self._search, *args)
-        l3_submitted = time.perf_counter()
+        return _L3Start(wanted=wanted, query=query, future=future, submitted=time.perf_counter())
 
-        # 2. L1
-        ranked: list[tuple[Tier, Fragment]] = [("l1", f) for f in read_l1(state, spec, now)]
-        t_l1 = time.perf_counter()
-
-        # 3. L2 (+ 4. shared namespaces); the route is session activity. The touch, every
-        # L2 read and the namespace entries go to Redis in one round trip (a second one
-        # only for the "ever written?" check of keys that missed).
+    def _read_exact(
+        self,
+        run: _Run,
+        l3: _L3Start,
+        preflight: Op[Any] | None,
+        touch_guard: tuple[str, str, str] | None,
+    ) -> _Exact:
+        """Steps 2-4: L1 from the state; then the touch (a route is session activity), every
+        L2 read and the namespace entries in one round trip (a second one only for the "ever
+        written?" check of keys that missed). A failing round trip cancels L3."""
+        state, spec, values, now = run.state, run.spec, run.values, run.now
+        exact = _Exact(ranked=[("l1", f) for f in read_l1(state, spec, now)])
+        exact.t_l1 = time.perf_counter()
         sm = self.wm.session(state.session_id)
-        l2_trace: L2Trace = {
-            "requested": [],
-            "required": [],
-            "found": [],
-            "missing": [],
-            "expired": [],
-        }
-        ns_trace: dict[str, list[str]] = {"requested": [], "found": [], "denied": []}
-        required_miss: ContextMissError | None = None
-        required_denied: AccessDeniedError | None = None
         ops: list[Op[Any]] = [sm.touch_op(touch_guard)]
         for key_spec in spec.l2_keys:
             if key_spec.kind == "pref":
-                ops.append(
-                    read_prefs(
-                        self.wm,
-                        state.auth_context.org,
-                        state.user_id,
-                        key_spec,
-                        values,
-                        now,
-                        l2_trace,
-                    )
-                )
+                org, user = state.auth_context.org, state.user_id
+                ops.append(read_prefs(self.wm, org, user, key_spec, values, now, exact.l2_trace))
             else:
-                ops.append(read_l2(sm, key_spec, values, params, now, l2_trace))
+                ops.append(read_l2(sm, key_spec, values, run.params, now, exact.l2_trace))
         ns_cmds, ns_interpret = read_namespaces(
-            self.namespaces, spec, values, agent_id, now, ns_trace
+            self.namespaces, spec, values, run.agent_id, now, exact.ns_trace
         )
         ops.append(_replies_of(ns_cmds))
         if preflight is not None:
@@ -343,45 +446,34 @@ class ContextRouter:
         try:
             results = self.wm.run_all(ops, f"route {state.session_id}")
         except BaseException:
-            if future is not None:
-                future.cancel()
+            if l3.future is not None:
+                l3.future.cancel()
             raise
         if preflight is not None:
             results = results[1:]
         _, *l2_results, ns_replies = results
-        for key_spec, got in zip(spec.l2_keys, l2_results, strict=True):
-            if key_spec.kind == "pref":
-                frags, err = got
-            else:
-                frag, err = got
-                frags = [frag] if frag is not None else []
-            tier: Tier = (
-                "required"
-                if key_spec.required
-                else "contract"
-                if key_spec.kind == "contract"
-                else "optional_l2"
-            )
-            ranked += [(tier, f) for f in frags]
-            if err is not None and key_spec.required and required_miss is None:
-                required_miss = err
+        _take_l2(exact, spec, l2_results)
         contract_key = sm.key("contract", "current")
-        l2_trace["contract_lost"] = contract_key in l2_trace["expired"]
-        if required_miss is None:  # else the entries read are dropped unseen
+        exact.l2_trace["contract_lost"] = contract_key in exact.l2_trace["expired"]
+        if exact.required_miss is None:  # else the entries read are dropped unseen
             for ns_frag, denied in ns_interpret(ns_replies):
                 if ns_frag is not None:
-                    ranked.append(("namespace", ns_frag))
-                if denied is not None and required_denied is None:
-                    required_denied = denied
-        t_l2 = time.perf_counter()
+                    exact.ranked.append(("namespace", ns_frag))
+                if denied is not None and exact.required_denied is None:
+                    exact.required_denied = denied
+        exact.t_l2 = time.perf_counter()
+        return exact
 
-        # 5. L3 result (not awaited when the route is failing anyway)
-        outcome = _L3Outcome(error=skip_l3) if spec.l3 and skip_l3 else _L3Outcome()
+    def _await_l3(self, run: _Run, l3: _L3Start, *, wait: bool) -> _L3Found:
+        """Step 5: the L3 result, awaited for what is left of ``l3_timeout_ms`` (not awaited,
+        and cancelled, when the route is failing anyway: ``wait`` false)."""
+        spec, future = run.spec, l3.future
+        outcome = _L3Outcome(error=run.skip_l3) if spec.l3 and run.skip_l3 else _L3Outcome()
         # An intent that wants L3 on a router without knowledge memory is degraded too.
-        degraded = spec.l3 and not l3_wanted
+        degraded = bool(spec.l3 and not l3.wanted)
         searched = False  # an L3 search ran to completion for this route
-        if future is not None and required_miss is None and required_denied is None:
-            remaining = self.l3_timeout_ms / 1000.0 - (time.perf_counter() - l3_submitted)
+        if future is not None and wait:
+            remaining = self.l3_timeout_ms / 1000.0 - (time.perf_counter() - l3.submitted)
             try:
                 outcome = wait_future(future, max(0.0, remaining))
             except FutureTimeout:
@@ -392,105 +484,125 @@ class ContextRouter:
                 degraded = True
                 log.warning(
                     "L3 degraded for session %s intent %s: %s",
-                    state.session_id,
-                    step_intent,
+                    run.state.session_id,
+                    run.intent,
                     outcome.error,
                 )
             else:
                 searched = True
         elif future is not None:
             future.cancel()
-        t_l3 = time.perf_counter()
+        return _L3Found(outcome, degraded, searched, t_l3=time.perf_counter())
 
-        # p_relevant for each hit when a fitted relevance model is in force: the labels then
-        # come from it (and its cut points); otherwise from the cosine thresholds.
+    def _label_l3(self, run: _Run, query: str, hits: list[Hit]) -> _Labelled:
+        """Step 5, continued: ``p_relevant`` for each hit when a fitted relevance model is in
+        force (the labels then come from it and its cut points; otherwise from the cosine
+        thresholds), and the labelled hits as ranked fragments."""
+        relevance, p_policy = run.relevance, run.p_policy
         p_values = (
-            relevance.predict_hits(outcome.hits, query_length(query))
-            if relevance is not None and p_policy is not None and outcome.hits
+            relevance.predict_hits(hits, query_length(query))
+            if relevance is not None and p_policy is not None and hits
             else None
         )
+        ranked, hits_trace = self._label_hits(hits, run.now, run.policy, p_values, p_policy)
         signal = "cosine" if p_policy is None else "p_relevant"
-        l3_ranked, hits_trace = self._label_hits(outcome.hits, now, policy, p_values, p_policy)
-        ranked += l3_ranked
+        return _Labelled(ranked=ranked, trace=hits_trace, p_values=p_values, signal=signal)
 
+    def _assemble(
+        self,
+        run: _Run,
+        l3: _L3Start,
+        exact: _Exact,
+        found: _L3Found,
+        labelled: _Labelled,
+        *,
+        delta: bool,
+        since_bundle: str | None,
+    ) -> _Built:
+        """Steps 6-8: the fragment budget, the fallback section, the delta (not for a
+        failed route), the timings and the bundle."""
+        state, outcome = run.state, found.outcome
         # 6. the budget
-        cap = spec.max_fragments or self.max_fragments
-        delivered, by_reference = apply_budget(ranked, cap)
+        cap = run.spec.max_fragments or self.max_fragments
+        delivered, by_reference = apply_budget(exact.ranked + labelled.ranked, cap)
         used = _used(delivered)
         used["by_reference"] = [reference_entry(f) for f in by_reference]
-
         # 7. fallback: the user refers to earlier teaching and main L3 knows nothing of it
         fallback = None
-        if searched:
-            fallback = self._fallback(state, params, outcome.hits, p_policy or policy, p_values)
+        if found.searched:
+            fallback = self._fallback(
+                state, run.params, outcome.hits, run.p_policy or run.policy, labelled.p_values
+            )
             if fallback is not None:
                 used["fallback"] = fallback
-
         # 8. delta: log the manifest, diff against the client's base (not for a failed route)
         diff: BundleDelta | None = None
         t_delta = time.perf_counter()
-        if delta and required_miss is None and required_denied is None:
-            diff = self.bundle_log.record(state.session_id, step_intent, delivered, since_bundle)
+        if delta and not exact.failed:
+            diff = self.bundle_log.record(state.session_id, run.intent, delivered, since_bundle)
         delta_ms = (time.perf_counter() - t_delta) * 1000.0
-
-        total_ms = (time.perf_counter() - t0) * 1000.0
+        total_ms = (time.perf_counter() - run.t0) * 1000.0
+        l3_ms = outcome.ms if not outcome.error else (found.t_l3 - l3.submitted) * 1000.0
         timings = {
-            "l1": round((t_l1 - l3_submitted) * 1000.0, 3),
-            "l2": round((t_l2 - t_l1) * 1000.0, 3),
-            "l3": round(outcome.ms if not outcome.error else (t_l3 - l3_submitted) * 1000.0, 3),
+            "l1": round((exact.t_l1 - l3.submitted) * 1000.0, 3),
+            "l2": round((exact.t_l2 - exact.t_l1) * 1000.0, 3),
+            "l3": round(l3_ms, 3),
             "total": round(total_ms, 3),
         }
         bundle = ContextBundle(
             session_id=state.session_id,
             step=state.current_step,
-            intent=step_intent,
+            intent=run.intent,
             fragments=tuple(delivered),
-            degraded=degraded,
+            degraded=found.degraded,
             # the delta's script call: the bundle's timings only (the trace's are a fixed set)
             timings_ms=timings if diff is None else {**timings, "delta": round(delta_ms, 3)},
             context_used=used,
-            trace_id=trace_id,
-            resolved_intent=spec.name,
-            l2_missing=tuple(l2_trace["missing"]),
+            trace_id=run.trace_id,
+            resolved_intent=run.spec.name,
+            l2_missing=tuple(exact.l2_trace["missing"]),
             delta=diff,
         )
+        return _Built(bundle, delivered, used, fallback, timings)
+
+    def _record(
+        self,
+        run: _Run,
+        l3: _L3Start,
+        exact: _Exact,
+        found: _L3Found,
+        labelled: _Labelled,
+        built: _Built,
+    ) -> None:
+        """The route's trace record (written for a failing route too, before it raises)."""
+        spec, error = run.spec, found.outcome.error
         self.tracer.write_route(
             {
-                "trace_id": trace_id,
-                "session_id": state.session_id,
-                "step": state.current_step,
-                "intent": step_intent,
-                "agent_id": agent_id,
-                "l2": l2_trace,
+                "trace_id": run.trace_id,
+                "session_id": run.state.session_id,
+                "step": run.state.current_step,
+                "intent": run.intent,
+                "agent_id": run.agent_id,
+                "l2": exact.l2_trace,
                 "l3": {
                     "requested": bool(spec.l3),
-                    "query": query,
-                    "hits": hits_trace,
-                    "used": any(f.layer == "L3" for f in delivered),
-                    "error": outcome.error
-                    if l3_wanted or skip_l3
+                    "query": l3.query,
+                    "hits": labelled.trace,
+                    "used": any(f.layer == "L3" for f in built.delivered),
+                    "error": error
+                    if l3.wanted or run.skip_l3
                     else (None if not spec.l3 else "no knowledge memory configured"),
-                    **({"confidence_signal": signal} if spec.l3 else {}),
+                    **({"confidence_signal": labelled.signal} if spec.l3 else {}),
                 },
-                "ns": ns_trace,
-                "fragments": [fragment_entry(f) for f in delivered],
-                "by_reference": used["by_reference"],
-                "fallback": fallback,
-                "confidence": _confidence_trace(policy, p_policy, relevance),
-                "degraded": degraded,
-                "timings_ms": timings,
+                "ns": exact.ns_trace,
+                "fragments": [fragment_entry(f) for f in built.delivered],
+                "by_reference": built.used["by_reference"],
+                "fallback": built.fallback,
+                "confidence": _confidence_trace(run.policy, run.p_policy, run.relevance),
+                "degraded": found.degraded,
+                "timings_ms": built.timings,
             }
         )
-        if required_miss is not None:
-            cause = str(required_miss).partition("; ")[2]
-            raise ContextMissError(
-                required_miss.key,
-                f"intent {spec.name!r} requires it (trace {trace_id}); "
-                + (cause or "run the step that produces it first or re-fetch the data"),
-            ) from required_miss
-        if required_denied is not None:
-            raise required_denied
-        return bundle
 
     def _fallback(
         self,
@@ -690,6 +802,42 @@ class ContextRouter:
             )
             ranked.append(("confident_l3" if label == "confident" else "low_l3", frag))
         return ranked, traced
+
+
+def _take_l2(exact: _Exact, spec: IntentSpec, l2_results: Sequence[Any]) -> None:
+    """Rank the L2 replies by tier (required, contract, optional); note the first required
+    miss."""
+    for key_spec, got in zip(spec.l2_keys, l2_results, strict=True):
+        if key_spec.kind == "pref":
+            frags, err = got
+        else:
+            frag, err = got
+            frags = [frag] if frag is not None else []
+        tier: Tier = (
+            "required"
+            if key_spec.required
+            else "contract"
+            if key_spec.kind == "contract"
+            else "optional_l2"
+        )
+        exact.ranked += [(tier, f) for f in frags]
+        if err is not None and key_spec.required and exact.required_miss is None:
+            exact.required_miss = err
+
+
+def _raise_failure(run: _Run, exact: _Exact) -> None:
+    """After the trace: a required miss (naming the intent and the trace), else a required
+    namespace read that was denied."""
+    required_miss = exact.required_miss
+    if required_miss is not None:
+        cause = str(required_miss).partition("; ")[2]
+        raise ContextMissError(
+            required_miss.key,
+            f"intent {run.spec.name!r} requires it (trace {run.trace_id}); "
+            + (cause or "run the step that produces it first or re-fetch the data"),
+        ) from required_miss
+    if exact.required_denied is not None:
+        raise exact.required_denied
 
 
 def _confidence_trace(

@@ -83,7 +83,7 @@ def main(argv: list[str]) -> int:
         # The chunk texts, known before any write: a plan on an empty scratch store.
         with EdgeStore(tmp / "scratch") as scratch:
             plan = plan_refresh(args.export, settings=settings, store=scratch, encoder=encoder)
-        texts = [pt["payload"]["text"] for pt in plan.points]
+        texts = [pt.text for pt in plan.points]
         raws = [_raw_encode_seconds(encoder, texts, settings.embed_batch_size)]
 
         with EdgeStore(settings.qdrant_dir) as store:

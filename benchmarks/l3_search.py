@@ -160,7 +160,7 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
 
     from context_core.knowledge.edge import EdgeStore
-    from context_core.knowledge.store import point_id
+    from context_core.knowledge.store import SearchQuery, point_id
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-l3-"))
     provider = None
@@ -212,9 +212,8 @@ def main(argv: list[str]) -> int:
 
         def filtered(j: int) -> None:
             q, sec = queries[j]
-            results[j] = [
-                h.id for h in store.search(COLLECTION, q, limit=3, filter={"section": sec})
-            ]
+            found = store.search(q, SearchQuery(COLLECTION, 3, filter={"section": sec}))
+            results[j] = [h.id for h in found]
 
         print(f"timing {args.queries:,} filtered top-3 searches ...", flush=True)
         search_ms = _timed(filtered, list(range(args.queries)))
@@ -243,11 +242,11 @@ def main(argv: list[str]) -> int:
             assert raw is not None and json.loads(raw)["chunk_index"] == payloads[k]["chunk_index"]
 
         def full_scan(k: int) -> None:
-            hit = store.search(COLLECTION, key_vecs[k], limit=1, exact=True)
+            hit = store.search(key_vecs[k], SearchQuery(COLLECTION, 1, exact=True))
             assert hit[0].id == ids[k], "full-scan lookup returned the wrong record"
 
         def hnsw_lookup(k: int) -> None:
-            store.search(COLLECTION, key_vecs[k], limit=1)
+            store.search(key_vecs[k], SearchQuery(COLLECTION, 1))
 
         print("timing key lookups: Redis GET, HNSW, full scan ...", flush=True)
         kv_ms = _timed(kv_get, keys)

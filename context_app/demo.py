@@ -26,6 +26,9 @@ from context_core.routing.router import ContextBundle
 
 if TYPE_CHECKING:
     from context_core.config import Settings
+    from context_core.lifecycle.manager import LifecycleManager
+    from context_core.routing.router import ContextRouter
+    from context_core.traces import TraceWriter
 
 __all__ = ["DEVICE", "DemoResult", "DemoStep", "run_demo"]
 
@@ -105,17 +108,24 @@ def _run(
     on_bundle: Callable[[DemoStep], None] | None,
     on_start: Callable[[int | None], None] | None,
 ) -> DemoResult:
-    settings = p.settings
     knowledge = p.knowledge
     # The first forward pass of a freshly loaded model is several times slower than the
     # rest; pay it here rather than inside the first route's 100 ms L3 budget.
     p.warm_up()
     sid = sid or f"demo-{uuid.uuid4().hex[:8]}"
-    result = DemoResult(session_id=sid, traces_dir=settings.traces_dir)
+    result = DemoResult(session_id=sid, traces_dir=p.settings.traces_dir)
     result.knowledge_points = knowledge.stats().get(knowledge.main)
     if on_start:
         on_start(result.knowledge_points)
+    _share_fleet_baseline(p)
+    script = _Script(result, p.tracer, p.router, p.lifecycle, on_event, on_bundle)
+    state, rms = _diagnose(script)
+    _report(script, state, rms)
+    return result
 
+
+def _share_fleet_baseline(p: Platform) -> None:
+    """A fleet namespace the agent may read, holding the pumps' vibration baseline."""
     ns = p.namespaces
     ns.create(
         FLEET_NS,
@@ -130,33 +140,46 @@ def _run(
         agent_id="fleet-etl",
         purpose="baseline-refresh",
     )
-    tracer = p.tracer
-    router = p.router
-    life = p.lifecycle
 
-    def event(ev: str, state: Any, /, **payload: Any) -> Any:
-        res = life.apply(ev, state, **payload)
-        result.events.append((ev, res.effects))
-        if on_event:
-            on_event(ev, res.effects)
+
+@dataclass
+class _Script:
+    """The scripted agent's two moves: apply a lifecycle event, route a step and answer it."""
+
+    result: DemoResult
+    tracer: TraceWriter
+    router: ContextRouter
+    lifecycle: LifecycleManager
+    on_event: Callable[[str, dict[str, Any]], None] | None = None
+    on_bundle: Callable[[DemoStep], None] | None = None
+
+    def event(self, ev: str, state: Any, /, **payload: Any) -> Any:
+        res = self.lifecycle.apply(ev, state, **payload)
+        self.result.events.append((ev, res.effects))
+        if self.on_event:
+            self.on_event(ev, res.effects)
         return res.state
 
     def step(
-        state: Any, intent: str, output: Callable[[ContextBundle], str], /, **params: Any
+        self, state: Any, intent: str, output: Callable[[ContextBundle], str], /, **params: Any
     ) -> ContextBundle:
-        bundle = router.route(state, intent, params=params, agent_id=AGENT)
+        bundle = self.router.route(state, intent, params=params, agent_id=AGENT)
         text = output(bundle)
-        tracer.record_output(bundle.trace_id, sid, bundle.step, text)
+        self.tracer.record_output(bundle.trace_id, self.result.session_id, bundle.step, text)
         s = DemoStep(intent, bundle, text)
-        result.steps.append(s)
-        if on_bundle:
-            on_bundle(s)
+        self.result.steps.append(s)
+        if self.on_bundle:
+            self.on_bundle(s)
         return bundle
 
+
+def _diagnose(script: _Script) -> tuple[Any, float]:
+    """Session start, the sensor fetch and the comparison; the state and the latest RMS."""
+    event, step = script.event, script.step
     state = event(
         "session_start",
         None,
-        session_id=sid,
+        session_id=script.result.session_id,
         user_id="demo-user",
         user_query=USER_QUERY,
         contract={"device": DEVICE, "report_length": "short"},
@@ -174,12 +197,13 @@ def _run(
     )
     now = time.time()
     series = [(now - 60 * (11 - i), round(2.3 + 0.27 * i, 2)) for i in range(12)]
+    rms = series[-1][1]
     state = event(
         "tool_call",
         state,
         name="sensors/vibration",
         args={"device": DEVICE, "window": "last 1h"},
-        result={"rms_mm_s": series[-1][1], "peak_hz": 49.6, "points": len(series)},
+        result={"rms_mm_s": rms, "peak_hz": 49.6, "points": len(series)},
         series={f"{DEVICE}.vibration": series},
     )
     # Step 1: compare live vibration with the manual's limits and the fleet baseline.
@@ -187,7 +211,7 @@ def _run(
         state,
         "compare_vibration",
         lambda b: (
-            f"{DEVICE} RMS {series[-1][1]} mm/s over the last 1h is above the alarm "
+            f"{DEVICE} RMS {rms} mm/s over the last 1h is above the alarm "
             f"limit (manual: {_l3_pages(b)}) and the fleet p95 of 3.4 mm/s. {_cite(b)}"
         ),
     )
@@ -196,8 +220,14 @@ def _run(
         state,
         name="analysis/compare",
         args={"device": DEVICE, "limit": "manual"},
-        result={"verdict": "above alarm", "rms_mm_s": series[-1][1], "fleet_p95": 3.4},
+        result={"verdict": "above alarm", "rms_mm_s": rms, "fleet_p95": 3.4},
     )
+    return state, rms
+
+
+def _report(script: _Script, state: Any, rms: float) -> None:
+    """The maintenance history, the user's correction, the report and the confirmed answer."""
+    event, step = script.event, script.step
     # Step 2: maintenance history through a tool API (a cached response would be reused).
     history_args = {"device": DEVICE}
     step(
@@ -227,18 +257,18 @@ def _run(
         state,
         "generate_report",
         lambda b: (
-            f"Report for {DEVICE}: RMS {series[-1][1]} mm/s above alarm; bearing at 17400 h "
+            f"Report for {DEVICE}: RMS {rms} mm/s above alarm; bearing at 17400 h "
             f"since the 2026-08-14 service: replace the drive-end bearing. Template: "
             f"{_l3_pages(b)}. {_cite(b)}"
         ),
     )
-    state = event(
+    event(
         "goal_achieved",
         state,
         answers=[
             {
                 "text": (
-                    f"{DEVICE}: RMS vibration rising to {series[-1][1]} mm/s above the "
+                    f"{DEVICE}: RMS vibration rising to {rms} mm/s above the "
                     "4.5 mm/s alarm with bearing hours over 17,000 pointed to drive-end "
                     "bearing wear; replacing the bearing was confirmed as the fix."
                 ),
@@ -247,7 +277,6 @@ def _run(
             }
         ],
     )
-    return result
 
 
 def bundle_rows(bundle: ContextBundle, width: int = 70) -> list[tuple[str, ...]]:

@@ -41,6 +41,8 @@ __all__ = [
     "QuotaExceededError",
     "ReplicaAckError",
     "SanitizeBudgetExceededError",
+    "ScannerLimitError",
+    "ScannerUnavailableError",
     "SessionDataInKnowledgeError",
     "SessionExistsError",
     "StaleStateError",
@@ -48,6 +50,12 @@ __all__ = [
     "ToolNotApprovedError",
     "UnknownEventError",
     "UnknownSessionError",
+    "UnsupportedUploadTypeError",
+    "UploadBlockedError",
+    "UploadInfectedError",
+    "UploadRefusedError",
+    "UploadTooLargeError",
+    "UploadUnreadableError",
     "VersionConflictError",
 ]
 
@@ -454,3 +462,112 @@ class ReplicaAckError(BackendUnavailableError):
 
     http_status: ClassVar[int] = 503
     error_code: ClassVar[str] = "backend_unavailable"
+
+
+class ScannerUnavailableError(ContextError):
+    """The malware scanner could not give a verdict (unreachable, timed out, failed): the
+    upload is refused, never stored unscanned. Retry after ``retry_after_s``."""
+
+    http_status: ClassVar[int] = 503
+    error_code: ClassVar[str] = "scanner_unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: int = 5) -> None:
+        super().__init__(message)
+        self.retry_after_s = max(1, int(retry_after_s))
+
+    def details(self) -> dict[str, Any]:
+        return {"retry_after_s": self.retry_after_s}
+
+
+class ScannerLimitError(PayloadTooLargeError):
+    """clamd refused the stream as longer than its ``StreamMaxLength``: a retry cannot help,
+    the file is too big for this scanner (413)."""
+
+    http_status: ClassVar[int] = 413
+
+    error_code: ClassVar[str] = "payload_too_large"
+
+
+class UploadTooLargeError(PayloadTooLargeError):
+    """The file (or the text it yields) is over its limit (413)."""
+
+    http_status: ClassVar[int] = 413
+    error_code: ClassVar[str] = "payload_too_large"
+
+
+class UnsupportedUploadTypeError(ContextError, ValueError):
+    """Neither the declared content type nor the extension is one of :data:`ALLOWED_TYPES`."""
+
+    http_status: ClassVar[int] = 415
+    error_code: ClassVar[str] = "unsupported_media_type"
+
+    def __init__(self, message: str, *, declared: str, allowed: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.declared = declared
+        self.allowed = sorted(allowed)
+
+    def details(self) -> dict[str, Any]:
+        return {"allowed": self.allowed, "declared": self.declared}
+
+
+class UploadRefusedError(ContextError, ValueError):
+    """The file was scanned or read and refused; it is quarantined (``quarantine_id``, None
+    when keeping it failed) and nothing was written to L3 (422)."""
+
+    http_status: ClassVar[int] = 422
+    error_code: ClassVar[str] = "upload_refused"
+    reason_kind: ClassVar[str] = "refused"
+
+    def __init__(self, message: str, *, quarantine_id: str | None = None) -> None:
+        super().__init__(message)
+        self.quarantine_id = quarantine_id
+
+    def fields(self) -> dict[str, str]:
+        """What the quarantine line and the answer name besides the message."""
+        return {}
+
+    def details(self) -> dict[str, Any]:
+        return {"reason": self.reason_kind, "quarantine_id": self.quarantine_id, **self.fields()}
+
+
+class UploadInfectedError(UploadRefusedError):
+    """The scanner found ``signature`` in the file. 422 rather than 451: the refusal is about
+    the content the client sent (like a blocked keyword), not a legal demand on a resource."""
+
+    http_status: ClassVar[int] = 422
+
+    error_code: ClassVar[str] = "upload_infected"
+    reason_kind: ClassVar[str] = "infected"
+
+    def __init__(self, message: str, *, signature: str, quarantine_id: str | None = None) -> None:
+        super().__init__(message, quarantine_id=quarantine_id)
+        self.signature = signature
+
+    def fields(self) -> dict[str, str]:
+        return {"signature": self.signature}
+
+
+class UploadBlockedError(UploadRefusedError):
+    """The file holds one of the organisation's blocked keywords (named: the list is the
+    organisation's own, not the file's content)."""
+
+    http_status: ClassVar[int] = 422
+
+    error_code: ClassVar[str] = "upload_blocked"
+    reason_kind: ClassVar[str] = "blocked_keyword"
+
+    def __init__(self, message: str, *, keyword: str, quarantine_id: str | None = None) -> None:
+        super().__init__(message, quarantine_id=quarantine_id)
+        self.keyword = keyword
+
+    def fields(self) -> dict[str, str]:
+        return {"keyword": self.keyword}
+
+
+class UploadUnreadableError(UploadRefusedError):
+    """The file could not be read as its type says (damaged, encrypted, binary, no text)."""
+
+    http_status: ClassVar[int] = 422
+
+    error_code: ClassVar[str] = "upload_unreadable"
+    reason_kind: ClassVar[str] = "unreadable"

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from context_core.access.compliance import ComplianceStore
     from context_core.access.namespaces import NamespaceRegistry
     from context_core.gateway.sanitize import Gateway
+    from context_core.ingest.hot import MergeSummary
     from context_core.knowledge.embedding import Encoder
     from context_core.knowledge.memory import KnowledgeMemory
     from context_core.knowledge.store import VectorStore
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     from context_core.traces import TraceWriter
     from context_core.working_memory import WorkingMemory
 
-__all__ = ["Platform", "build_platform", "fail_fast_client"]
+__all__ = ["Platform", "build_platform", "fail_fast_client", "run_hot_merge"]
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +240,7 @@ class Platform:
     # --- L3: vector store, encoder, knowledge memory ------------------------------------------
     @cached_property
     def store(self) -> VectorStore:
-        from context_core.knowledge.store import open_store
+        from context_core.knowledge import open_store
 
         try:
             store = open_store(self.settings)
@@ -362,3 +363,23 @@ def build_platform(
         wrap_store=wrap_store,
     )
     return platform.open() if eager else platform
+
+
+def run_hot_merge(settings: Settings, *, now: float | None = None) -> MergeSummary:
+    """The daily job: open the store and encoder from settings, merge, close.
+
+    With ``CTX_REDIS_URL`` set, the namespaces' ACLs are read from it so shared answers by
+    agents still holding ``write`` can merge; without it (an embedded server would be empty)
+    only system answers merge and shared ones wait.
+    """
+    from context_core.ingest.hot import merge_hot
+    from context_core.knowledge.memory import AclSource
+
+    # merges into the existing collections (none created); the model without a Redis cache
+    with build_platform(settings, embed_cache=False, ensure_collections=False) as platform:
+        if platform.store.info(settings.collection_hot) is None:
+            from context_core.ingest.hot import MergeSummary as Summary
+
+            return Summary(0, 0, 0, 0)
+        namespaces: AclSource | None = platform.namespaces if settings.redis_url else None
+        return merge_hot(platform.knowledge, now=now, namespaces=namespaces)

@@ -43,11 +43,11 @@ def hot_knowledge_merge() -> None:
     def merge() -> dict[str, Any]:
         """Sweep expired hot points and merge confirmed ones into the main collection."""
         from context_app.airflow_local import qdrant_url_from_connection
-        from context_core.ingest.hot import run_merge
         from context_core.ingest.pipeline import job_settings
+        from context_core.platform import run_hot_merge
 
         settings = job_settings(qdrant_url=qdrant_url_from_connection())
-        return run_merge(settings).to_dict()
+        return run_hot_merge(settings).to_dict()
 
     @task
     def report(summary: dict[str, Any]) -> dict[str, Any]:

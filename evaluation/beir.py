@@ -453,6 +453,7 @@ def calibrate_beir(
     """
     from context_core.knowledge.edge import EdgeStore
     from context_core.knowledge.embedding import load_encoder
+    from context_core.knowledge.store import SearchQuery
 
     dataset = load_beir(path, split=split, limit_queries=limit_queries, limit_docs=limit_docs)
     run_settings = settings.model_copy(update={"embed_model": model}) if model else settings
@@ -482,11 +483,10 @@ def calibrate_beir(
             def search(text: str, limit: int) -> Sequence[Any]:
                 vec = by_text[text].tolist()
                 if sparse_encoder is None:
-                    return store.search(collection, vec, limit=limit, exact=True)
-                return store.search(  # type: ignore[call-arg,unused-ignore]
-                    collection, vec, limit=limit, exact=True, mode=mode, fusion=fusion,
-                    sparse=sparse_encoder.encode_query(text), feedback=feedback,
-                )  # fmt: skip
+                    return store.search(vec, SearchQuery(collection, limit, exact=True))
+                q = SearchQuery(collection, limit, exact=True, mode=mode, fusion=fusion,
+                                feedback=feedback)  # fmt: skip
+                return store.search(vec, q, sparse=sparse_encoder.encode_query(text))
 
             frame, stats = label_hits(
                 dataset.queries,
@@ -541,8 +541,9 @@ def calibrate_sample(
     ``eval_dir`` holds ``queries.jsonl`` and ``qrels.tsv`` (or ``qrels/test.tsv``) whose
     corpus ids are page ids: a hit is relevant when its payload ``source`` is one of them.
     """
+    from context_core.knowledge import open_store
     from context_core.knowledge.embedding import load_encoder
-    from context_core.knowledge.store import open_store
+    from context_core.knowledge.store import SearchQuery
 
     eval_dir = Path(eval_dir or SAMPLE_EVAL_DIR)
     qrels_path = eval_dir / "qrels.tsv"
@@ -566,7 +567,8 @@ def calibrate_sample(
             )
 
         def search(text: str, limit: int) -> Sequence[Any]:
-            return store.search(collection, encoder.encode([text])[0].tolist(), limit=limit)
+            vec = encoder.encode([text])[0].tolist()
+            return store.search(vec, SearchQuery(collection, limit))
 
         frame, stats = label_hits(queries, qrels, search, k=k, progress=progress)
     finally:

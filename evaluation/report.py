@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 from context_core.fsutil import atomic_write_text
 from context_core.routing.confidence import label_score
 from evaluation.calibration import CalibrationResult, LabelChange, Provenance
+from evaluation.health_history import expiry_rate, previous_record
 
 if TYPE_CHECKING:
     from evaluation.cer import CerReport
-    from evaluation.health import HealthSnapshot
+    from evaluation.health_history import HealthSnapshot
     from evaluation.relevance_calibration import RelevanceFit
 
 __all__ = [
@@ -341,8 +342,6 @@ def write_cer_report(report: CerReport, reports_dir: Path, *, accept: float) -> 
 
 
 def _growth(history: list[dict[str, Any]], day: str, section: str, key: str) -> str:
-    from evaluation.health import previous_record
-
     prev = previous_record(history, day)
     cur = next((r for r in history if r.get("day") == day), {})
     if not prev or key not in prev.get(section, {}) or key not in cur.get(section, {}):
@@ -363,7 +362,6 @@ def write_health_report(
     policy_source: str = "",
 ) -> dict[str, Path]:
     """``context_health_report.md`` + ``.json`` + trend PNGs (``health_*.png``)."""
-    from evaluation.health import expiry_rate, previous_record
     from evaluation.plots import save_cer_plot, save_health_plots
 
     reports_dir = Path(reports_dir)

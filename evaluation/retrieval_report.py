@@ -15,12 +15,12 @@ import numpy as np
 
 from evaluation.beir import _safe_name
 from evaluation.calibration import Interval
-from evaluation.retrieval_compare import (
+from evaluation.retrieval_results import (
     FULL_LOGISTIC,
     HEADLINE_MODE,
     ComparisonRun,
     ConfidenceResult,
-    _interval_json,
+    interval_json,
 )
 
 if TYPE_CHECKING:
@@ -203,7 +203,7 @@ def comparison_document(run: ComparisonRun) -> dict[str, Any]:
                     "name": g.name,
                     "target": g.target,
                     "measured": g.measured,
-                    "ci": _interval_json(g.ci) if g.ci else None,
+                    "ci": interval_json(g.ci) if g.ci else None,
                     "verdict": g.verdict,
                     "note": g.note,
                 }

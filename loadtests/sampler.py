@@ -79,11 +79,11 @@ class Sampler:
         try:
             if self._redis is None:
                 from context_core.redis.connection import (
-                                    cluster_enabled,
-                                    make_client,
-                                    split_cluster_url,
-                                    url_db,
-                                )
+                    cluster_enabled,
+                    make_client,
+                    split_cluster_url,
+                    url_db,
+                )
 
                 plain, named = split_cluster_url(self.redis_url)
                 cluster = named or cluster_enabled(plain, connect_timeout=1.0, timeout=1.0)

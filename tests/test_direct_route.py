@@ -1,10 +1,11 @@
 """The hot endpoints' direct handler (context_app.service.direct_route) against FastAPI's own.
 
 Two real services (uvicorn over HTTP, the real Redis, Qdrant Edge, the encoder): the service
-as it ships, whose hot routes skip FastAPI's dependency solver, and the same app built with
-FastAPI's standard route class. Every refused request must be answered byte for byte alike
-(status, body, ``WWW-Authenticate``); a request that passes must take the direct path (FastAPI's
-solver is never called for it) and one that fails must reach FastAPI's handler.
+as it ships, whose hot routes skip FastAPI's dependency solver, and the same app whose routes
+all keep FastAPI's standard handler (no route qualifies for the direct path). Every refused
+request must be answered byte for byte alike (status, body, ``WWW-Authenticate``); a request
+that passes must take the direct path (FastAPI's solver is never called for it) and one that
+fails must reach FastAPI's handler.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from fastapi.routing import APIRoute
 from test_service import cleanup_service_keys, running_service, service_settings
 
 import context_app.service.app as app_module
+import context_app.service.direct_route as direct_route_module
 from context_app.service.direct_route import DirectRoute, direct_plan
 
 HOT = {
@@ -34,16 +36,21 @@ HOT = {
 }
 
 
+def _never_direct(route: APIRoute) -> None:
+    """No route qualifies: each keeps FastAPI's own handler, as a plain APIRoute would."""
+    return None
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[dict[str, Any]]:
-    """The shipped service ("direct") and one built with FastAPI's APIRoute ("standard")."""
+    """The shipped service ("direct") and one whose routes keep FastAPI's handler ("standard")."""
     out: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
         for name in ("direct", "standard"):
             settings, keys = service_settings(tmp_path_factory.mktemp(name), redis_url)
             with pytest.MonkeyPatch.context() as mp:
                 if name == "standard":  # only while create_app runs
-                    mp.setattr(app_module, "DirectRoute", APIRoute)
+                    mp.setattr(direct_route_module, "direct_plan", _never_direct)
                 url = stack.enter_context(running_service(settings))
             out[name] = {"url": url, "key": keys["agent-a"]}
         yield out
@@ -270,7 +277,7 @@ def test_no_request_reaches_two_routes_so_the_search_order_is_free() -> None:
 def test_the_openapi_document_keeps_the_declared_path_order() -> None:
     shipped = app_module.create_app().openapi()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(app_module, "DirectRoute", APIRoute)
+        mp.setattr(direct_route_module, "direct_plan", _never_direct)
         standard = app_module.create_app().openapi()
     assert list(shipped["paths"]) == list(standard["paths"])
     assert shipped == standard
@@ -282,7 +289,7 @@ def test_event_info_skips_fastapis_encoder_only_when_it_would_change_nothing() -
 
     from fastapi.encoders import jsonable_encoder
 
-    from context_app.service.sessions_api import _plain_json
+    from context_app.service.routes._common import plain_json as _plain_json
     from context_core.session.wire import encode_json
 
     class Kind(enum.StrEnum):

@@ -33,15 +33,15 @@ from context_core.errors import (
     InvalidStoreRequestError,
     ModelMismatchError,
 )
-from context_core.knowledge import edge_server as es
 from context_core.knowledge.edge import EdgeStore
 from context_core.knowledge.edge_server import (
     EdgeServer,
     RemoteEdgeStore,
+    protocol,
     start_edge_server,
     stop_edge_server,
 )
-from context_core.knowledge.store import PointRecord, point_id
+from context_core.knowledge.store import PointRecord, SearchQuery, point_id
 
 DIM = 16
 N = 200
@@ -102,8 +102,8 @@ def test_errors_keep_class_and_message(served: tuple[EdgeServer, RemoteEdgeStore
     server, client = served
     direct: EdgeStore = server.store  # the very store the server answers from
     cases: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
-        ("search", ("nope", QUERIES[0]), {}),
-        ("search", (COLL, np.ones(8, dtype=np.float32)), {}),
+        ("search", (QUERIES[0], SearchQuery("nope")), {}),
+        ("search", (np.ones(8, dtype=np.float32), SearchQuery(COLL)), {}),
         ("create_collection", (COLL,), {"dim": DIM, "model": "other-model"}),
         ("create_collection", (COLL,), {"dim": 384, "model": "test-16d"}),
         ("upsert", (COLL, [PointRecord("not-a-uuid", VECS[0], {})]), {}),
@@ -111,7 +111,7 @@ def test_errors_keep_class_and_message(served: tuple[EdgeServer, RemoteEdgeStore
         ("count", (COLL,), {"filter": {"section": {"before": 3}}}),
         ("count", ("missing",), {}),
         ("delete", (COLL,), {}),
-        ("search", ("../escape", QUERIES[0]), {}),
+        ("search", (QUERIES[0], SearchQuery("../escape")), {}),
     ]
     kinds = set()
     for method, args, kw in cases:
@@ -142,30 +142,30 @@ def test_wire_round_trip_is_faithful(served: tuple[EdgeServer, RemoteEdgeStore])
     direct: EdgeStore = server.store
     for q in QUERIES[:5]:
         for filt in (None, {"section": "FAN"}, {"section": ["PUMP", "FAN"]}):
-            assert client.search(COLL, q, limit=5, filter=filt) == direct.search(
-                COLL, q, limit=5, filter=filt
+            assert client.search(q, SearchQuery(COLL, 5, filter=filt)) == direct.search(
+                q, SearchQuery(COLL, 5, filter=filt)
             )
     # float64 lists and float32 rows give the same answer (the wire is float32, like the shard)
-    assert client.search(COLL, QUERIES[0].astype(np.float64).tolist()) == direct.search(
-        COLL, QUERIES[0]
-    )
+    assert client.search(
+        QUERIES[0].astype(np.float64).tolist(), SearchQuery(COLL)
+    ) == direct.search(QUERIES[0], SearchQuery(COLL))
     assert client.retrieve(COLL, IDS[:3], with_vectors=True) == direct.retrieve(
         COLL, IDS[:3], with_vectors=True
     )
     assert client.optimize(COLL) == direct.index_status(COLL)
     assert client.index_status(COLL) == direct.index_status(COLL)
     with pytest.raises(InvalidStoreRequestError, match="one-dimensional"):
-        client.search(COLL, QUERIES[:2])
+        client.search(QUERIES[:2], SearchQuery(COLL))
     with pytest.raises(InvalidStoreRequestError, match="a filter must be a mapping"):
-        client.search(COLL, QUERIES[0], filter=["section"])  # type: ignore[arg-type]
+        client.search(QUERIES[0], SearchQuery(COLL, filter=["section"]))  # type: ignore[arg-type]
 
 
 def test_small_pages_and_batches(
     served: tuple[EdgeServer, RemoteEdgeStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Upserts, retrieves and scroll pages are split at _BATCH; the results do not change."""
+    """Upserts, retrieves and scroll pages are split at protocol.BATCH; the answers stay."""
     server, client = served
-    monkeypatch.setattr(es, "_BATCH", 7)
+    monkeypatch.setattr(protocol, "BATCH", 7)
     client.create_collection("small", dim=DIM, model="test-16d")
     client.upsert("small", _records()[:50])
     assert server.store.count("small") == 50
@@ -182,7 +182,7 @@ def test_threads_share_one_client(served: tuple[EdgeServer, RemoteEdgeStore]) ->
     _, client = served
 
     def ids_for(j: int) -> list[str]:
-        return [h.id for h in client.search(COLL, QUERIES[j], limit=5)]
+        return [h.id for h in client.search(QUERIES[j], SearchQuery(COLL, 5))]
 
     serial = [ids_for(j) for j in range(len(QUERIES))]
     with ThreadPoolExecutor(max_workers=6) as pool:
@@ -213,11 +213,11 @@ def test_oversized_frame_is_refused_and_server_keeps_serving(
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
         raw.settimeout(5)
         raw.connect(str(server.socket_path))
-        raw.sendall((es.MAX_FRAME_BYTES + 1).to_bytes(4, "big") + b"\x00" * 1000)
+        raw.sendall((protocol.MAX_FRAME_BYTES + 1).to_bytes(4, "big") + b"\x00" * 1000)
         answer = _read_frame(raw)
         assert isinstance(answer, dict)
         assert answer["error"]["type"] == "InvalidStoreRequestError"
-        assert f"{es.MAX_FRAME_BYTES + 1} bytes" in answer["error"]["message"]
+        assert f"{protocol.MAX_FRAME_BYTES + 1} bytes" in answer["error"]["message"]
         assert "frame cap" in answer["error"]["message"]
         assert raw.recv(1) == b""  # that connection is dropped (its body can't be skipped)
     # garbage inside a well-formed frame is answered, not fatal
@@ -230,14 +230,14 @@ def test_oversized_frame_is_refused_and_server_keeps_serving(
         assert answer["error"]["type"] == "InvalidStoreRequestError"
     # everyone else is still served
     assert client.count(COLL) == N
-    assert RemoteEdgeStore(server.socket_path).search(COLL, VECS[3], limit=1)[0].id == IDS[3]
+    assert RemoteEdgeStore(server.socket_path).search(VECS[3], SearchQuery(COLL, 1))[0].id == IDS[3]
 
 
 def test_client_splits_big_upserts_and_refuses_one_oversized_point(
     served: tuple[EdgeServer, RemoteEdgeStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server, client = served
-    monkeypatch.setattr(es, "MAX_FRAME_BYTES", 64 * 1024)  # client and in-process server
+    monkeypatch.setattr(protocol, "MAX_FRAME_BYTES", 64 * 1024)  # client and in-process server
     big = [
         PointRecord(point_id("big", i), VECS[i], {"text": "x" * 2000}) for i in range(100)
     ]  # ~200 KB: over the cap in one frame, fine in several
@@ -333,12 +333,12 @@ def test_killed_server_names_the_socket_and_restart_recovers(
         stop_edge_server(proc)
         proc = start_edge_server(tmp_path / "qdrant", path, 1)
         assert client.count(COLL) == N
-        assert [h.id for h in client.search(COLL, VECS[7], limit=1)] == [IDS[7]]
+        assert [h.id for h in client.search(VECS[7], SearchQuery(COLL, 1))] == [IDS[7]]
         # no server at all: a clear error naming the socket and the fix
         proc.kill()
         stop_edge_server(proc)
         with pytest.raises(BackendUnavailableError) as info:
-            client.search(COLL, QUERIES[0])
+            client.search(QUERIES[0], SearchQuery(COLL))
         msg = str(info.value)
         assert f"on {path} is unreachable" in msg
         assert "python -m context_core.knowledge.edge_server" in msg
@@ -365,7 +365,7 @@ def test_sigterm_flushes_and_removes_the_socket(tmp_path: Path, sock_dir: Path) 
     # the shards were closed cleanly: this process can open them now
     with EdgeStore(tmp_path / "qdrant") as direct:
         assert direct.count(COLL) == N
-        assert direct.search(COLL, VECS[5], limit=1)[0].id == IDS[5]
+        assert direct.search(VECS[5], SearchQuery(COLL, 1))[0].id == IDS[5]
 
 
 _CHILD = textwrap.dedent(
@@ -373,6 +373,7 @@ _CHILD = textwrap.dedent(
     import json, os, sys, time
     import numpy as np
     from context_core.knowledge.edge_server import RemoteEdgeStore
+    from context_core.knowledge.store import SearchQuery
 
     sock, sync, queries, rounds, me = sys.argv[1:6]
     rounds, peer = int(rounds), str(1 - int(me))
@@ -395,7 +396,7 @@ _CHILD = textwrap.dedent(
     t0 = time.time()
     out = []
     for i in range(rounds):
-        out.append([[h.id for h in client.search("kb", q, limit=5)] for q in qs])
+        out.append([[h.id for h in client.search(q, SearchQuery("kb", 5))] for q in qs])
         if i == 0:  # rendezvous: the peer must be served while this client stays connected
             mark("first-" + me)
             wait("first-" + peer, "the other client's first round (server not concurrent?)")
@@ -412,7 +413,7 @@ def test_two_client_processes_search_concurrently(tmp_path: Path, sock_dir: Path
         with RemoteEdgeStore(path) as client:
             client.create_collection(COLL, dim=DIM, model="test-16d")
             client.upsert(COLL, _records())
-            expected = [[h.id for h in client.search(COLL, q, limit=5)] for q in QUERIES]
+            expected = [[h.id for h in client.search(q, SearchQuery(COLL, 5))] for q in QUERIES]
         np.save(tmp_path / "q.npy", QUERIES)
         sync = tmp_path / "sync"
         sync.mkdir()
@@ -461,7 +462,7 @@ def test_open_store_uses_the_socket_when_set(
     tmp_path: Path, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from context_core.config import get_settings
-    from context_core.knowledge.store import open_store
+    from context_core.knowledge import open_store
 
     monkeypatch.setenv("CTX_EDGE_SOCKET", str(sock_dir / "edge.sock"))
     settings = get_settings(data_dir=tmp_path / "ctx")
@@ -507,7 +508,7 @@ def test_start_failure_shows_the_server_log(tmp_path: Path, sock_dir: Path) -> N
 def test_search_batch_answers_each_query_like_a_search_in_one_round_trip(
     served: tuple[EdgeServer, RemoteEdgeStore],
 ) -> None:
-    from context_core.knowledge.store import SearchQuery, search_batch
+    from context_core.knowledge.store import search_batch
 
     server, client = served
     direct: EdgeStore = server.store
@@ -526,9 +527,9 @@ def test_search_batch_answers_each_query_like_a_search_in_one_round_trip(
     client._call = counting  # type: ignore[method-assign]
     got = search_batch(client, QUERIES[0], queries)
     assert calls == ["search_batch"]  # main + hot of a route: one round trip
-    assert got[0] == direct.search(COLL, QUERIES[0], limit=4, filter={"section": "FAN"})
+    assert got[0] == direct.search(QUERIES[0], SearchQuery(COLL, 4, filter={"section": "FAN"}))
     assert isinstance(got[1], CollectionNotFoundError) and "no_such_collection" in str(got[1])
-    assert got[2] == direct.search(COLL, QUERIES[0], limit=2, exact=True)
+    assert got[2] == direct.search(QUERIES[0], SearchQuery(COLL, 2, exact=True))
     # a store without its own batch is searched query by query, with the same answers
     assert search_batch(direct, QUERIES[0], [queries[0], queries[2]]) == [got[0], got[2]]
 
@@ -538,7 +539,7 @@ def test_hybrid_search_batch_is_proxied_in_one_round_trip(
 ) -> None:
     """Sparse vectors travel both ways; the route's main + hot hybrid searches stay one call."""
     from context_core.knowledge.sparse import SparseEncoder
-    from context_core.knowledge.store import SearchQuery, search_batch
+    from context_core.knowledge.store import search_batch
 
     server, client = served
     direct: EdgeStore = server.store
@@ -573,9 +574,9 @@ def test_hybrid_search_batch_is_proxied_in_one_round_trip(
     client._call = counting  # type: ignore[method-assign]
     got = search_batch(client, QUERIES[0], queries, sparse=sq)
     assert calls == ["search_batch"]
-    assert got[0] == direct.search("hyb", QUERIES[0], limit=4, mode="hybrid", sparse=sq)
-    assert got[1] == direct.search(COLL, QUERIES[0], limit=3)
-    assert got[2] == direct.search("hyb", QUERIES[0], limit=3, mode="sparse", sparse=sq)
+    assert got[0] == direct.search(QUERIES[0], SearchQuery("hyb", 4, mode="hybrid"), sparse=sq)
+    assert got[1] == direct.search(QUERIES[0], SearchQuery(COLL, 3))
+    assert got[2] == direct.search(QUERIES[0], SearchQuery("hyb", 3, mode="sparse"), sparse=sq)
     hits = got[0]
     assert isinstance(hits, list) and [h.rank for h in hits] == [1, 2, 3, 4]
     assert all(h.sparse_score is not None for h in hits)
@@ -583,9 +584,9 @@ def test_hybrid_search_batch_is_proxied_in_one_round_trip(
     # a dense-only collection gains sparse vectors through the proxy too
     client.enable_sparse(COLL, enc.name)
     client.set_sparse(COLL, [(IDS[i], sparse[i]) for i in range(N)])
-    assert client.search(COLL, QUERIES[0], limit=3, mode="sparse", sparse=sq) == direct.search(
-        COLL, QUERIES[0], limit=3, mode="sparse", sparse=sq
-    )
+    assert client.search(
+        QUERIES[0], SearchQuery(COLL, 3, mode="sparse"), sparse=sq
+    ) == direct.search(QUERIES[0], SearchQuery(COLL, 3, mode="sparse"), sparse=sq)
 
 
 # --- on the event loop (context_core.concurrency): the same calls, awaited ----------------------
@@ -603,10 +604,10 @@ def test_calls_on_the_loop_answer_like_blocking_ones_without_the_blocking_pool(
     served: tuple[EdgeServer, RemoteEdgeStore],
 ) -> None:
     _, client = served
-    blocking = [[h.id for h in client.search(COLL, q, limit=3)] for q in QUERIES[:5]]
+    blocking = [[h.id for h in client.search(q, SearchQuery(COLL, 3))] for q in QUERIES[:5]]
 
     def searches() -> list[list[str]]:
-        return [[h.id for h in client.search(COLL, q, limit=3)] for q in QUERIES[:5]]
+        return [[h.id for h in client.search(q, SearchQuery(COLL, 3))] for q in QUERIES[:5]]
 
     idle_before = len(client._idle)
     assert _on_a_loop(searches) == blocking
@@ -677,10 +678,10 @@ def test_sparse_vectors_cross_the_socket_exactly_and_bad_ones_are_named() -> Non
     from context_core.knowledge.store import SparseVector
 
     good = SparseVector((0, 7, 0xFFFFFFFF), (0.5, 1.25, 3.0))
-    assert es._sparse_in(es._sparse_out(good)) == good
-    assert es._sparse_in(es._sparse_out(SparseVector((), ()))) == SparseVector((), ())
+    assert protocol.sparse_in(protocol.sparse_out(good)) == good
+    assert protocol.sparse_in(protocol.sparse_out(SparseVector((), ()))) == SparseVector((), ())
     numpy_ints = SparseVector(tuple(np.array([3, 9], dtype=np.int64)), (1.0, 2.0))
-    assert es._sparse_in(es._sparse_out(numpy_ints)) == SparseVector((3, 9), (1.0, 2.0))
+    assert protocol.sparse_in(protocol.sparse_out(numpy_ints)) == SparseVector((3, 9), (1.0, 2.0))
     for bad in ((-1, 2), (1, 0x1_0000_0000), (1, 2**70), ("a", 2)):
         with pytest.raises(InvalidStoreRequestError, match=r"sparse vector|uint32"):
-            es._sparse_out(SparseVector(bad, (1.0, 2.0)))
+            protocol.sparse_out(SparseVector(bad, (1.0, 2.0)))

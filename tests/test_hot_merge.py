@@ -9,12 +9,13 @@ import pytest
 
 from context_core.config import Settings, get_settings
 from context_core.gateway.sanitize import Gateway
-from context_core.ingest.hot import merge_hot, normalise_terms, on_fallback, run_merge
+from context_core.ingest.hot import merge_hot, normalise_terms, on_fallback
 from context_core.ingest.pipeline import run_refresh
 from context_core.knowledge.edge import EdgeStore
 from context_core.knowledge.embedding import Encoder, load_encoder
 from context_core.knowledge.memory import KnowledgeMemory
 from context_core.knowledge.store import PointRecord, point_id
+from context_core.platform import run_hot_merge
 from context_core.sample_data import sample_export_path
 
 NOW = 1_780_000_000.0
@@ -146,7 +147,7 @@ def test_merge_moves_confirmed_skips_duplicates_drops_expired(
         }
 
 
-def test_refresh_keeps_merged_answers_and_run_merge(cfg: Settings, minilm: Encoder) -> None:
+def test_refresh_keeps_merged_answers_and_run_hot_merge(cfg: Settings, minilm: Encoder) -> None:
     export = sample_export_path()
     if not export.is_dir():
         pytest.skip(f"sample export {export} not shipped yet")
@@ -161,7 +162,7 @@ def test_refresh_keeps_merged_answers_and_run_merge(cfg: Settings, minilm: Encod
             section="PUMP",
         )
         n_main = store.count(cfg.collection_main)
-    summary = run_merge(cfg)  # opens its own store, like the DAG task
+    summary = run_hot_merge(cfg)  # opens its own store, like the DAG task
     assert summary.merged == 1
     with EdgeStore(cfg.qdrant_dir) as store:
         s = run_refresh(export, settings=cfg, store=store, encoder=minilm, progress=False)

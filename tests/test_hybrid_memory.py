@@ -20,7 +20,7 @@ from context_core.knowledge.embedding import Encoder
 from context_core.knowledge.memory import KnowledgeMemory
 from context_core.knowledge.server import QdrantServerStore
 from context_core.knowledge.sparse import SPARSE_ENCODER, SparseEncoder
-from context_core.knowledge.store import PointRecord, VectorStore, point_id
+from context_core.knowledge.store import PointRecord, SearchQuery, VectorStore, point_id
 
 T0 = 1_700_000_000.0
 DOCS = [
@@ -206,10 +206,8 @@ def test_a_v1_collection_keeps_its_tokenizer(
     # the same query cut by v2 ("bear", "hous") shares no term with those documents
     vec = encoder.encode_query("bearing housing")
     v2_hits = store.search(
-        mem.main,
         vec,
-        limit=1,
-        mode="sparse",
+        SearchQuery(mem.main, 1, mode="sparse"),
         sparse=SparseEncoder().encode_query("bearing housing"),
     )
     assert not v2_hits or not v2_hits[0].sparse_score
@@ -232,7 +230,9 @@ def test_feedback_moves_the_dense_query_and_keeps_the_cosine(
 
     def run(feedback: int) -> list[tuple[str, float]]:
         hits = store.search(
-            "fb", q, limit=3, mode="hybrid", fusion="weighted", sparse=term, feedback=feedback
+            q,
+            SearchQuery("fb", 3, mode="hybrid", fusion="weighted", feedback=feedback),
+            sparse=term,
         )
         return [(h.payload["source"], h.score) for h in hits]
 

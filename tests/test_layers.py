@@ -52,12 +52,25 @@ def test_the_project_keeps_its_layers() -> None:
     assert "0 broken" in done.stdout
 
 
+def _library_parts() -> list[str]:
+    """The ``context_core.*`` modules the contracts name (the library's layers)."""
+    conf = tomllib.loads(_config_text())["tool"]["importlinter"]
+    names: set[str] = set()
+    for contract in conf["contracts"]:
+        for entry in [*contract.get("layers", []), *contract.get("source_modules", [])]:
+            names.update(n.strip() for n in entry.split("|"))
+    return sorted(n for n in names if n.startswith("context_core."))
+
+
 def _tree(tmp: Path, imports: dict[str, str]) -> Path:
-    """Four stub packages named like the project's, each importing what ``imports`` says."""
-    for pkg in ("context_app", "evaluation", "loadtests", "context_core"):
-        (tmp / pkg).mkdir()
-        (tmp / pkg / "__init__.py").write_text("", encoding="utf-8")
-        (tmp / pkg / "mod.py").write_text(imports.get(pkg, ""), encoding="utf-8")
+    """Four stub packages named like the project's (the library with a stub of each part the
+    contracts name), each importing what ``imports`` says (keyed by package, or by a library
+    part such as ``context_core.routing``: its ``mod`` module)."""
+    for pkg in ("context_app", "evaluation", "loadtests", "context_core", *_library_parts()):
+        where = tmp.joinpath(*pkg.split("."))
+        where.mkdir()
+        (where / "__init__.py").write_text("", encoding="utf-8")
+        (where / "mod.py").write_text(imports.get(pkg, ""), encoding="utf-8")
     (tmp / "pyproject.toml").write_text(_config_text(), encoding="utf-8")
     return tmp
 
@@ -91,6 +104,35 @@ def test_library_importing_a_web_framework_is_refused(tmp_path: Path) -> None:
     done = _run(_tree(tmp_path, {"context_core": "import fastapi\n"}))
     assert done.returncode == 1, done.stdout
     assert "the library holds no application framework BROKEN" in done.stdout
+
+
+def test_library_layers_hold() -> None:
+    """The stub tree has every part the library's layers contract names."""
+    parts = _library_parts()
+    assert "context_core.routing" in parts and "context_core.working_memory" in parts
+
+
+def test_working_memory_importing_the_router_is_refused(tmp_path: Path) -> None:
+    done = _run(
+        _tree(tmp_path, {"context_core.working_memory": "import context_core.routing.mod\n"})
+    )
+    assert done.returncode == 1, done.stdout
+    assert "the library's packages stand in layers BROKEN" in done.stdout
+    assert "context_core.working_memory.mod -> context_core.routing.mod" in done.stdout
+
+
+def test_routing_next_to_lifecycle_is_refused(tmp_path: Path) -> None:
+    done = _run(_tree(tmp_path, {"context_core.routing": "import context_core.lifecycle.mod\n"}))
+    assert done.returncode == 1, done.stdout
+    assert "the library's packages stand in layers BROKEN" in done.stdout
+
+
+def test_routing_opening_redis_itself_is_refused(tmp_path: Path) -> None:
+    done = _run(_tree(tmp_path, {"context_core.routing": "import redis\n"}))
+    assert done.returncode == 1, done.stdout
+    assert "Redis is reached through the redis package and the L2 store, never directly BROKEN" in (
+        done.stdout
+    )
 
 
 def test_both_images_copy_every_package() -> None:

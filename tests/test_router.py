@@ -30,7 +30,14 @@ from context_core.knowledge.edge import EdgeStore
 from context_core.knowledge.embedding import Encoder
 from context_core.knowledge.memory import KnowledgeMemory
 from context_core.knowledge.server import QdrantServerStore
-from context_core.knowledge.store import Filter, Hit, PointRecord, VectorStore, point_id
+from context_core.knowledge.store import (
+    Hit,
+    PointRecord,
+    SearchQuery,
+    SparseVector,
+    VectorStore,
+    point_id,
+)
 from context_core.routing.confidence import ConfidencePolicy
 from context_core.routing.intents import IntentRegistry, IntentSpec, L2KeySpec, NsKeySpec
 from context_core.routing.router import LOW_CONFIDENCE_NOTE, ContextBundle, ContextRouter
@@ -118,10 +125,10 @@ class SlowStore:
         self.delay_s = delay_s
 
     def search(
-        self, name: str, vector: Sequence[float], *, limit: int = 3, filter: Filter | None = None
+        self, vector: Sequence[float], query: SearchQuery, sparse: SparseVector | None = None
     ) -> list[Hit]:
         time.sleep(self.delay_s)
-        return self.inner.search(name, vector, limit=limit, filter=filter)
+        return self.inner.search(vector, query, sparse)
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.inner, attr)

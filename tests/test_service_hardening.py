@@ -327,7 +327,7 @@ def test_every_error_class_maps_to_a_deliberate_status() -> None:
     for cls in classes:
         assert "http_status" in cls.__dict__, f"{cls.__name__} has no http_status of its own"
         assert "error_code" in cls.__dict__, f"{cls.__name__} has no error_code of its own"
-        assert cls.http_status in {403, 404, 409, 413, 422, 423, 429, 500, 503}, cls
+        assert cls.http_status in {403, 404, 409, 413, 415, 422, 423, 429, 500, 503}, cls
         assert cls.error_code.replace("_", "").isalpha() and cls.error_code.islower(), cls
     expected = {
         "ContextError": 409,

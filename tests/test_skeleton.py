@@ -25,7 +25,7 @@ from context_core.access.compliance import (
     find_blocked,
 )
 from context_core.config import get_settings
-from context_core.errors import BlockedKeywordError
+from context_core.errors import BlockedKeywordError, UploadBlockedError
 from context_core.gateway.sanitize import Gateway
 from context_core.gateway.skeleton import (
     CONFUSABLES_VERSION,
@@ -37,7 +37,7 @@ from context_core.gateway.skeleton import (
     term_pattern,
 )
 from context_core.ingest.clamd import ScanVerdict
-from context_core.ingest.upload import UploadBlockedError, parse_keywords, scan_and_ingest
+from context_core.ingest.upload import parse_keywords, scan_and_ingest
 
 # Every Default_Ignorable_Code_Point, from the regex package's Unicode data (an independent
 # check of the set the skeleton drops).

@@ -28,9 +28,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from context_core.access.auth import hash_key, new_key
-from context_core.access.identity import canonical_user_id
 from context_core.config import get_settings
 from context_core.errors import InvalidIdError
+from context_core.gateway.identity import canonical_user_id
 
 AGENTS = {
     "a-agent": ("A", ["diagnostics", "reporting"], ["fleet"]),
@@ -486,8 +486,8 @@ def test_random_operations_of_two_orgs_never_mix(two_orgs: TwoOrgs) -> None:
 def test_legacy_user_keys_move_to_their_org_once(any_redis: str, tmp_path: Path) -> None:
     from redis_cluster import redis_client
 
+    from context_core.access.user_keys_migration import migrate_user_keys
     from context_core.platform import build_platform
-    from context_core.working_memory.user_keys_migration import migrate_user_keys
 
     tag = uuid.uuid4().hex[:6]
     org, old_a, old_b = f"mig-{tag}", f"Mig-{tag}", f"mig-{tag}"
@@ -502,10 +502,11 @@ def test_legacy_user_keys_move_to_their_org_once(any_redis: str, tmp_path: Path)
         r.hset(hashed, mapping={"value": '"x"', "confidence": "1.0", "last_updated": "5"})
         r.hset(profile, mapping={"version": "1", "profile": "{}"})
         dry = migrate_user_keys(r, org, dry_run=True)
-        assert dry.preferences_moved == 2 and r.exists(plain, upper) == 2
+        # the server may hold other legacy keys (a shared test database): count ours only
+        assert dry.preferences_moved >= 2 and r.exists(plain, upper) == 2
         assert dry.profiles_moved == [f"U-Narrow-{tag}"]
         done = migrate_user_keys(r, org)
-        assert done.to_dict()["users_moved"] == sorted([old_a, old_b])
+        assert {old_a, old_b} <= set(done.to_dict()["users_moved"])
         assert f"h~{tag}" in done.left_alone and r.exists(hashed) == 1
         assert r.exists(plain, upper) == 0
         assert r.exists(f"cmp:{{org:{org}}}:user:u-narrow-{tag}") == 1

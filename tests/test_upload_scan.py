@@ -29,20 +29,18 @@ from test_service import cleanup_service_keys, service_settings
 
 from context_core.access.compliance import find_blocked
 from context_core.config import Settings, get_settings
-from context_core.gateway.sanitize import Gateway
-from context_core.ingest.clamd import (
-    ClamdScanner,
+from context_core.errors import (
     ScannerUnavailableError,
-    ScanVerdict,
-    parse_clamd_url,
-)
-from context_core.ingest.pipeline import read_quarantine_history
-from context_core.ingest.upload import (
     UnsupportedUploadTypeError,
     UploadBlockedError,
     UploadInfectedError,
     UploadTooLargeError,
     UploadUnreadableError,
+)
+from context_core.gateway.sanitize import Gateway
+from context_core.ingest.clamd import ClamdScanner, ScanVerdict, parse_clamd_url
+from context_core.ingest.pipeline import read_quarantine_history
+from context_core.ingest.upload import (
     decode_text,
     parse_keywords,
     quarantine_dir,
@@ -491,7 +489,7 @@ def test_the_scanner_speaks_to_clamd(clamd_url: str) -> None:
 def test_clamd_stream_limit_is_413(tmp_path: Path) -> None:
     try:
         with running_clamd(tmp_path, stream_max="1K") as (url, _proc):
-            from context_core.ingest.clamd import ScannerLimitError
+            from context_core.errors import ScannerLimitError
 
             with pytest.raises(ScannerLimitError):
                 ClamdScanner(url, timeout_s=10).scan(b"x" * 200_000)

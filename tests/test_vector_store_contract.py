@@ -127,7 +127,7 @@ def test_store_satisfies_protocol(store: VectorStore) -> None:
 
 def test_search_matches_exact_cosine_order(filled: VectorStore) -> None:
     for q in QUERIES:
-        hits = filled.search(COLL, q, limit=5)
+        hits = filled.search(q, SearchQuery(COLL, 5))
         assert [h.id for h in hits] == _expected(q)
         # scores are cosine similarities (higher = closer), not distances
         assert hits[0].score == pytest.approx(float(VECS[IDS.index(hits[0].id)] @ q), abs=1e-4)
@@ -135,7 +135,7 @@ def test_search_matches_exact_cosine_order(filled: VectorStore) -> None:
 
 
 def test_identical_vector_scores_one(filled: VectorStore) -> None:
-    hits = filled.search(COLL, VECS[42], limit=1)
+    hits = filled.search(VECS[42], SearchQuery(COLL, 1))
     assert hits[0].id == IDS[42]
     assert hits[0].score == pytest.approx(1.0, abs=1e-4)
     assert hits[0].payload["text"] == "chunk 42"
@@ -145,7 +145,7 @@ def test_identical_vector_scores_one(filled: VectorStore) -> None:
 def test_equality_filter(filled: VectorStore) -> None:
     mask = np.array([i % 3 == 1 for i in range(N)])  # FAN
     for q in QUERIES[:10]:
-        hits = filled.search(COLL, q, limit=5, filter={"section": "FAN"})
+        hits = filled.search(q, SearchQuery(COLL, 5, filter={"section": "FAN"}))
         assert [h.id for h in hits] == _expected(q, mask)
         assert {h.payload["section"] for h in hits} == {"FAN"}
 
@@ -154,12 +154,14 @@ def test_any_of_and_range_filters(filled: VectorStore) -> None:
     sources = ["page-3", "page-17", "page-22"]
     mask = np.array([f"page-{i // 10}" in sources for i in range(N)])
     q = QUERIES[0]
-    hits = filled.search(COLL, q, limit=7, filter={"source": sources})
+    hits = filled.search(q, SearchQuery(COLL, 7, filter={"source": sources}))
     assert [h.id for h in hits] == _expected(q, mask, k=7)
 
     # range: expires_at < 1050 -> points 0..49; combined with a section
     mask = np.array([1_000.0 + i < 1_050.0 and i % 3 == 0 for i in range(N)])
-    hits = filled.search(COLL, q, limit=4, filter={"expires_at": {"lt": 1050}, "section": "PUMP"})
+    hits = filled.search(
+        q, SearchQuery(COLL, 4, filter={"expires_at": {"lt": 1050}, "section": "PUMP"})
+    )
     assert [h.id for h in hits] == _expected(q, mask, k=4)
     assert filled.count(COLL, filter={"expires_at": {"gte": 1_290}}) == 10
     assert filled.count(COLL, filter={"expires_at": {"gt": 1_010, "lte": 1_020}}) == 10
@@ -167,7 +169,7 @@ def test_any_of_and_range_filters(filled: VectorStore) -> None:
 
 def test_exact_search_equals_default(filled: VectorStore) -> None:
     q = QUERIES[3]
-    assert [h.id for h in filled.search(COLL, q, limit=5, exact=True)] == _expected(q)
+    assert [h.id for h in filled.search(q, SearchQuery(COLL, 5, exact=True))] == _expected(q)
 
 
 def test_upsert_same_id_overwrites(filled: VectorStore) -> None:
@@ -224,14 +226,14 @@ def test_model_mismatch_is_an_error(filled: VectorStore) -> None:
     with pytest.raises(ModelMismatchError, match="16-d"):
         filled.create_collection(COLL, dim=384, model="test-16d")
     with pytest.raises(ModelMismatchError, match="8-d vector"):
-        filled.search(COLL, np.ones(8, dtype=np.float32))
+        filled.search(np.ones(8, dtype=np.float32), SearchQuery(COLL))
     with pytest.raises(ModelMismatchError):
         filled.upsert(COLL, [PointRecord(IDS[0], [0.1] * 8, {})])
 
 
 def test_bad_requests_are_clear(filled: VectorStore) -> None:
     with pytest.raises(CollectionNotFoundError, match="'nope'"):
-        filled.search("nope", QUERIES[0])
+        filled.search(QUERIES[0], SearchQuery("nope"))
     with pytest.raises(InvalidStoreRequestError, match="not a UUID"):
         filled.upsert(COLL, [PointRecord("not-a-uuid", VECS[0], {})])
     with pytest.raises(InvalidStoreRequestError, match="range operators"):
@@ -258,7 +260,7 @@ def test_edge_reopen_keeps_points_and_model(tmp_path: Path) -> None:
         assert info is not None
         assert (info.model, info.dim, info.count) == ("test-16d", DIM, N)
         q = QUERIES[5]
-        assert [h.id for h in again.search(COLL, q, limit=5)] == _expected(q)
+        assert [h.id for h in again.search(q, SearchQuery(COLL, 5))] == _expected(q)
         with pytest.raises(ModelMismatchError, match="CTX_EMBED_MODEL=test-16d"):
             again.create_collection(COLL, dim=DIM, model="bge-m3")
     finally:
@@ -292,7 +294,7 @@ def test_edge_hnsw_built_after_optimize(tmp_path: Path) -> None:
         status = s.optimize("big")
         assert status.points == n
         assert status.indexed_vectors == n
-        hits = s.search("big", vecs[123], limit=3)
+        hits = s.search(vecs[123], SearchQuery("big", 3))
         assert hits[0].id == ids[123]
         assert hits[0].score == pytest.approx(1.0, abs=1e-2)  # int8 copies + rescoring
     finally:
@@ -309,7 +311,9 @@ def test_edge_search_from_worker_threads(tmp_path: Path) -> None:
         s.upsert(COLL, _records())
 
         def ids_for(j: int) -> list[str]:
-            return [h.id for h in s.search(COLL, QUERIES[j], limit=5, filter={"section": "PUMP"})]
+            return [
+                h.id for h in s.search(QUERIES[j], SearchQuery(COLL, 5, filter={"section": "PUMP"}))
+            ]
 
         serial = [ids_for(j) for j in range(len(QUERIES))]
         with ThreadPoolExecutor(max_workers=4) as pool:
@@ -321,7 +325,7 @@ def test_edge_search_from_worker_threads(tmp_path: Path) -> None:
 
 def test_open_store_picks_backend(tmp_path: Path) -> None:
     from context_core.config import get_settings
-    from context_core.knowledge.store import open_store
+    from context_core.knowledge import open_store
 
     edge = open_store(get_settings(data_dir=tmp_path / "ctx"))
     try:
@@ -357,8 +361,8 @@ class _RecordingClient:
 
 def test_server_collections_carry_the_cluster_placement_from_settings(tmp_path: Path) -> None:
     from context_core.config import get_settings
+    from context_core.knowledge import open_store
     from context_core.knowledge.server import collection_placement
-    from context_core.knowledge.store import open_store
 
     settings = get_settings(
         data_dir=tmp_path / "ctx",
@@ -494,7 +498,7 @@ def _rrf_expected(q: np.ndarray, sq: SparseVector, k: int, n: int) -> list[str]:
 
 def test_sparse_search_is_bm25_with_idf(hybrid: VectorStore) -> None:
     for sq, q in zip(SPARSE_QUERIES, QUERIES, strict=True):
-        hits = hybrid.search(HYB, q, limit=5, mode="sparse", sparse=sq)
+        hits = hybrid.search(q, SearchQuery(HYB, 5, mode="sparse"), sparse=sq)
         bm = _bm25(sq)
         expected = [IDS[i] for i in np.argsort(-bm, kind="stable")[:5] if bm[i] > 0]
         assert [h.id for h in hits] == expected
@@ -507,7 +511,7 @@ def test_sparse_search_is_bm25_with_idf(hybrid: VectorStore) -> None:
 
 def test_hybrid_rrf_hits_carry_cosine_sparse_score_and_rank(hybrid: VectorStore) -> None:
     for sq, q in zip(SPARSE_QUERIES, QUERIES, strict=True):
-        hits = hybrid.search(HYB, q, limit=5, mode="hybrid", fusion="rrf", sparse=sq)
+        hits = hybrid.search(q, SearchQuery(HYB, 5, mode="hybrid", fusion="rrf"), sparse=sq)
         assert [h.id for h in hits] == _rrf_expected(q, sq, 5, n=50)
         bm = _bm25(sq)
         for r, h in enumerate(hits, 1):
@@ -524,7 +528,7 @@ def test_hybrid_weighted_fusion(hybrid: VectorStore) -> None:
 
     w = defaults.HYBRID_DENSE_WEIGHT
     for sq, q in zip(SPARSE_QUERIES[:8], QUERIES[:8], strict=True):
-        hits = hybrid.search(HYB, q, limit=5, mode="hybrid", fusion="weighted", sparse=sq)
+        hits = hybrid.search(q, SearchQuery(HYB, 5, mode="hybrid", fusion="weighted"), sparse=sq)
         cos, bm = VECS @ q, _bm25(sq)
         cand = set(np.argsort(-cos, kind="stable")[:50].tolist())
         cand |= {i for i in np.argsort(-bm, kind="stable")[:50].tolist() if bm[i] > 0}
@@ -536,9 +540,13 @@ def test_hybrid_weighted_fusion(hybrid: VectorStore) -> None:
 
 def test_hybrid_respects_filters(hybrid: VectorStore) -> None:
     sq, q = SPARSE_QUERIES[3], QUERIES[3]
-    hits = hybrid.search(HYB, q, limit=8, mode="hybrid", sparse=sq, filter={"section": "FAN"})
+    hits = hybrid.search(
+        q, SearchQuery(HYB, 8, mode="hybrid", filter={"section": "FAN"}), sparse=sq
+    )
     assert hits and all(h.payload["section"] == "FAN" for h in hits)
-    hits = hybrid.search(HYB, q, limit=8, mode="sparse", sparse=sq, filter={"section": "FAN"})
+    hits = hybrid.search(
+        q, SearchQuery(HYB, 8, mode="sparse", filter={"section": "FAN"}), sparse=sq
+    )
     assert hits and all(h.payload["section"] == "FAN" for h in hits)
 
 
@@ -564,11 +572,11 @@ def test_dense_only_collection_unchanged_in_every_mode(filled: VectorStore) -> N
     # sparse vectors sent to a dense-only collection are ignored, not an error
     filled.upsert(COLL, [PointRecord(IDS[0], VECS[0], _payload(0), SPARSE[1])])
     for q, sq in zip(QUERIES, SPARSE_QUERIES, strict=True):
-        dense = filled.search(COLL, q, limit=5)
+        dense = filled.search(q, SearchQuery(COLL, 5))
         assert [h.id for h in dense] == _expected(q)
         assert [h.rank for h in dense] == [1, 2, 3, 4, 5]
         for mode in ("sparse", "hybrid"):
-            hits = filled.search(COLL, q, limit=5, mode=mode, sparse=sq)
+            hits = filled.search(q, SearchQuery(COLL, 5, mode=mode), sparse=sq)
             assert [h.id for h in hits] == [h.id for h in dense]
             assert [h.score for h in hits] == pytest.approx([h.score for h in dense], abs=1e-6)
             assert all(h.sparse_score is None for h in hits)
@@ -576,9 +584,11 @@ def test_dense_only_collection_unchanged_in_every_mode(filled: VectorStore) -> N
 
 def test_unknown_mode_is_refused(hybrid: VectorStore) -> None:
     with pytest.raises(InvalidStoreRequestError, match="retrieval mode"):
-        hybrid.search(HYB, QUERIES[0], mode="bm42", sparse=SPARSE_QUERIES[0])
+        hybrid.search(QUERIES[0], SearchQuery(HYB, mode="bm42"), sparse=SPARSE_QUERIES[0])
     with pytest.raises(InvalidStoreRequestError, match="fusion"):
-        hybrid.search(HYB, QUERIES[0], mode="hybrid", fusion="max", sparse=SPARSE_QUERIES[0])
+        hybrid.search(
+            QUERIES[0], SearchQuery(HYB, mode="hybrid", fusion="max"), sparse=SPARSE_QUERIES[0]
+        )
 
 
 def test_migration_adds_sparse_without_touching_dense(filled: VectorStore) -> None:
@@ -596,9 +606,9 @@ def test_migration_adds_sparse_without_touching_dense(filled: VectorStore) -> No
     assert info is not None and (info.sparse, info.count) == (SPARSE_MODEL, N)
     sq, q = SPARSE_QUERIES[0], QUERIES[0]
     bm = _bm25(sq)
-    hits = filled.search(COLL, q, limit=5, mode="sparse", sparse=sq)
+    hits = filled.search(q, SearchQuery(COLL, 5, mode="sparse"), sparse=sq)
     assert [h.id for h in hits] == [IDS[i] for i in np.argsort(-bm, kind="stable")[:5]]
-    assert [h.id for h in filled.search(COLL, q, limit=5)] == _expected(q)  # dense unchanged
+    assert [h.id for h in filled.search(q, SearchQuery(COLL, 5))] == _expected(q)  # dense unchanged
     with pytest.raises(ModelMismatchError, match="sparse"):
         filled.enable_sparse(COLL, "another-sparse")
 
@@ -619,7 +629,7 @@ def test_search_batch_mixes_modes_and_collections(hybrid: VectorStore) -> None:
     )
     assert isinstance(got[0], list) and [h.id for h in got[0]] == _rrf_expected(q, sq, 5, 50)
     assert isinstance(got[1], list) and [h.id for h in got[1]] == [
-        h.id for h in hybrid.search("dense-only", q, limit=3)
+        h.id for h in hybrid.search(q, SearchQuery("dense-only", 3))
     ]
     assert isinstance(got[2], CollectionNotFoundError)
 
@@ -638,10 +648,10 @@ def test_edge_reopen_keeps_sparse(tmp_path: Path) -> None:
         assert info is not None and info.sparse == SPARSE_MODEL
         sq = SPARSE_QUERIES[4]
         bm = _bm25(sq)
-        hits = again.search(COLL, QUERIES[4], limit=5, mode="sparse", sparse=sq)
+        hits = again.search(QUERIES[4], SearchQuery(COLL, 5, mode="sparse"), sparse=sq)
         assert [h.id for h in hits] == [IDS[i] for i in np.argsort(-bm, kind="stable")[:5]]
         again.optimize(COLL)
-        hits = again.search(COLL, QUERIES[4], limit=5, mode="sparse", sparse=sq)
+        hits = again.search(QUERIES[4], SearchQuery(COLL, 5, mode="sparse"), sparse=sq)
         assert [h.id for h in hits] == [IDS[i] for i in np.argsort(-bm, kind="stable")[:5]]
     finally:
         again.close()
@@ -650,19 +660,21 @@ def test_edge_reopen_keeps_sparse(tmp_path: Path) -> None:
 def test_repeated_sparse_query_sees_every_write(hybrid: VectorStore) -> None:
     """The Edge backend keeps sparse candidate lists of repeated queries: a write must show."""
     sq, q = SparseVector((VOCAB + 1, VOCAB + 2), (1.0, 1.0)), QUERIES[6]
-    assert hybrid.search(HYB, q, limit=3, mode="sparse", sparse=sq) == []
+    assert hybrid.search(q, SearchQuery(HYB, 3, mode="sparse"), sparse=sq) == []
     new = point_id("new-page", 0)
     hybrid.upsert(HYB, [PointRecord(new, VECS[0], _payload(0), SparseVector((VOCAB + 1,), (1.0,)))])
     for _ in range(2):  # asked twice: the second answer may come from the cache
-        hits = hybrid.search(HYB, q, limit=3, mode="sparse", sparse=sq)
+        hits = hybrid.search(q, SearchQuery(HYB, 3, mode="sparse"), sparse=sq)
         assert [h.id for h in hits] == [new]
-        hits = hybrid.search(HYB, q, limit=3, mode="hybrid", sparse=sq, filter={"section": "PUMP"})
+        hits = hybrid.search(
+            q, SearchQuery(HYB, 3, mode="hybrid", filter={"section": "PUMP"}), sparse=sq
+        )
         assert new in [h.id for h in hits]
     hybrid.set_sparse(HYB, [(IDS[1], SparseVector((VOCAB + 2,), (3.0,)))])
-    hits = hybrid.search(HYB, q, limit=3, mode="sparse", sparse=sq)
+    hits = hybrid.search(q, SearchQuery(HYB, 3, mode="sparse"), sparse=sq)
     assert [h.id for h in hits] == [IDS[1], new]
     hybrid.delete(HYB, ids=[new])
-    hits = hybrid.search(HYB, q, limit=3, mode="sparse", sparse=sq)
+    hits = hybrid.search(q, SearchQuery(HYB, 3, mode="sparse"), sparse=sq)
     assert [h.id for h in hits] == [IDS[1]]
 
 
@@ -675,30 +687,30 @@ def test_edge_keeps_answers_until_the_next_write_and_never_serves_a_stale_one(
     s = EdgeStore(tmp_path / "qdrant")
     try:
         s.create_collection(COLL, dim=DIM, model="test-16d")
-        assert s.search(COLL, QUERIES[0], limit=5) == []  # empty: answered without a search
+        assert s.search(QUERIES[0], SearchQuery(COLL, 5)) == []  # empty: answered without a search
         s.upsert(COLL, _records())
         q = QUERIES[0]
-        first = s.search(COLL, q, limit=5, filter={"section": "PUMP"})
-        again = s.search(COLL, q, limit=5, filter={"section": "PUMP"})
+        first = s.search(q, SearchQuery(COLL, 5, filter={"section": "PUMP"}))
+        again = s.search(q, SearchQuery(COLL, 5, filter={"section": "PUMP"}))
         assert [h.id for h in again] == [h.id for h in first]
         assert [h.score for h in again] == [h.score for h in first]
         assert s.answer_cache_stats(COLL)["hits"] == 1
         again[0].payload["text"] = "changed by a caller"  # a copy: the kept answer is intact
-        assert s.search(COLL, q, limit=5, filter={"section": "PUMP"})[0].payload["text"] != (
+        assert s.search(q, SearchQuery(COLL, 5, filter={"section": "PUMP"}))[0].payload["text"] != (
             "changed by a caller"
         )
         # a write: the next search sees it (a new point nearest to the query)
         new = point_id("page-new", 0)
         s.upsert(COLL, [PointRecord(new, q, {**_payload(0), "section": "PUMP"})])
-        after = s.search(COLL, q, limit=5, filter={"section": "PUMP"})
+        after = s.search(q, SearchQuery(COLL, 5, filter={"section": "PUMP"}))
         assert after[0].id == new
         s.delete(COLL, ids=[new])
-        assert s.search(COLL, q, limit=5, filter={"section": "PUMP"})[0].id != new
+        assert s.search(q, SearchQuery(COLL, 5, filter={"section": "PUMP"}))[0].id != new
         # a time-dependent filter (a range) is searched every time
         before = s.answer_cache_stats(COLL)
         for _ in range(2):
-            s.search(COLL, q, limit=5, filter={"expires_at": {"gt": 1_100.0}})
+            s.search(q, SearchQuery(COLL, 5, filter={"expires_at": {"gt": 1_100.0}}))
         assert s.answer_cache_stats(COLL)["hits"] == before["hits"]
-        assert [h.id for h in s.search(COLL, q, limit=5)] == _expected(q)
+        assert [h.id for h in s.search(q, SearchQuery(COLL, 5))] == _expected(q)
     finally:
         s.close()

@@ -13,11 +13,16 @@ import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from context_app.airflow_deploy import DEFAULT_PG_URL
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from context_app.airflow_deploy import ScheduledRun
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -198,14 +203,7 @@ def refresh(
     export (the run writes <CTX_REPORTS_DIR>/ingest_summary.json too).
     """
     from rich.console import Console
-    from rich.table import Table
 
-    from context_app.airflow_deploy import (
-        AirflowDeployError,
-        temporary_deployment,
-        trigger_and_wait,
-    )
-    from context_app.airflow_local import AirflowRunError, LocalAirflow, default_dags_folder
     from context_core.sample_data import sample_export_path
 
     console = Console()
@@ -227,6 +225,33 @@ def refresh(
     conf: dict[str, Any] = {"export_path": str(source)}
     if collection:
         conf["collection"] = collection
+    run, summary = _refresh_under_scheduler(
+        console, home, conf, env=env, pg_url=pg_url, keep_db=keep_db, timeout=timeout
+    )
+    queued_to_end = _print_scheduled_run(console, run, summary, home)
+    if compare_dag_test:
+        _compare_with_dag_test(console, home, conf, run, queued_to_end)
+
+
+def _refresh_under_scheduler(
+    console: Console,
+    home: Path,
+    conf: dict[str, Any],
+    *,
+    env: dict[str, str],
+    pg_url: str,
+    keep_db: bool,
+    timeout: float,
+) -> tuple[ScheduledRun, Any]:
+    """Start a temporary deployment, trigger knowledge_refresh, wait; the run and (on
+    success) the embed_upsert XCom, the refresh summary."""
+    from context_app.airflow_deploy import (
+        AirflowDeployError,
+        temporary_deployment,
+        trigger_and_wait,
+    )
+
+    source = conf["export_path"]
     console.print(f"starting Airflow in {home / 'deployment'} (process logs there: *.log)")
     try:
         with temporary_deployment(
@@ -244,6 +269,16 @@ def refresh(
                 summary = api.xcom("knowledge_refresh", run.run_id, "embed_upsert")
     except AirflowDeployError as e:
         raise _fail(str(e)) from e
+    return run, summary
+
+
+def _print_scheduled_run(console: Console, run: ScheduledRun, summary: Any, home: Path) -> float:
+    """The tasks' states and times and the summary's counts; the run's queued -> end seconds.
+
+    Fails (exit 1) when the run did not succeed with a summary.
+    """
+    from rich.table import Table
+
     tasks = ", ".join(
         f"{t}={s} ({run.task_seconds.get(t) or 0:.1f} s)" for t, s in run.tasks.items()
     )
@@ -268,38 +303,47 @@ def refresh(
         f"scheduler: trigger -> success {run.wall_seconds:.1f} s wall "
         f"(queued -> end {queued_to_end:.1f} s as recorded by Airflow)"
     )
-    if compare_dag_test:
-        local = LocalAirflow(
-            home=home / "dag-test-home",
-            dags_folder=default_dags_folder(),
-            extra_env={
-                "CTX_DATA_DIR": str(home / "dagtest-ctx"),
-                "CTX_REPORTS_DIR": str(home / "dagtest-reports"),
-            },
+    return queued_to_end
+
+
+def _compare_with_dag_test(
+    console: Console, home: Path, conf: dict[str, Any], run: ScheduledRun, queued_to_end: float
+) -> None:
+    """Time dag.test() of knowledge_refresh on the same export (fresh scratch dirs); print
+    both runs' times, the last line as JSON."""
+    from context_app.airflow_local import AirflowRunError, LocalAirflow, default_dags_folder
+
+    local = LocalAirflow(
+        home=home / "dag-test-home",
+        dags_folder=default_dags_folder(),
+        extra_env={
+            "CTX_DATA_DIR": str(home / "dagtest-ctx"),
+            "CTX_REPORTS_DIR": str(home / "dagtest-reports"),
+        },
+    )
+    try:
+        with console.status("dag.test() knowledge_refresh (SQLite home, one process)"):
+            local.prepare()
+            started = time.perf_counter()
+            out = local.run("knowledge_refresh", conf=conf, log_path=home / "dag-test.log")
+            wall = time.perf_counter() - started
+    except AirflowRunError as e:
+        raise _fail(str(e)) from e
+    r = out.get("run", {})
+    console.print(
+        f"dag.test(): {r.get('state')} in {wall:.1f} s wall (interpreter start + DagBag "
+        f"parse + run; run itself {r.get('seconds') or 0:.1f} s)"
+    )
+    print(
+        json.dumps(
+            {
+                "scheduler_wall_s": round(run.wall_seconds, 2),
+                "scheduler_queued_to_end_s": round(queued_to_end, 2),
+                "dag_test_wall_s": round(wall, 2),
+                "dag_test_run_s": r.get("seconds"),
+            }
         )
-        try:
-            with console.status("dag.test() knowledge_refresh (SQLite home, one process)"):
-                local.prepare()
-                started = time.perf_counter()
-                out = local.run("knowledge_refresh", conf=conf, log_path=home / "dag-test.log")
-                wall = time.perf_counter() - started
-        except AirflowRunError as e:
-            raise _fail(str(e)) from e
-        r = out.get("run", {})
-        console.print(
-            f"dag.test(): {r.get('state')} in {wall:.1f} s wall (interpreter start + DagBag "
-            f"parse + run; run itself {r.get('seconds') or 0:.1f} s)"
-        )
-        print(
-            json.dumps(
-                {
-                    "scheduler_wall_s": round(run.wall_seconds, 2),
-                    "scheduler_queued_to_end_s": round(queued_to_end, 2),
-                    "dag_test_wall_s": round(wall, 2),
-                    "dag_test_run_s": r.get("seconds"),
-                }
-            )
-        )
+    )
 
 
 def _seconds_between(start: str | None, end: str | None) -> float:

@@ -315,6 +315,7 @@ def export_candidates_cmd(
 
     Fill 'label' with 1 (relevant) or 0, then run `ctx eval calibrate <file>`.
     """
+    from context_core.knowledge.store import SearchQuery
     from context_core.platform import build_platform
     from evaluation.labels import export_candidates, read_queries, write_candidates_csv
 
@@ -330,7 +331,8 @@ def export_candidates_cmd(
                 raise _fail(f"collection {name!r} does not exist; run `ctx ingest` first")
 
             def search(text: str, limit: int) -> Any:
-                return store.search(name, encoder.encode_query(text).tolist(), limit=limit)
+                vec = encoder.encode_query(text).tolist()
+                return store.search(vec, SearchQuery(name, limit))
 
             rows = export_candidates(qs, search, k=k)
         path = write_candidates_csv(rows, out)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from context_core.errors import ContextError
+
+if TYPE_CHECKING:
+    from context_core.ingest.pipeline import RefreshSummary
 
 
 def _fail(message: str) -> typer.Exit:
@@ -64,9 +67,6 @@ def ingest(
     check stops the run before anything is written. Remove a whole space with
     `ctx remove-space KEY`.
     """
-    from rich.console import Console
-    from rich.table import Table
-
     from context_core.ingest.pipeline import job_settings, run_refresh
 
     if not path.exists():
@@ -86,6 +86,13 @@ def ingest(
         )
     except ContextError as e:
         raise _fail(str(e)) from e
+    _print_summary(summary, settings.reports_dir / "ingest_summary.json")
+
+
+def _print_summary(summary: RefreshSummary, summary_file: Path) -> None:
+    """The run's counts and stage times as a table, then where its reports are."""
+    from rich.console import Console
+    from rich.table import Table
 
     table = Table(title=f"ingest {summary.export_path} -> {summary.collection} ({summary.model})")
     table.add_column("what")
@@ -111,7 +118,7 @@ def ingest(
     table.add_row("total s", f"{summary.total_seconds:.2f}")
     console = Console()
     console.print(table)
-    console.print(f"summary: {settings.reports_dir / 'ingest_summary.json'}")
+    console.print(f"summary: {summary_file}")
     if not summary.complete:
         console.print(
             "partial export (no space index): pages missing from it were kept, none deleted"
@@ -176,11 +183,11 @@ def hot_merge() -> None:
     """
     from rich.console import Console
 
-    from context_core.ingest.hot import run_merge
     from context_core.ingest.pipeline import job_settings
+    from context_core.platform import run_hot_merge
 
     try:
-        summary = run_merge(job_settings())
+        summary = run_hot_merge(job_settings())
     except ContextError as e:
         raise _fail(str(e)) from e
     Console().print(summary.to_dict())
@@ -206,7 +213,7 @@ def add_sparse(
 
     from context_core.ingest.add_sparse import add_sparse_vectors
     from context_core.ingest.pipeline import job_settings
-    from context_core.knowledge.store import open_store
+    from context_core.knowledge import open_store
 
     console = Console()
     try:

@@ -22,8 +22,10 @@ import typer
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+    from rich.console import Console
 
     from context_core.gateway.sanitize import Gateway
+    from loadtests.campaign import CampaignResult
 
 PROFILES_HELP = (
     "short_sessions (1,000 QPS, 2.3 min sessions), long_sessions (100 QPS, 47 min), "
@@ -274,7 +276,6 @@ def loadtest(
     that gates on their summed stats (flushed by every worker before each sample).
     """
     from rich.console import Console
-    from rich.table import Table
 
     from context_core.config import get_settings
     from context_core.errors import ConfigError
@@ -307,6 +308,14 @@ def loadtest(
     except ConfigError as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
+    _print_campaign(console, res, profile, fault)
+    raise typer.Exit(0 if res.passed else 1)
+
+
+def _print_campaign(console: Console, res: CampaignResult, profile: str, fault: str | None) -> None:
+    """The SLO gates (and a fault drill's checks) as a table, the notes, reports, verdict."""
+    from rich.table import Table
+
     table = Table(title=f"SLO gates: {profile}" + (f" (fault {fault})" if fault else ""))
     for col in ("gate", "target", "achieved", "result"):
         table.add_column(col)
@@ -323,4 +332,3 @@ def loadtest(
     console.print(f"report: {res.report}\nhtml:   {res.html}")
     verdict = "[green]PASS[/]" if res.passed else "[red]FAIL[/]"
     console.print(f"verdict: {verdict}")
-    raise typer.Exit(0 if res.passed else 1)

@@ -34,10 +34,10 @@ def migrate_user_keys(
     (counts and ids, never values)."""
     import json as _json
 
+    from context_core.access.user_keys_migration import migrate_user_keys as migrate
     from context_core.config import get_settings
     from context_core.errors import ContextError
     from context_core.platform import build_platform
-    from context_core.working_memory.user_keys_migration import migrate_user_keys as migrate
 
     settings = get_settings()
     try:

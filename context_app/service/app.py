@@ -1,8 +1,8 @@
-"""The context service: FastAPI app factory and the ops endpoints.
+"""The context service: the FastAPI app factory.
 
 Stateless by design: L1 travels (signed) in every request, L2/L3 live in Redis/Qdrant, so
-instances scale out behind a balancer. The session and context endpoints are in
-:mod:`.sessions_api`, error bodies in :mod:`.errors_map` (one handler maps every platform
+instances scale out behind a balancer. The endpoints are in :mod:`.routes` (one router per
+resource, included here), error bodies in :mod:`.errors_map` (one handler maps every platform
 error by its class), the body guard and request metrics in :mod:`.middleware`, and the
 dependencies (services, calling agent) in :mod:`.http_deps`.
 
@@ -25,23 +25,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import FastAPI
 
-from context_app.service.agent_api import install_agent_routes
-from context_app.service.compliance_api import install_compliance_routes
 from context_app.service.deps import Services, build_services
-from context_app.service.direct_route import DirectRoute, direct_routes_first
+from context_app.service.direct_route import direct_routes_first
 from context_app.service.errors_map import install_handlers, json_response, validation_body
-from context_app.service.http_deps import Svc
 from context_app.service.idle import sweep_idle_once
-from context_app.service.metrics import CONTENT_TYPE_LATEST
 from context_app.service.middleware import BodyLimit, LoadGauge, LoadShed, RequestMetrics
-from context_app.service.models import HealthResponse, IntentOut, ReadyResponse
-from context_app.service.sessions_api import install_session_routes
-from context_app.service.uploads_api import install_upload_routes, upload_raw_bodies
+from context_app.service.routes import OPENAPI_PATHS, ROUTERS
+from context_app.service.routes.uploads import upload_raw_bodies
 from context_core.config import Settings, get_settings
-from context_core.redis.connection import REDIS_ERRORS
 
 __all__ = ["create_app", "json_response", "validation_body"]
 
@@ -127,11 +120,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Layered context (L1 session, L2 working memory, L3 knowledge) for agents.",
         lifespan=lifespan,
     )
-    # the hot endpoints skip FastAPI's generic dependency solver when every parameter is
-    # fine (anything else is answered by FastAPI's own handler): see .direct_route
-    app.router.route_class = DirectRoute
     install_handlers(app)
-    _install_routes(app)
+    # the routers' routes skip FastAPI's generic dependency solver when every parameter is
+    # fine (anything else is answered by FastAPI's own handler): see .direct_route
+    for router in ROUTERS:
+        app.include_router(router)
     gauge = LoadGauge.from_settings(settings)
     app.state.load = gauge
     app.add_middleware(RequestMetrics, get_services=lambda: holder.get("svc"))
@@ -140,15 +133,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     # outermost: a shed request costs no body read, no routing, no thread
     app.add_middleware(LoadShed, gauge=gauge, get_services=lambda: holder.get("svc"))
-    install_upload_routes(app)
     _direct_routes_searched_first(app)
     return app
 
 
 def _direct_routes_searched_first(app: FastAPI) -> None:
-    """The router tries the hot (direct) routes first; the OpenAPI document still lists the
-    paths in the order they were declared."""
-    declared = {id(r): i for i, r in enumerate(app.router.routes)}
+    """The router tries the hot (direct) routes first; the OpenAPI document lists the paths in
+    their published order (:data:`.routes.OPENAPI_PATHS`), the others in the order included."""
+    rank = {path: i for i, path in enumerate(OPENAPI_PATHS)}
+    included = sorted(app.router.routes, key=lambda r: rank.get(getattr(r, "path", ""), len(rank)))
+    declared = {id(r): i for i, r in enumerate(included)}
     direct_routes_first(app.router.routes)
     generate = app.openapi
 
@@ -163,95 +157,3 @@ def _direct_routes_searched_first(app: FastAPI) -> None:
         return app.openapi_schema  # type: ignore[return-value]
 
     app.openapi = openapi  # type: ignore[method-assign]
-
-
-def _clamd_status(settings: Settings) -> str:
-    """The upload scanner as readiness reports it, without failing readiness: only uploads
-    need it, and they refuse (503) by themselves while it is down."""
-    if not settings.clamd_url:
-        return "not configured"
-    from context_core.ingest.clamd import ClamdScanner
-
-    try:
-        ClamdScanner(settings.clamd_url, timeout_s=min(1.0, settings.clamd_timeout_s)).ping()
-    except Exception as e:  # unreachable, refused, timed out: said, never raised
-        return f"unavailable: {type(e).__name__}"
-    return "ok"
-
-
-def _install_routes(app: FastAPI) -> None:
-    @app.get("/healthz", tags=["ops"], response_model=HealthResponse)
-    async def healthz() -> Response:
-        """Liveness: the process answers. Never touches a backend and runs on the event loop,
-        so it answers even while every worker thread is stuck on a hung Redis."""
-        return Response(b'{"status":"ok"}', media_type="application/json")
-
-    def readiness(svc: Services) -> tuple[dict[str, Any], bool]:
-        checks: dict[str, Any] = {}
-        ok = True
-        try:
-            svc.redis.ping()  # bounded by CTX_SERVICE_REDIS_TIMEOUT_S
-            checks["redis"] = "ok"
-            sync = getattr(svc.namespaces, "acl_sync", None)
-            if sync is not None:  # Redis restarted empty or flushed: grants come back here
-                checks["acl"] = "resynced" if sync.check(force=True) else "ok"
-        except REDIS_ERRORS as e:
-            ok = False
-            checks["redis"] = f"unreachable: {type(e).__name__}: {e}"
-        try:
-            name = svc.settings.collection_main
-            checks["qdrant"] = "ok"
-            checks["knowledge_points"] = svc.store.count(name) if svc.store.info(name) else 0
-        except Exception as e:  # any store failure means not ready
-            ok = False
-            checks["qdrant"] = f"unreachable: {type(e).__name__}: {e}"
-        checks["clamd"] = _clamd_status(svc.settings)  # reported; uploads fail closed alone
-        checks["status"] = "ready" if ok else "not_ready"
-        return checks, ok
-
-    @app.get(
-        "/readyz",
-        tags=["ops"],
-        response_model=ReadyResponse,
-        responses={503: {"model": ReadyResponse, "description": "a backend is down"}},
-    )
-    async def readyz(request: Request, svc: Svc) -> Response:
-        """Readiness: Redis answers PING (within the service's Redis timeout), the namespace
-        ACLs are present (re-synced if Redis lost them) and the vector store answers a count.
-        Runs on its own two threads, never queued behind stuck request threads."""
-        import anyio.to_thread
-
-        limiter = getattr(request.app.state, "ready_limiter", None)
-        checks, ok = await anyio.to_thread.run_sync(readiness, svc, limiter=limiter)
-        return JSONResponse(checks, status_code=200 if ok else 503)
-
-    @app.get(
-        "/metrics",
-        tags=["ops"],
-        response_class=Response,
-        responses={
-            200: {
-                "description": "Prometheus text exposition",
-                "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}},
-            }
-        },
-    )
-    def metrics(request: Request, svc: Svc) -> Response:
-        """Prometheus exposition (the threshold pair in force and the requests in flight are
-        read at scrape time)."""
-        svc.metrics.set_thresholds(svc.router.policy_status())
-        gauge = getattr(request.app.state, "load", None)
-        svc.metrics.sample_process(gauge.inflight if gauge is not None else None)
-        return Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/v1/intents", tags=["context"], response_model=dict[str, IntentOut])
-    def intents(svc: Svc) -> dict[str, Any]:
-        """The step intents ``POST /v1/context`` accepts and the layers each loads."""
-        return {
-            s.name: {"l2": [k.kind for k in s.l2_keys], "l3": s.l3, "about": s.description}
-            for s in svc.registry
-        }
-
-    install_session_routes(app)
-    install_agent_routes(app)
-    install_compliance_routes(app)

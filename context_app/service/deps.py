@@ -81,30 +81,10 @@ class SlowStore:
         self.delay_s = delay_ms / 1000.0
 
     def search(
-        self,
-        name: str,
-        vector: Vector,
-        *,
-        limit: int = 3,
-        filter: Filter | None = None,
-        exact: bool = False,
-        mode: str = "dense",
-        fusion: str = "rrf",
-        sparse: SparseVector | None = None,
-        feedback: int = 0,
+        self, vector: Vector, query: SearchQuery, sparse: SparseVector | None = None
     ) -> list[Hit]:
         blocking(time.sleep, self.delay_s)
-        return self._inner.search(
-            name,
-            vector,
-            limit=limit,
-            filter=filter,
-            exact=exact,
-            mode=mode,
-            fusion=fusion,
-            sparse=sparse,
-            feedback=feedback,
-        )
+        return self._inner.search(vector, query, sparse)
 
     def search_batch(
         self, vector: Vector, queries: Sequence[SearchQuery], sparse: SparseVector | None = None

@@ -32,9 +32,16 @@ class ServiceMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
         self._request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self._layer_children: dict[str, Any] = {}
+        self._http_families(self.registry)
+        self._context_families(self.registry)
+        self._load_families(self.registry)
+        self._process_families(self.registry)
+        self._threshold_families(self.registry)
+
+    def _http_families(self, r: CollectorRegistry) -> None:
+        """Requests by route template, method and status."""
         self.request_seconds = Histogram(
             "ctx_http_request_seconds",
             "HTTP request latency by route template and method",
@@ -48,6 +55,9 @@ class ServiceMetrics:
             ["route", "method", "status"],
             registry=r,
         )
+
+    def _context_families(self, r: CollectorRegistry) -> None:
+        """How context bundles were built: per layer, L3, failures, degraded, L2 misses."""
         self.layer_seconds = Histogram(
             "ctx_layer_seconds",
             "Time spent per memory layer while building a context bundle",
@@ -73,6 +83,12 @@ class ServiceMetrics:
         self.l2_misses = Counter(
             "ctx_l2_misses", "Working-memory keys an intent asked for and did not find", registry=r
         )
+        # pre-create the label sets the SLO gates read, so they export 0 instead of nothing
+        for reason in ("backend", "l2_miss", "error"):
+            self.load_failures.labels(reason=reason)
+
+    def _load_families(self, r: CollectorRegistry) -> None:
+        """Backends down, requests shed and in flight."""
         self.backend_unavailable = Counter(
             "ctx_backend_unavailable",
             "Requests answered 503 because a backend was down",
@@ -92,8 +108,11 @@ class ServiceMetrics:
             registry=r,
             multiprocess_mode="livesum",
         )
-        # Process figures for the long-session leak gate, refreshed by sample_process() at
-        # scrape time and (with several workers) by each worker's own periodic task.
+
+    def _process_families(self, r: CollectorRegistry) -> None:
+        """Process figures for the long-session leak gate, refreshed by sample_process() at
+        scrape time and (with several workers) by each worker's own periodic task; and the
+        background jobs' counts."""
         self.rss = Gauge(
             "ctx_process_rss_bytes",
             "Resident set size of the service process (summed over live workers)",
@@ -118,6 +137,9 @@ class ServiceMetrics:
             "Sessions timed out by the idle sweep (no activity for CTX_SESSION_IDLE_S)",
             registry=r,
         )
+
+    def _threshold_families(self, r: CollectorRegistry) -> None:
+        """The L3 confidence thresholds in force and where they came from."""
         self.threshold = Gauge(
             "ctx_confidence_threshold",
             "Confidence threshold in force for L3 hits (accept / skip), read on every route "
@@ -141,9 +163,6 @@ class ServiceMetrics:
             registry=r,
             multiprocess_mode="mostrecent",
         )
-        # pre-create the label sets the SLO gates read, so they export 0 instead of nothing
-        for reason in ("backend", "l2_miss", "error"):
-            self.load_failures.labels(reason=reason)
 
     def sample_process(self, inflight: int | None = None) -> None:
         """Refresh the per-process gauges (RSS, interpreter blocks, requests in flight)."""

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from context_core.access.identity import DEFAULT_ORG
 from context_core.errors import ConfigError
+from context_core.gateway.identity import DEFAULT_ORG
 
 __all__ = ["AgentKey", "KeyStore", "generate_keys", "hash_key"]
 

@@ -58,7 +58,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from context_core import defaults
 from context_core.access.auth import ORG_PATTERN
-from context_core.access.identity import DEFAULT_ORG
 from context_core.concurrency import blocking
 from context_core.errors import (
     BackendUnavailableError,
@@ -70,6 +69,7 @@ from context_core.errors import (
     ToolNotApprovedError,
     VersionConflictError,
 )
+from context_core.gateway.identity import DEFAULT_ORG
 from context_core.gateway.skeleton import (
     skeleton,
     skeleton_char,
@@ -78,6 +78,7 @@ from context_core.gateway.skeleton import (
 )
 from context_core.redis.connection import REDIS_ERRORS
 from context_core.redis.ops import Op, cmd, execute, ok
+from context_core.working_memory.index import API_PUT_LUA
 from context_core.working_memory.keys import canonical, user_key_id
 
 if TYPE_CHECKING:
@@ -458,7 +459,10 @@ def store_snapshot(sm: SessionMemory, effective: EffectiveProfile) -> str:
     data = wm._gateway.clean(effective.to_snapshot(), where="L2.compliance")
     body = canonical({"stored_at": wm.now(), "data": data})
     wm._write_later(
-        f"SET {key}", wm._api_put_script, keys=[key, sm.index_key], args=[body, wm.default_ttl_s]
+        f"SET {key}",
+        wm.script(API_PUT_LUA),
+        keys=[key, sm.index_key],
+        args=[body, wm.default_ttl_s],
     )
     return key
 
@@ -598,11 +602,17 @@ class RedisComplianceStore(_StoreBase):
     @staticmethod
     def keys(org_id: str, user_id: str | None = None) -> tuple[str, str]:
         """(profile key, audit key) of the org's or a user's record."""
-        base = f"cmp:{{org:{check_org(org_id)}}}"
         if user_id is None:
+            base = f"cmp:{{org:{check_org(org_id)}}}"
             return f"{base}:profile", f"{base}:audit"
-        uid = user_key_id(user_id)
-        return f"{base}:user:{uid}", f"{base}:audit:user:{uid}"
+        return RedisComplianceStore.user_keys(org_id, user_key_id(user_id))
+
+    @staticmethod
+    def user_keys(org_id: str, key_id: str) -> tuple[str, str]:
+        """(profile key, audit key) of a user record stored under ``key_id`` as it is (the
+        canonical key id, or a legacy one that ``ctx migrate-user-keys`` moves)."""
+        base = f"cmp:{{org:{check_org(org_id)}}}"
+        return f"{base}:user:{key_id}", f"{base}:audit:user:{key_id}"
 
     @contextmanager
     def _guard(self, op: str) -> Iterator[None]:

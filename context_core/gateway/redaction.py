@@ -485,6 +485,26 @@ def _cue_edits(
     return edits
 
 
+def _connectors(f: str, lower: str, a: int, glued: bool) -> tuple[int, bool, bool]:
+    """Skip what connects a cue word to its value from ``a`` (``:``, ``=``, quotes, ``%3D``,
+    ``是``...; at most 16 characters): (where the value may start, whether a connector was
+    seen, whether a ``[REDACTED]`` stands there already)."""
+    n, lead, conn = len(f), a, False
+    while a < n and a - lead < 16:
+        if lower.startswith("[redacted]", a):
+            return a, conn, True
+        if lower.startswith(("%3d", "%3a"), a):  # URL-encoded "=" / ":"
+            conn = True
+            a += 3
+            continue
+        if not (f[a] in _LEAD or (glued and f[a] in _QUOTES)):
+            break
+        if f[a] in ":=：＝是为為" or (glued and f[a] == ">"):  # ">": <password>v</password>
+            conn = True
+        a += 1
+    return a, conn, False
+
+
 def _cue_window(
     f: str,
     lower: str,
@@ -506,18 +526,10 @@ def _cue_window(
             break
         glued = a == ce
         lead = a
-        while a < n and a - lead < 16:
-            if lower.startswith("[redacted]", a):
-                return None, a  # this window's value went already
-            if lower.startswith(("%3d", "%3a"), a):  # URL-encoded "=" / ":"
-                after_conn = True
-                a += 3
-                continue
-            if not (f[a] in _LEAD or (glued and f[a] in _QUOTES)):
-                break
-            if f[a] in ":=：＝是为為" or (glued and f[a] == ">"):  # ">": <password>v</password>
-                after_conn = True
-            a += 1
+        a, conn, gone = _connectors(f, lower, a, glued)
+        if gone:
+            return None, a  # this window's value went already
+        after_conn = after_conn or conn
         if a < n and a > lead and f[a].isspace():
             pos = a
             continue  # a lone ":" or "=" between spaces

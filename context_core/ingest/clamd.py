@@ -22,11 +22,14 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
 from context_core import defaults
-from context_core.errors import ContextError, PayloadTooLargeError
+from context_core.errors import (
+    ScannerLimitError,
+    ScannerUnavailableError,
+)
 
 __all__ = [
     "ClamdScanner",
@@ -42,28 +45,6 @@ log = logging.getLogger(__name__)
 CHUNK_BYTES = 64 * 1024
 MAX_REPLY_BYTES = 64 * 1024
 _FOUND = re.compile(r"^stream: (?P<sig>.+) FOUND$")
-
-
-class ScannerUnavailableError(ContextError):
-    """The malware scanner could not give a verdict (unreachable, timed out, failed): the
-    upload is refused, never stored unscanned. Retry after ``retry_after_s``."""
-
-    http_status: ClassVar[int] = 503
-    error_code: ClassVar[str] = "scanner_unavailable"
-
-    def __init__(self, message: str, *, retry_after_s: int = 5) -> None:
-        super().__init__(message)
-        self.retry_after_s = max(1, int(retry_after_s))
-
-    def details(self) -> dict[str, Any]:
-        return {"retry_after_s": self.retry_after_s}
-
-
-class ScannerLimitError(PayloadTooLargeError):
-    """clamd refused the stream as longer than its ``StreamMaxLength``: a retry cannot help,
-    the file is too big for this scanner (413)."""
-
-    error_code: ClassVar[str] = "payload_too_large"
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,10 +36,9 @@ from context_core.knowledge.memory import (
     hot_source,
     resolve_hot_scope,
 )
-from context_core.knowledge.store import PointRecord
+from context_core.knowledge.store import PointRecord, SearchQuery
 
 if TYPE_CHECKING:
-    from context_core.config import Settings
     from context_core.knowledge.memory import KnowledgeMemory
 
 __all__ = [
@@ -51,7 +50,6 @@ __all__ = [
     "merged_point_id",
     "normalise_terms",
     "on_fallback",
-    "run_merge",
 ]
 
 Feedback = Literal["confirmed", "unconfirmed", "rejected"]
@@ -209,7 +207,7 @@ def merge_hot(
             held += 1
             continue
         assert rec.vector is not None
-        near = store.search(main, rec.vector, limit=1, exact=True)
+        near = store.search(rec.vector, SearchQuery(main, 1, exact=True))
         if near and near[0].score >= threshold:
             duplicates += 1
         else:
@@ -237,20 +235,3 @@ def merge_hot(
     if held:
         log.info("hot merge: %d confirmed answer(s) held (private or unauthorised scope)", held)
     return MergeSummary(merged=merged, duplicates=duplicates, expired=expired, kept=kept)
-
-
-def run_merge(settings: Settings, *, now: float | None = None) -> MergeSummary:
-    """The daily job: open the store and encoder from settings, merge, close.
-
-    With ``CTX_REDIS_URL`` set, the namespaces' ACLs are read from it so shared answers by
-    agents still holding ``write`` can merge; without it (an embedded server would be empty)
-    only system answers merge and shared ones wait.
-    """
-    from context_core.platform import build_platform
-
-    # merges into the existing collections (none created); the model without a Redis cache
-    with build_platform(settings, embed_cache=False, ensure_collections=False) as platform:
-        if platform.store.info(settings.collection_hot) is None:
-            return MergeSummary(0, 0, 0, 0)
-        namespaces: AclSource | None = platform.namespaces if settings.redis_url else None
-        return merge_hot(platform.knowledge, now=now, namespaces=namespaces)

@@ -41,6 +41,7 @@ from context_core.fsutil import atomic_write_text
 from context_core.ingest.add_sparse import add_sparse_vectors
 from context_core.ingest.plan import PLAN_SCHEMA as PLAN_SCHEMA  # re-export: was defined here
 from context_core.ingest.plan import (
+    PlannedPoint,
     RefreshPlan,
     load_encoder_lazily,
     new_run_id,
@@ -50,7 +51,6 @@ from context_core.ingest.plan import (
 )
 from context_core.ingest.progress import StageProgress, timed
 from context_core.knowledge.sparse import SparseEncoder
-from context_core.knowledge.store import PointRecord
 
 if TYPE_CHECKING:
     from context_core.gateway.sanitize import Gateway
@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 __all__ = [
     "QUARANTINE_FILE",
     "STAGES",
+    "PlannedPoint",
     "RefreshPlan",
     "RefreshSummary",
     "RemovalSummary",
@@ -129,6 +130,35 @@ class RefreshSummary:
     warnings: int = 0
     quarantine_file: str = ""
 
+    @classmethod
+    def from_plan(
+        cls,
+        plan: RefreshPlan,
+        *,
+        chunks_written: int,
+        chunks_deleted: int,
+        seconds: dict[str, float],
+        quarantine_file: str,
+    ) -> RefreshSummary:
+        """The summary of an applied ``plan``: its identity and page counts, what was written."""
+        return cls(
+            export_path=plan.export_path,
+            collection=plan.collection,
+            model=plan.model,
+            **plan.page_counts(),
+            chunks_written=chunks_written,
+            chunks_deleted=chunks_deleted,
+            seconds={k: round(v, 4) for k, v in seconds.items()},
+            finished_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            run_id=plan.run_id,
+            scopes=dict(plan.scopes),
+            export_kind=plan.export_kind,
+            complete=plan.complete,
+            pages_in_scope=plan.pages_in_scope,
+            warnings=len(plan.warnings),
+            quarantine_file=quarantine_file,
+        )
+
     @property
     def total_seconds(self) -> float:
         return sum(self.seconds.values())
@@ -164,49 +194,12 @@ def apply_refresh(
             if encoder is None:
                 with timed(seconds, "load_model"):
                     encoder = load_encoder_lazily(settings)
-            if encoder.name != plan.model:
-                from context_core.errors import ModelMismatchError
-
-                raise ModelMismatchError(
-                    f"the refresh plan was chunked for model {plan.model!r} but the encoder is "
-                    f"{encoder.name!r}; re-run the plan step with CTX_EMBED_MODEL={encoder.name}"
-                )
-            sparse = SparseEncoder()
+            _check_model(plan, encoder)
             with timed(seconds, "upsert"):
-                store.create_collection(
-                    plan.collection, dim=encoder.dim, model=encoder.name, sparse=sparse.name
-                )
-                info = store.info(plan.collection)
-                if info is not None and info.sparse is not None:
-                    # an existing collection keeps the tokenizer its points were written with
-                    sparse = SparseEncoder.from_name(info.sparse)
-                elif info is not None:
-                    # built before sparse vectors: add them to the stored points first (no
-                    # re-embedding), so every point of the collection has both
-                    add_sparse_vectors(store, plan.collection, sparse)
-            size = settings.embed_batch_size
-            t_embed = bar.stage("embed", len(plan.points))
-            t_upsert = bar.stage("upsert", len(plan.points))
-            for start in range(0, len(plan.points), size):
-                batch = plan.points[start : start + size]
-                with timed(seconds, "embed"):
-                    vectors = encoder.encode(
-                        [pt["payload"]["text"] for pt in batch], batch_size=size
-                    )
-                    sparse_vectors = sparse.encode_documents(
-                        [pt["payload"]["text"] for pt in batch]
-                    )
-                bar.advance(t_embed, len(batch))
-                with timed(seconds, "upsert"):
-                    store.upsert(
-                        plan.collection,
-                        [
-                            PointRecord(id=pt["id"], vector=vec, payload=pt["payload"], sparse=sv)
-                            for pt, vec, sv in zip(batch, vectors, sparse_vectors, strict=True)
-                        ],
-                    )
-                written += len(batch)
-                bar.advance(t_upsert, len(batch))
+                sparse = _prepare_collection(store, plan.collection, encoder)
+            written = _embed_and_upsert(
+                plan, store, encoder, sparse, settings.embed_batch_size, seconds, bar
+            )
         if plan.delete_ids and store.info(plan.collection) is not None:
             with timed(seconds, "upsert"):
                 for start in range(0, len(plan.delete_ids), 1024):
@@ -216,30 +209,72 @@ def apply_refresh(
             with timed(seconds, "upsert"):
                 store.optimize(plan.collection)  # Edge builds HNSW only when asked
 
-    summary = RefreshSummary(
-        export_path=plan.export_path,
-        collection=plan.collection,
-        model=plan.model,
-        pages_seen=plan.pages_seen,
-        pages_new=plan.pages_new,
-        pages_changed=plan.pages_changed,
-        pages_unchanged=plan.pages_unchanged,
-        pages_deleted=plan.pages_deleted,
-        pages_quarantined=len(plan.quarantined),
+    summary = RefreshSummary.from_plan(
+        plan,
         chunks_written=written,
         chunks_deleted=deleted,
-        seconds={k: round(v, 4) for k, v in seconds.items()},
-        finished_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        run_id=plan.run_id,
-        scopes=dict(plan.scopes),
-        export_kind=plan.export_kind,
-        complete=plan.complete,
-        pages_in_scope=plan.pages_in_scope,
-        warnings=len(plan.warnings),
+        seconds=seconds,
         quarantine_file=str(settings.reports_dir / QUARANTINE_FILE),
     )
     write_reports(summary, plan.quarantined, settings.reports_dir, warnings=plan.warnings)
     return summary
+
+
+def _check_model(plan: RefreshPlan, encoder: Encoder) -> None:
+    if encoder.name != plan.model:
+        from context_core.errors import ModelMismatchError
+
+        raise ModelMismatchError(
+            f"the refresh plan was chunked for model {plan.model!r} but the encoder is "
+            f"{encoder.name!r}; re-run the plan step with CTX_EMBED_MODEL={encoder.name}"
+        )
+
+
+def _prepare_collection(store: VectorStore, collection: str, encoder: Encoder) -> SparseEncoder:
+    """Create the collection if missing; the sparse encoder its points are written with."""
+    sparse = SparseEncoder()
+    store.create_collection(collection, dim=encoder.dim, model=encoder.name, sparse=sparse.name)
+    info = store.info(collection)
+    if info is not None and info.sparse is not None:
+        # an existing collection keeps the tokenizer its points were written with
+        return SparseEncoder.from_name(info.sparse)
+    if info is not None:
+        # built before sparse vectors: add them to the stored points first (no re-embedding),
+        # so every point of the collection has both
+        add_sparse_vectors(store, collection, sparse)
+    return sparse
+
+
+def _embed_and_upsert(
+    plan: RefreshPlan,
+    store: VectorStore,
+    encoder: Encoder,
+    sparse: SparseEncoder,
+    size: int,
+    seconds: dict[str, float],
+    bar: StageProgress,
+) -> int:
+    """Embed (dense and sparse) and upsert the plan's points ``size`` at a time; the count."""
+    points: list[PlannedPoint] = plan.points
+    t_embed = bar.stage("embed", len(points))
+    t_upsert = bar.stage("upsert", len(points))
+    for start in range(0, len(points), size):
+        batch = points[start : start + size]
+        texts = [pt.text for pt in batch]
+        with timed(seconds, "embed"):
+            vectors = encoder.encode(texts, batch_size=size)
+            sparse_vectors = sparse.encode_documents(texts)
+        bar.advance(t_embed, len(batch))
+        with timed(seconds, "upsert"):
+            store.upsert(
+                plan.collection,
+                [
+                    pt.record(vec, sv)
+                    for pt, vec, sv in zip(batch, vectors, sparse_vectors, strict=True)
+                ],
+            )
+        bar.advance(t_upsert, len(batch))
+    return len(points)
 
 
 def write_reports(
@@ -324,7 +359,7 @@ def remove_space(
     and other spaces' points are untouched. Points written before scopes existed are matched by
     their ``space`` field.
     """
-    from context_core.knowledge.store import open_store
+    from context_core.knowledge import open_store
 
     collection = collection or settings.collection_main
     scopes = {space: source_scope(space, source_id)}
@@ -368,7 +403,7 @@ def run_refresh(
     if some page has to be embedded. ``space``, ``source_id`` and ``allow_deletes`` are those
     of :func:`plan_refresh`; its guards raise before anything is written.
     """
-    from context_core.knowledge.store import open_store
+    from context_core.knowledge import open_store
 
     own_store = store is None
     store = store if store is not None else open_store(settings)
@@ -429,7 +464,7 @@ def stage_plan(
     The guards of :func:`plan_refresh` raise here, in the plan task, before anything is
     staged or written.
     """
-    from context_core.knowledge.store import open_store
+    from context_core.knowledge import open_store
 
     store = open_store(settings)
     try:
@@ -450,7 +485,7 @@ def stage_plan(
 
 def apply_staged(plan_path: Path | str, *, settings: Settings) -> RefreshSummary:
     """Apply a staged plan, then remove the staging file (a retry re-applies it unchanged)."""
-    from context_core.knowledge.store import open_store
+    from context_core.knowledge import open_store
 
     plan = RefreshPlan.load(Path(plan_path))
     store = open_store(settings)

@@ -4,7 +4,10 @@
 :func:`context_core.ingest.pipeline.apply_refresh`, in the same process (CLI) or after being
 staged on disk (:meth:`RefreshPlan.save` / :meth:`RefreshPlan.load`, the Airflow DAG). Split out
 of :mod:`context_core.ingest.pipeline`, which re-exports both names; the incremental and
-idempotency rules are described there.
+idempotency rules are described there. The plan holds one :class:`PlannedPoint` per chunk to
+write (its point id and typed :class:`ChunkPayload`); it becomes a
+:class:`~context_core.knowledge.store.PointRecord` only when embedded
+(:meth:`PlannedPoint.record`).
 
 Deletes are scoped, because one collection holds many spaces (and the hot merge's confirmed
 answers). Every point records its ``scope``: the source identity plus the space key
@@ -34,17 +37,20 @@ from context_core.errors import EmptyExportError, IngestError, MassDeleteError
 from context_core.fsutil import atomic_write_text
 from context_core.ingest.model import Chunk, Page, Quarantined, Section
 from context_core.ingest.progress import StageProgress, timed
-from context_core.knowledge.store import point_id
+from context_core.knowledge.store import PointRecord, point_id
 
 if TYPE_CHECKING:
     from context_core.gateway.sanitize import Gateway
     from context_core.knowledge.embedding import Encoder
-    from context_core.knowledge.store import VectorStore
+    from context_core.knowledge.store import SparseVector, Vector, VectorStore
 
 __all__ = [
     "DEFAULT_SOURCE_ID",
     "PLAN_SCHEMA",
+    "ChunkPayload",
+    "PlannedPoint",
     "RefreshPlan",
+    "StoredPage",
     "load_encoder_lazily",
     "new_run_id",
     "owner_space",
@@ -71,6 +77,125 @@ def new_run_id() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
+@dataclass(frozen=True, slots=True)
+class ChunkPayload:
+    """The payload of one knowledge chunk, as stored with its point (field order = key order).
+
+    ``updated_at`` is ISO 8601 with its zone and ``updated_at_ts`` the same instant in epoch
+    seconds; ``content_hash``, ``n_chunks`` and ``model`` make the next run's "unchanged"
+    check possible; ``scope`` owns the point (:func:`source_scope`).
+    """
+
+    source: str  # the page id
+    title: str
+    section: str
+    heading_path: tuple[str, ...]
+    updated_at: str
+    updated_at_ts: float
+    chunk_index: int
+    n_chunks: int
+    n_tokens: int
+    content_hash: str
+    text: str
+    model: str
+    space: str
+    scope: str
+    source_file: str  # the page's file name inside the export
+
+    @classmethod
+    def of(cls, page: Page, chunk: Chunk, *, n_chunks: int, model: str, scope: str) -> ChunkPayload:
+        """The payload of ``chunk`` of the (cleaned) ``page``."""
+        updated = page.updated_at
+        if updated.tzinfo is None:  # readers promise tz-aware; never store a naive time
+            updated = updated.replace(tzinfo=UTC)
+        return cls(
+            source=page.page_id,
+            title=page.title,
+            section=chunk.section,
+            heading_path=tuple(chunk.heading_path),
+            updated_at=updated.isoformat(),
+            updated_at_ts=updated.timestamp(),
+            chunk_index=chunk.chunk_index,
+            n_chunks=n_chunks,
+            n_tokens=chunk.n_tokens,
+            content_hash=page.content_hash,
+            text=chunk.text,
+            model=model,
+            space=page.space,
+            scope=scope,
+            source_file=PurePath(page.source_path.split("!/")[-1]).name,
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ChunkPayload:
+        return cls(**{**data, "heading_path": tuple(data["heading_path"])})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored (JSON) form: ``heading_path`` as a list."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["heading_path"] = list(self.heading_path)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedPoint:
+    """One chunk a run will write: its deterministic point id and its payload (no vector).
+
+    Staged on disk as ``{"id": ..., "payload": {...}}`` (:meth:`to_dict`); becomes a
+    :class:`~context_core.knowledge.store.PointRecord` only in :meth:`record`, once embedded.
+    """
+
+    id: str
+    payload: ChunkPayload
+
+    @classmethod
+    def of(cls, page: Page, chunk: Chunk, *, n_chunks: int, model: str, scope: str) -> PlannedPoint:
+        payload = ChunkPayload.of(page, chunk, n_chunks=n_chunks, model=model, scope=scope)
+        return cls(id=point_id(page.page_id, chunk.chunk_index), payload=payload)
+
+    @property
+    def text(self) -> str:
+        """What gets embedded."""
+        return self.payload.text
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PlannedPoint:
+        return cls(id=str(data["id"]), payload=ChunkPayload.from_dict(data["payload"]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "payload": self.payload.to_dict()}
+
+    def record(self, vector: Vector, sparse: SparseVector | None = None) -> PointRecord:
+        """The point to upsert, once embedded: the one place a plan's point meets the store."""
+        return PointRecord(id=self.id, vector=vector, payload=self.payload.to_dict(), sparse=sparse)
+
+
+@dataclass(slots=True)
+class StoredPage:
+    """One page of the run's own scope as the collection holds it before the run.
+
+    ``idx`` maps each stored chunk index to its ``(content_hash, model, n_chunks)``.
+    """
+
+    space: str
+    file: str | None
+    title: str | None
+    idx: dict[int, tuple[Any, Any, Any]] = field(default_factory=dict)
+
+    def is_current(self, page: Page, model: str) -> bool:
+        """Every stored chunk carries the page's hash and model, indexes exactly 0..n-1."""
+        values = set(self.idx.values())
+        if len(values) != 1:
+            return False
+        ((h, m, n),) = values
+        return (
+            h == page.content_hash
+            and m == model
+            and isinstance(n, int)
+            and set(self.idx) == set(range(n))
+        )
+
+
 @dataclass(slots=True)
 class RefreshPlan:
     """What a run will write and delete; JSON-serialisable (no vectors)."""
@@ -78,7 +203,7 @@ class RefreshPlan:
     export_path: str
     collection: str
     model: str
-    points: list[dict[str, Any]]  # {"id": uuid, "payload": {...}}, sorted by text length
+    points: list[PlannedPoint]  # longest text first
     delete_ids: list[str]
     quarantined: list[dict[str, str]]  # {"source_path", "reason"}
     run_id: str = ""
@@ -96,8 +221,11 @@ class RefreshPlan:
     seconds: dict[str, float] = field(default_factory=dict)
 
     def save(self, path: Path) -> Path:
-        data = {"schema": PLAN_SCHEMA, **dataclasses.asdict(self)}
-        return atomic_write_text(path, json.dumps(data, ensure_ascii=False))
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["points"] = [pt.to_dict() for pt in self.points]
+        return atomic_write_text(
+            path, json.dumps({"schema": PLAN_SCHEMA, **data}, ensure_ascii=False)
+        )
 
     @classmethod
     def load(cls, path: Path) -> RefreshPlan:
@@ -107,9 +235,11 @@ class RefreshPlan:
             raise IngestError(f"staged refresh plan {path} is unreadable ({e}); re-run plan") from e
         if data.pop("schema", None) != PLAN_SCHEMA:
             raise IngestError(f"staged refresh plan {path} has another schema; re-run plan")
-        return cls(**data)
+        points = [PlannedPoint.from_dict(pt) for pt in data.pop("points")]
+        return cls(points=points, **data)
 
-    def counts(self) -> dict[str, int]:
+    def page_counts(self) -> dict[str, int]:
+        """The page counts of a summary (``new + changed + unchanged + quarantined == seen``)."""
         return {
             "pages_seen": self.pages_seen,
             "pages_new": self.pages_new,
@@ -117,6 +247,12 @@ class RefreshPlan:
             "pages_unchanged": self.pages_unchanged,
             "pages_deleted": self.pages_deleted,
             "pages_quarantined": len(self.quarantined),
+        }
+
+    def counts(self) -> dict[str, int]:
+        """:meth:`page_counts` plus the chunks to write and delete (the plan task's XCom)."""
+        return {
+            **self.page_counts(),
             "chunks_to_write": len(self.points),
             "chunks_to_delete": len(self.delete_ids),
         }
@@ -137,28 +273,25 @@ def owner_space(payload: dict[str, Any], scopes: dict[str, str]) -> str | None:
     return str(space) if space is not None and str(space) in scopes else None
 
 
-def _existing(
-    store: VectorStore, collection: str, scopes: dict[str, str]
-) -> dict[str, dict[str, Any]]:
-    """The run's own pages: ``{source: {"idx": {i: (hash, model, n)}, "file", "space", "title"}}``.
+def _existing(store: VectorStore, collection: str, scopes: dict[str, str]) -> dict[str, StoredPage]:
+    """The run's own pages, by source (page id).
 
     One scroll; points of other scopes (other spaces, other instances, merged hot answers) are
     left out, so nothing below can plan to delete them.
     """
     if store.info(collection) is None:
         return {}
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, StoredPage] = {}
     for rec in store.scroll(collection, with_vectors=False, batch=1024):
         p = rec.payload
         space = owner_space(p, scopes)
         if space is None:
             continue
         src = str(p.get("source", ""))
-        entry = out.setdefault(
-            src,
-            {"idx": {}, "file": p.get("source_file"), "space": space, "title": p.get("title")},
-        )
-        entry["idx"][int(p.get("chunk_index", -1))] = (
+        entry = out.get(src)
+        if entry is None:
+            entry = out[src] = StoredPage(space, p.get("source_file"), p.get("title"))
+        entry.idx[int(p.get("chunk_index", -1))] = (
             p.get("content_hash"),
             p.get("model"),
             p.get("n_chunks"),
@@ -166,17 +299,8 @@ def _existing(
     return out
 
 
-def _is_unchanged(page: Page, stored: dict[str, Any] | None, model: str) -> bool:
-    if not stored:
-        return False
-    idx: dict[int, tuple[Any, Any, Any]] = stored["idx"]
-    values = set(idx.values())
-    if len(values) != 1:
-        return False
-    ((h, m, n),) = values
-    return (
-        h == page.content_hash and m == model and isinstance(n, int) and set(idx) == set(range(n))
-    )
+def _is_unchanged(page: Page, stored: StoredPage | None, model: str) -> bool:
+    return stored is not None and stored.is_current(page, model)
 
 
 def _clean_page(page: Page, gateway: Gateway) -> Page:
@@ -209,29 +333,6 @@ def _chunks_for(page: Page, encoder: Encoder, settings: Settings) -> list[Chunk]
     )
 
 
-def _payload(page: Page, chunk: Chunk, n_chunks: int, model: str, scope: str) -> dict[str, Any]:
-    updated = page.updated_at
-    if updated.tzinfo is None:  # readers promise tz-aware; never store a naive time
-        updated = updated.replace(tzinfo=UTC)
-    return {
-        "source": page.page_id,
-        "title": page.title,
-        "section": chunk.section,
-        "heading_path": list(chunk.heading_path),
-        "updated_at": updated.isoformat(),
-        "updated_at_ts": updated.timestamp(),
-        "chunk_index": chunk.chunk_index,
-        "n_chunks": n_chunks,
-        "n_tokens": chunk.n_tokens,
-        "content_hash": page.content_hash,
-        "text": chunk.text,
-        "model": model,
-        "space": page.space,
-        "scope": scope,
-        "source_file": PurePath(page.source_path.split("!/")[-1]).name,
-    }
-
-
 def _read_export(
     export_path: Path, settings: Settings, space: str | None
 ) -> Iterator[Page | Quarantined]:
@@ -248,7 +349,7 @@ def _read_export(
 
 def _guard_deletes(
     gone: list[str],
-    existing: dict[str, dict[str, Any]],
+    existing: dict[str, StoredPage],
     *,
     share: float,
     allow: bool,
@@ -257,11 +358,11 @@ def _guard_deletes(
     """Refuse a run that would delete more than ``share`` of any space's pages."""
     if allow or not gone:
         return
-    for space in sorted({e["space"] for e in existing.values()}):
-        in_scope = sum(1 for e in existing.values() if e["space"] == space)
-        doomed = [src for src in gone if existing[src]["space"] == space]
+    for space in sorted({e.space for e in existing.values()}):
+        in_scope = sum(1 for e in existing.values() if e.space == space)
+        doomed = [src for src in gone if existing[src].space == space]
         if in_scope and len(doomed) / in_scope > share:
-            sample = ", ".join(f"{src} ({existing[src].get('title') or '?'})" for src in doomed[:5])
+            sample = ", ".join(f"{src} ({existing[src].title or '?'})" for src in doomed[:5])
             more = f" and {len(doomed) - 5} more" if len(doomed) > 5 else ""
             raise MassDeleteError(
                 f"refusing to delete {len(doomed)} of {in_scope} pages "
@@ -314,157 +415,256 @@ def plan_refresh(
     """
     from context_core.gateway.sanitize import Gateway as _Gateway
 
+    export = _existing_export(export_path)
+    collection = collection or settings.collection_main
+    gateway = gateway or _Gateway.from_settings(settings)
+    model = encoder.name if encoder is not None else _model_name(settings)
+    seconds: dict[str, float] = {s: 0.0 for s in ("parse", "chunk", "validate")}
+    run_id = run_id or new_run_id()
+    kind, complete = _describe(export, settings)
+
+    with StageProgress(progress) as bar:
+        with timed(seconds, "parse"):
+            seen = _read_run(export, settings, store, collection, space, source_id, bar)
+        # Whole pages are deleted only when the export vouches for the whole space.
+        gone = seen.gone() if complete else []
+        _guard_deletes(
+            gone,
+            seen.existing,
+            share=settings.ingest_max_delete_share,
+            allow=allow_deletes,
+            export=export,
+        )
+        warnings = _date_warnings(seen.pages)  # before chunking drops pages with no text
+        todo = seen.changed(model)
+        if todo and encoder is None and chunker is None:
+            with timed(seconds, "load_model"):  # a per-process cost, kept out of "chunk"
+                encoder = encoder_factory() if encoder_factory else load_encoder_lazily(settings)
+            model = encoder.name
+        with timed(seconds, "chunk"):
+            chunk = chunker or _token_chunker(encoder, settings)
+            chunked = _chunk_pages(
+                todo, chunk, bar, gateway=gateway, model=model, scopes=seen.scopes
+            )
+            seen.quarantine_empty(chunked.empty)
+        with timed(seconds, "validate"):
+            _validate(chunked.points, chunked.source_paths, settings)
+
+    return RefreshPlan(
+        export_path=str(export),
+        collection=collection,
+        model=model,
+        # Longest texts first: each embedding batch holds texts of similar length (less padding)
+        points=sorted(chunked.points, key=lambda pt: -len(pt.text)),
+        delete_ids=chunked.stale_ids(seen.existing) + seen.gone_ids(gone),
+        quarantined=seen.quarantined,
+        run_id=run_id,
+        scopes=seen.scopes,
+        export_kind=kind,
+        complete=complete,
+        allow_deletes=allow_deletes,
+        warnings=warnings,
+        seconds=seconds,
+        **seen.page_counts(chunked.written, gone),
+    )
+
+
+# The steps of plan_refresh, in the order it runs them.
+
+
+def _existing_export(export_path: Path | str) -> Path:
     export = Path(export_path).expanduser()
     if not export.exists():
         raise IngestError(
             f"export {export} does not exist; pass a Confluence HTML space export "
             "(a folder with index.html, or its .zip)"
         )
-    collection = collection or settings.collection_main
-    gateway = gateway or _Gateway.from_settings(settings)
-    model = encoder.name if encoder is not None else _model_name(settings)
-    seconds: dict[str, float] = {s: 0.0 for s in ("parse", "chunk", "validate")}
+    return export
 
-    run_id = run_id or new_run_id()
-    kind, complete = _describe(export, settings)
 
-    with StageProgress(progress) as bar:
-        with timed(seconds, "parse"):
-            pages: dict[str, Page] = {}
-            quarantined: list[dict[str, str]] = []
-            task = bar.stage("parse", None)
-            for item in _read_export(export, settings, space):
-                bar.advance(task)
-                if isinstance(item, Quarantined):
-                    quarantined.append({"source_path": item.source_path, "reason": item.reason})
-                elif item.page_id in pages:
-                    quarantined.append(
-                        {
-                            "source_path": item.source_path,
-                            "reason": f"duplicate page id {item.page_id} (first seen in "
-                            f"{pages[item.page_id].source_path})",
-                        }
-                    )
-                else:
-                    pages[item.page_id] = item
-            bar.finish(task)
-            n_seen = len(pages) + len(quarantined)
-            if not pages:
-                raise EmptyExportError(_empty_message(export, quarantined))
-            scopes = {
-                sp: source_scope(sp, source_id) for sp in sorted({p.space for p in pages.values()})
-            }
-            existing = _existing(store, collection, scopes)
+@dataclass(slots=True)
+class _Seen:
+    """What the run read: the export's pages and the collection's pages of the same scopes."""
 
-        # Whole pages are deleted only when the export vouches for the whole space; pages
-        # merely quarantined this time keep their last good chunks.
-        q_files = {PurePath(q["source_path"].split("!/")[-1]).name for q in quarantined}
-        gone = (
-            [
-                src
-                for src, entry in existing.items()
-                if src not in pages and entry.get("file") not in q_files
-            ]
-            if complete
-            else []
-        )
-        _guard_deletes(
-            gone,
-            existing,
-            share=settings.ingest_max_delete_share,
-            allow=allow_deletes,
-            export=export,
-        )
-        warnings = [
-            {
-                "source_path": p.source_path,
-                "warning": p.date_note
-                or "no parseable last-modified date; the file modification time was used",
-            }
-            for p in pages.values()
-            if p.date_source == "mtime"
+    pages: dict[str, Page]  # page id -> page (readable, first of its id)
+    quarantined: list[dict[str, str]]  # {"source_path", "reason"}
+    scopes: dict[str, str]  # space key -> scope
+    existing: dict[str, StoredPage]  # source -> the stored page of the run's scopes
+    n_seen: int  # page files read, quarantined ones included
+
+    def gone(self) -> list[str]:
+        """Stored pages the (complete) export no longer has; a page merely quarantined this
+        time keeps its last good chunks."""
+        q_files = {PurePath(q["source_path"].split("!/")[-1]).name for q in self.quarantined}
+        return [
+            src
+            for src, entry in self.existing.items()
+            if src not in self.pages and entry.file not in q_files
         ]
 
-        todo = [p for p in pages.values() if not _is_unchanged(p, existing.get(p.page_id), model)]
-        points: list[dict[str, Any]] = []
-        delete_ids: list[str] = []
-        rows: list[dict[str, Any]] = []
-        if todo and encoder is None and chunker is None:
-            with timed(seconds, "load_model"):  # a per-process cost, kept out of "chunk"
-                encoder = encoder_factory() if encoder_factory else load_encoder_lazily(settings)
-            model = encoder.name
-        with timed(seconds, "chunk"):
-            task = bar.stage("chunk", len(todo))
-            written: list[Page] = []
-            for page in todo:
-                bar.advance(task)
-                clean = _clean_page(page, gateway)
-                if chunker is not None:
-                    chunks = chunker(clean)
-                else:
-                    assert encoder is not None
-                    chunks = _chunks_for(clean, encoder, settings)
-                if not chunks:
-                    quarantined.append(
-                        {"source_path": page.source_path, "reason": "no text left to chunk"}
-                    )
-                    del pages[page.page_id]
-                    continue
-                written.append(page)
-                for ch in chunks:
-                    pid = point_id(page.page_id, ch.chunk_index)
-                    payload = _payload(clean, ch, len(chunks), model, scopes[page.space])
-                    points.append({"id": pid, "payload": payload})
-                    rows.append(
-                        {
-                            "row_id": f"{page.source_path}#{ch.chunk_index}",
-                            "point_id": pid,
-                            "source": payload["source"],
-                            "section": payload["section"],
-                            "text": payload["text"],
-                            "n_tokens": ch.n_tokens,
-                            "updated_at": payload["updated_at"],
-                        }
-                    )
-                stored = existing.get(page.page_id)
-                if stored:
-                    delete_ids += [
-                        point_id(page.page_id, i) for i in sorted(stored["idx"]) if i >= len(chunks)
-                    ]
-            bar.finish(task)
-        with timed(seconds, "validate"):
-            if rows:  # nothing to write -> nothing to gate (and no GX start-up cost)
-                from context_core.ingest.validation import validate_chunks
+    def gone_ids(self, gone: list[str]) -> list[str]:
+        """Every stored chunk of the pages that left the export."""
+        return [point_id(src, i) for src in gone for i in sorted(self.existing[src].idx)]
 
-                validate_chunks(rows, max_tokens=settings.chunk_max_tokens)
+    def changed(self, model: str) -> list[Page]:
+        """The pages to chunk: new, changed, or stored with another model or a torn write."""
+        return [
+            p
+            for p in self.pages.values()
+            if not _is_unchanged(p, self.existing.get(p.page_id), model)
+        ]
 
-        for src in gone:
-            delete_ids += [point_id(src, i) for i in sorted(existing[src]["idx"])]
+    def quarantine_empty(self, empty: list[Page]) -> None:
+        for page in empty:
+            self.quarantined.append(
+                {"source_path": page.source_path, "reason": "no text left to chunk"}
+            )
+            del self.pages[page.page_id]
 
-    # Longest texts first, so each embedding batch holds texts of similar length (less padding).
-    points.sort(key=lambda pt: -len(pt["payload"]["text"]))
-    n_new = sum(1 for p in written if p.page_id not in existing)
-    return RefreshPlan(
-        export_path=str(export),
-        collection=collection,
-        model=model,
-        points=points,
-        delete_ids=delete_ids,
-        quarantined=quarantined,
-        run_id=run_id,
-        scopes=scopes,
-        export_kind=kind,
-        complete=complete,
-        allow_deletes=allow_deletes,
-        warnings=warnings,
-        pages_in_scope=len(existing),
-        pages_seen=n_seen,
-        pages_new=n_new,
-        pages_changed=len(written) - n_new,
-        pages_unchanged=len(pages) - len(written),
-        pages_deleted=len(gone),
-        seconds=seconds,
-    )
+    def page_counts(self, written: list[Page], gone: list[str]) -> dict[str, int]:
+        """The plan's page counts, once chunking has dropped the pages with no text."""
+        n_new = sum(1 for p in written if p.page_id not in self.existing)
+        return {
+            "pages_in_scope": len(self.existing),
+            "pages_seen": self.n_seen,
+            "pages_new": n_new,
+            "pages_changed": len(written) - n_new,
+            "pages_unchanged": len(self.pages) - len(written),
+            "pages_deleted": len(gone),
+        }
+
+
+def _read_run(
+    export: Path,
+    settings: Settings,
+    store: VectorStore,
+    collection: str,
+    space: str | None,
+    source_id: str | None,
+    bar: StageProgress,
+) -> _Seen:
+    """Parse the export (a repeated page id is quarantined), then scroll the collection for
+    the stored pages of the spaces read. Raises :class:`EmptyExportError` when no page is
+    readable."""
+    pages: dict[str, Page] = {}
+    quarantined: list[dict[str, str]] = []
+    task = bar.stage("parse", None)
+    for item in _read_export(export, settings, space):
+        bar.advance(task)
+        if isinstance(item, Quarantined):
+            quarantined.append({"source_path": item.source_path, "reason": item.reason})
+        elif item.page_id in pages:
+            quarantined.append(
+                {
+                    "source_path": item.source_path,
+                    "reason": f"duplicate page id {item.page_id} (first seen in "
+                    f"{pages[item.page_id].source_path})",
+                }
+            )
+        else:
+            pages[item.page_id] = item
+    bar.finish(task)
+    if not pages:
+        raise EmptyExportError(_empty_message(export, quarantined))
+    scopes = {sp: source_scope(sp, source_id) for sp in sorted({p.space for p in pages.values()})}
+    existing = _existing(store, collection, scopes)
+    return _Seen(pages, quarantined, scopes, existing, n_seen=len(pages) + len(quarantined))
+
+
+def _date_warnings(pages: dict[str, Page]) -> list[dict[str, str]]:
+    """One warning per page whose date fell back to the file's modification time."""
+    return [
+        {
+            "source_path": p.source_path,
+            "warning": p.date_note
+            or "no parseable last-modified date; the file modification time was used",
+        }
+        for p in pages.values()
+        if p.date_source == "mtime"
+    ]
+
+
+def _token_chunker(encoder: Encoder | None, settings: Settings) -> Callable[[Page], list[Chunk]]:
+    """The heading-aware token chunker; the encoder is loaded whenever a page is to be chunked."""
+
+    def chunk(page: Page) -> list[Chunk]:
+        assert encoder is not None
+        return _chunks_for(page, encoder, settings)
+
+    return chunk
+
+
+@dataclass(slots=True)
+class _Chunked:
+    """What chunking the changed pages produced."""
+
+    points: list[PlannedPoint] = field(default_factory=list)
+    source_paths: list[str] = field(default_factory=list)  # the page file of each point
+    written: list[Page] = field(default_factory=list)  # pages that yielded chunks
+    n_chunks: dict[str, int] = field(default_factory=dict)  # page id -> its chunk count
+    empty: list[Page] = field(default_factory=list)  # pages with no text left to chunk
+
+    def stale_ids(self, existing: dict[str, StoredPage]) -> list[str]:
+        """Chunk indexes a rewritten page no longer has."""
+        out: list[str] = []
+        for page in self.written:
+            stored = existing.get(page.page_id)
+            if stored:
+                n = self.n_chunks[page.page_id]
+                out += [point_id(page.page_id, i) for i in sorted(stored.idx) if i >= n]
+        return out
+
+
+def _chunk_pages(
+    todo: list[Page],
+    chunk: Callable[[Page], list[Chunk]],
+    bar: StageProgress,
+    *,
+    gateway: Gateway,
+    model: str,
+    scopes: dict[str, str],
+) -> _Chunked:
+    """Clean each new or changed page through the gateway and plan a point per chunk."""
+    out = _Chunked()
+    task = bar.stage("chunk", len(todo))
+    for page in todo:
+        bar.advance(task)
+        clean = _clean_page(page, gateway)
+        chunks = chunk(clean)
+        if not chunks:
+            out.empty.append(page)
+            continue
+        out.written.append(page)
+        out.n_chunks[page.page_id] = len(chunks)
+        scope = scopes[page.space]
+        for ch in chunks:
+            out.points.append(
+                PlannedPoint.of(clean, ch, n_chunks=len(chunks), model=model, scope=scope)
+            )
+            out.source_paths.append(page.source_path)
+    bar.finish(task)
+    return out
+
+
+def _validate(points: list[PlannedPoint], source_paths: list[str], settings: Settings) -> None:
+    """The chunk quality gate (raises DataValidationError naming the failing rows)."""
+    if not points:  # nothing to write -> nothing to gate (and no GX start-up cost)
+        return
+    from context_core.ingest.validation import validate_chunks
+
+    rows = [
+        {
+            "row_id": f"{path}#{pt.payload.chunk_index}",
+            "point_id": pt.id,
+            "source": pt.payload.source,
+            "section": pt.payload.section,
+            "text": pt.payload.text,
+            "n_tokens": pt.payload.n_tokens,
+            "updated_at": pt.payload.updated_at,
+        }
+        for pt, path in zip(points, source_paths, strict=True)
+    ]
+    validate_chunks(rows, max_tokens=settings.chunk_max_tokens)
 
 
 def _empty_message(export: Path, quarantined: list[dict[str, str]]) -> str:

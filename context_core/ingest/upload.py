@@ -70,11 +70,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PureWindowsPath
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from context_core.access.compliance import find_blocked
-from context_core.errors import ContextError, PayloadTooLargeError
-from context_core.ingest.clamd import Scanner, ScannerUnavailableError
+from context_core.errors import (
+    ScannerUnavailableError,
+    UnsupportedUploadTypeError,
+    UploadBlockedError,
+    UploadInfectedError,
+    UploadRefusedError,
+    UploadTooLargeError,
+    UploadUnreadableError,
+)
+from context_core.ingest.clamd import Scanner
 from context_core.ingest.model import Page, Section, compute_content_hash
 from context_core.ingest.render import normalise_line
 from context_core.knowledge.memory import UNREVIEWED, AclSource, resolve_hot_scope
@@ -83,6 +91,8 @@ from context_core.knowledge.store import PointRecord
 if TYPE_CHECKING:
     from context_core.config import Settings
     from context_core.gateway.sanitize import Gateway
+    from context_core.ingest.model import Chunk
+    from context_core.knowledge.embedding import Encoder
     from context_core.knowledge.memory import KnowledgeMemory
 
 __all__ = [
@@ -144,81 +154,6 @@ _MAX_FILENAME = 180
 # --------------------------------------------------------------------------------------------
 # Errors: each class says how the service answers it (see context_core.errors)
 # --------------------------------------------------------------------------------------------
-
-
-class UploadTooLargeError(PayloadTooLargeError):
-    """The file (or the text it yields) is over its limit (413)."""
-
-
-class UnsupportedUploadTypeError(ContextError, ValueError):
-    """Neither the declared content type nor the extension is one of :data:`ALLOWED_TYPES`."""
-
-    http_status: ClassVar[int] = 415
-    error_code: ClassVar[str] = "unsupported_media_type"
-
-    def __init__(self, message: str, *, declared: str) -> None:
-        super().__init__(message)
-        self.declared = declared
-
-    def details(self) -> dict[str, Any]:
-        return {"allowed": sorted(ALLOWED_TYPES), "declared": self.declared}
-
-
-class UploadRefusedError(ContextError, ValueError):
-    """The file was scanned or read and refused; it is quarantined (``quarantine_id``, None
-    when keeping it failed) and nothing was written to L3 (422)."""
-
-    http_status: ClassVar[int] = 422
-    error_code: ClassVar[str] = "upload_refused"
-    reason_kind: ClassVar[str] = "refused"
-
-    def __init__(self, message: str, *, quarantine_id: str | None = None) -> None:
-        super().__init__(message)
-        self.quarantine_id = quarantine_id
-
-    def fields(self) -> dict[str, str]:
-        """What the quarantine line and the answer name besides the message."""
-        return {}
-
-    def details(self) -> dict[str, Any]:
-        return {"reason": self.reason_kind, "quarantine_id": self.quarantine_id, **self.fields()}
-
-
-class UploadInfectedError(UploadRefusedError):
-    """The scanner found ``signature`` in the file. 422 rather than 451: the refusal is about
-    the content the client sent (like a blocked keyword), not a legal demand on a resource."""
-
-    error_code: ClassVar[str] = "upload_infected"
-    reason_kind: ClassVar[str] = "infected"
-
-    def __init__(self, message: str, *, signature: str, quarantine_id: str | None = None) -> None:
-        super().__init__(message, quarantine_id=quarantine_id)
-        self.signature = signature
-
-    def fields(self) -> dict[str, str]:
-        return {"signature": self.signature}
-
-
-class UploadBlockedError(UploadRefusedError):
-    """The file holds one of the organisation's blocked keywords (named: the list is the
-    organisation's own, not the file's content)."""
-
-    error_code: ClassVar[str] = "upload_blocked"
-    reason_kind: ClassVar[str] = "blocked_keyword"
-
-    def __init__(self, message: str, *, keyword: str, quarantine_id: str | None = None) -> None:
-        super().__init__(message, quarantine_id=quarantine_id)
-        self.keyword = keyword
-
-    def fields(self) -> dict[str, str]:
-        return {"keyword": self.keyword}
-
-
-class UploadUnreadableError(UploadRefusedError):
-    """The file could not be read as its type says (damaged, encrypted, binary, no text)."""
-
-    error_code: ClassVar[str] = "upload_unreadable"
-    reason_kind: ClassVar[str] = "unreadable"
 
 
 # --------------------------------------------------------------------------------------------
@@ -288,6 +223,7 @@ def resolve_type(filename: str, content_type: str | None) -> tuple[str, UploadKi
         f"unsupported upload type ({what}); allowed: {', '.join(sorted(ALLOWED_TYPES))} "
         f"(or application/octet-stream with one of {', '.join(sorted(_EXTENSIONS))})",
         declared=declared or ext,
+        allowed=list(ALLOWED_TYPES),
     )
 
 
@@ -610,51 +546,143 @@ def scan_and_ingest(
     (422).
     """
     settings = settings or knowledge.settings
-    limit = max_bytes if max_bytes is not None else settings.upload_max_bytes
     t_now = time.time() if now is None else now
+    _check_size(data, max_bytes if max_bytes is not None else settings.upload_max_bytes)
+    up = _Upload.open(
+        data,
+        filename,
+        content_type,
+        gateway=gateway,
+        agent_id=agent_id,
+        qdir=quarantine_to if quarantine_to is not None else quarantine_dir(settings),
+        now=t_now,
+    )
+    # 1. the scan, before any parser sees the bytes; no verdict -> no upload
+    _scan(up, scanner)
+    # 2. text
+    try:
+        title, sections, encoding, decode_errors = extract_sections(
+            data, up.kind, max_markup_depth=settings.max_markup_depth, max_chars=max_text_chars
+        )
+    except UploadRefusedError as e:
+        raise up.refuse(e) from None
+    # 3. blocked keywords, on the text as extracted (before redaction) and the name
+    _check_keywords(up, filename, title, sections, blocked_keywords)
+    # 4. redaction through the gateway's DLP (its one rule table)
+    title, sections = up.redact(title, sections)
+    # 5. chunk, embed, write (the first write to L3 happens here)
+    chunks = _chunk(up, title, sections, knowledge.encoder, settings)
+    scope = resolve_hot_scope(agent_id, namespace, namespaces)
+    expires_at = t_now + settings.upload_ttl_hours * 3600.0
+    records = _embed(up, chunks, knowledge.encoder, settings, title, section, scope, expires_at)
+    replaced = _write(knowledge, records, source=up.source, scope=scope)
+    return UploadResult(
+        source=up.source,
+        filename=up.name,
+        content_type=up.mime,
+        bytes=len(data),
+        sha256=up.sha256,
+        collection=knowledge.hot,
+        scope=scope,
+        chunks=len(records),
+        point_ids=tuple(r.id for r in records),
+        replaced=replaced,
+        expires_at=expires_at,
+        redactions=dict(sorted(up.found.items())),
+        sections=len(sections),
+        encoding=encoding,
+        decode_errors=decode_errors,
+    )
+
+
+# The steps of scan_and_ingest, in the order it runs them.
+
+
+def _check_size(data: bytes, limit: int) -> None:
     if len(data) > limit:
         raise UploadTooLargeError(
             f"the file has {len(data)} bytes, over the {limit}-byte upload limit "
             "(CTX_UPLOAD_MAX_BYTES)",
             limit_bytes=limit,
         )
-    name = safe_filename(filename)
-    mime, kind = resolve_type(name, content_type)
-    where = "upload"
-    found: Counter[str] = Counter()  # what the DLP removed, by kind
 
-    def clean(text: str) -> str:
-        out, findings = gateway.clean_text_with_findings(text, where=where)
-        found.update(f.kind for f in findings)
+
+@dataclass(slots=True)
+class _Upload:
+    """One file on its way in: its cleaned name and identity, what the DLP found so far, and
+    where a refusal quarantines it."""
+
+    data: bytes
+    name: str  # safe_filename, then cleaned by the gateway
+    mime: str
+    kind: UploadKind
+    source: str  # upload:<agent or system>/<name>
+    sha256: str
+    agent_id: str | None
+    gateway: Gateway
+    qdir: Path
+    now: float
+    found: Counter[str]  # what the DLP removed, by kind
+
+    @classmethod
+    def open(
+        cls,
+        data: bytes,
+        filename: str,
+        content_type: str | None,
+        *,
+        gateway: Gateway,
+        agent_id: str | None,
+        qdir: Path,
+        now: float,
+    ) -> _Upload:
+        """Name and type the file (415 here, before anything is read); clean the name."""
+        name = safe_filename(filename)
+        mime, kind = resolve_type(name, content_type)
+        up = cls(data, name, mime, kind, "", "", agent_id, gateway, qdir, now, Counter())
+        up.name = up.clean(name) or "upload"
+        up.source = f"upload:{agent_id or 'system'}/{up.name}"
+        up.sha256 = hashlib.sha256(data).hexdigest()
+        return up
+
+    def clean(self, text: str) -> str:
+        """The text through the gateway's DLP, its findings counted."""
+        out, findings = self.gateway.clean_text_with_findings(text, where="upload")
+        self.found.update(f.kind for f in findings)
         return out
 
-    name = clean(name) or "upload"
-    owner = agent_id or "system"
-    source = f"upload:{owner}/{name}"
-    sha256 = hashlib.sha256(data).hexdigest()
-    qdir = quarantine_to if quarantine_to is not None else quarantine_dir(settings)
+    def redact(self, title: str, sections: list[Section]) -> tuple[str, list[Section]]:
+        """Title (the file name when there is none), headings and texts through the DLP."""
+        clean = self.clean
+        return (
+            clean(title) if title else self.name,
+            [Section(tuple(clean(h) for h in s.heading_path), clean(s.text)) for s in sections],
+        )
 
-    def refuse(error: UploadRefusedError) -> UploadRefusedError:
+    def refuse(self, error: UploadRefusedError) -> UploadRefusedError:
+        """Quarantine the file for ``error``; the error, to raise."""
         error.quarantine_id = _quarantine(
-            qdir,
-            data,
+            self.qdir,
+            self.data,
             error,
-            source=source,
-            content_type=mime,
-            sha256=sha256,
-            agent_id=agent_id,
-            now=t_now,
+            source=self.source,
+            content_type=self.mime,
+            sha256=self.sha256,
+            agent_id=self.agent_id,
+            now=self.now,
         )
         return error
 
-    # 1. the scan, before any parser sees the bytes; no verdict -> no upload
+
+def _scan(up: _Upload, scanner: Scanner | None) -> None:
+    """No scanner or no verdict: 503; a finding: quarantined and refused."""
     if scanner is None:
         raise ScannerUnavailableError(
             "no malware scanner is configured (CTX_CLAMD_URL): uploads are refused until one is"
         )
-    verdict = scanner.scan(data)
+    verdict = scanner.scan(up.data)
     if verdict.signature is not None:
-        raise refuse(
+        raise up.refuse(
             UploadInfectedError(
                 f"the malware scanner found {verdict.signature!r} in the file; it was "
                 "quarantined and not stored",
@@ -662,48 +690,47 @@ def scan_and_ingest(
             )
         )
 
-    # 2. text
-    try:
-        title, sections, encoding, decode_errors = extract_sections(
-            data, kind, max_markup_depth=settings.max_markup_depth, max_chars=max_text_chars
-        )
-    except UploadRefusedError as e:
-        raise refuse(e) from None
 
-    # 3. blocked keywords, on the text as extracted (before redaction) and the name
+def _check_keywords(
+    up: _Upload,
+    filename: str,
+    title: str,
+    sections: list[Section],
+    blocked_keywords: Sequence[str],
+) -> None:
+    """Refuse (and quarantine) a file whose name or extracted text holds a blocked keyword."""
     keywords = parse_keywords(list(blocked_keywords))
-    if keywords:
-        headings = [] if kind == "pdf" else [h for s in sections for h in s.heading_path]
-        haystack = "\n".join([filename or "", title, *headings, *(s.text for s in sections)])
-        blocked = find_blocked(haystack, keywords)
-        hit = blocked[0] if blocked else None
-        if hit is not None:
-            raise refuse(
-                UploadBlockedError(
-                    f"the file contains the blocked keyword {hit!r}; it was quarantined and "
-                    "not stored",
-                    keyword=hit,
-                )
+    if not keywords:
+        return
+    headings = [] if up.kind == "pdf" else [h for s in sections for h in s.heading_path]
+    haystack = "\n".join([filename or "", title, *headings, *(s.text for s in sections)])
+    blocked = find_blocked(haystack, keywords)
+    hit = blocked[0] if blocked else None
+    if hit is not None:
+        raise up.refuse(
+            UploadBlockedError(
+                f"the file contains the blocked keyword {hit!r}; it was quarantined and not stored",
+                keyword=hit,
             )
+        )
 
-    # 4. redaction through the gateway's DLP (its one rule table)
-    title = clean(title) if title else name
-    sections = [Section(tuple(clean(h) for h in s.heading_path), clean(s.text)) for s in sections]
 
-    # 5. chunk, embed, write (the first write to L3 happens here)
+def _chunk(
+    up: _Upload, title: str, sections: list[Section], encoder: Encoder, settings: Settings
+) -> list[Chunk]:
+    """The cleaned file as one page, chunked by the ingest chunker."""
     from context_core.ingest.chunking import chunk_page
 
-    encoder = knowledge.encoder
     page = Page(
-        page_id=source,
+        page_id=up.source,
         title=title,
         space="uploads",
         ancestors=(),
         author=None,
-        updated_at=datetime.fromtimestamp(t_now, UTC),
+        updated_at=datetime.fromtimestamp(up.now, UTC),
         sections=tuple(sections),
         attachments=(),
-        source_path=source,
+        source_path=up.source,
         content_hash=compute_content_hash(title, sections),
     )
     chunks = chunk_page(
@@ -713,41 +740,61 @@ def scan_and_ingest(
         overlap=settings.chunk_overlap_tokens,
     )
     if not chunks:  # pragma: no cover - extract_sections refuses text-less files
-        raise refuse(UploadUnreadableError("the file holds no text to index"))
-    scope = resolve_hot_scope(agent_id, namespace, namespaces)
-    expires_at = t_now + settings.upload_ttl_hours * 3600.0
+        raise up.refuse(UploadUnreadableError("the file holds no text to index"))
+    return list(chunks)
+
+
+def _embed(
+    up: _Upload,
+    chunks: list[Chunk],
+    encoder: Encoder,
+    settings: Settings,
+    title: str,
+    section: str,
+    scope: str,
+    expires_at: float,
+    /,
+) -> list[PointRecord]:
+    """Embed the chunks; one hot point each, trust-scoped like a hot answer."""
     vectors = encoder.encode([c.text for c in chunks], batch_size=settings.embed_batch_size)
-    updated = datetime.fromtimestamp(t_now, UTC)
+    updated = datetime.fromtimestamp(up.now, UTC)
     records: list[PointRecord] = []
     for ch, vec in zip(chunks, vectors, strict=True):
         payload: dict[str, Any] = {
-            "source": source,
+            "source": up.source,
             "title": title,
             "section": section,
             "heading_path": list(ch.heading_path),
             "updated_at": updated.isoformat(),
-            "updated_at_ts": t_now,
+            "updated_at_ts": up.now,
             "chunk_index": ch.chunk_index,
             "n_chunks": len(chunks),
             "n_tokens": ch.n_tokens,
-            "content_hash": sha256,
+            "content_hash": up.sha256,
             "text": ch.text,
             "model": encoder.name,
             "expires_at": expires_at,
             "confirmed": False,
             "kind": "upload",
-            "filename": name,
-            "content_type": mime,
-            "written_by": agent_id or None,
+            "filename": up.name,
+            "content_type": up.mime,
+            "written_by": up.agent_id or None,
             "namespace": scope,
             "trust": UNREVIEWED,
         }
-        pid = upload_point_id(scope, source, sha256, ch.chunk_index)
+        pid = upload_point_id(scope, up.source, up.sha256, ch.chunk_index)
         records.append(PointRecord(pid, vec, payload))
+    return records
+
+
+def _write(
+    knowledge: KnowledgeMemory, records: list[PointRecord], *, source: str, scope: str
+) -> int:
+    """Upsert into the hot collection, then drop an earlier version's chunks (same name and
+    scope, other ids); how many were dropped."""
     knowledge.ensure_collections()
     store, hot = knowledge.store, knowledge.hot
     knowledge.upsert_chunks(hot, records)
-    # an earlier version under the same name and scope: its chunks go once the new are in
     new_ids = {r.id for r in records}
     stale = [
         rec.id
@@ -757,20 +804,4 @@ def scan_and_ingest(
     if stale:
         store.delete(hot, ids=stale)
     log.info("upload %s: %d chunk(s) into %s (scope %s)", source, len(records), hot, scope)
-    return UploadResult(
-        source=source,
-        filename=name,
-        content_type=mime,
-        bytes=len(data),
-        sha256=sha256,
-        collection=hot,
-        scope=scope,
-        chunks=len(records),
-        point_ids=tuple(r.id for r in records),
-        replaced=len(stale),
-        expires_at=expires_at,
-        redactions=dict(sorted(found.items())),
-        sections=len(sections),
-        encoding=encoding,
-        decode_errors=decode_errors,
-    )
+    return len(stale)

@@ -1,17 +1,21 @@
 """L3 knowledge memory: a vector-store seam (Qdrant Edge or server) and KnowledgeMemory on top.
 
-Backends are imported lazily by :func:`open_store`, so importing this package pulls in neither
+Layers, each importing only those below it: :mod:`.store` (types, filters, the
+:class:`VectorStore` protocol, :class:`SearchQuery`), the backends (:mod:`.edge`,
+:mod:`.server`, :mod:`.edge_server`), :mod:`.open` (:func:`open_store`, which picks one). The
+backends are imported lazily by :func:`open_store`, so importing this package pulls in neither
 ``qdrant_edge`` nor ``qdrant_client``.
 """
 
 from typing import TYPE_CHECKING
 
+from context_core.knowledge.open import open_store
 from context_core.knowledge.store import (
     CollectionInfo,
     Hit,
     PointRecord,
+    SearchQuery,
     VectorStore,
-    open_store,
     point_id,
 )
 
@@ -23,6 +27,7 @@ __all__ = [
     "Hit",
     "KnowledgeMemory",
     "PointRecord",
+    "SearchQuery",
     "VectorStore",
     "open_store",
     "point_id",

@@ -70,6 +70,7 @@ from context_core.knowledge.store import (
     IndexStatus,
     PointRecord,
     Range,
+    SearchQuery,
     SparseVector,
     Vector,
     check_mode,
@@ -463,43 +464,31 @@ class EdgeStore:
         self._changed(name)
 
     def search(
-        self,
-        name: str,
-        vector: Vector,
-        *,
-        limit: int = 3,
-        filter: Filter | None = None,
-        exact: bool = False,
-        mode: str = "dense",
-        fusion: str = "rrf",
-        sparse: SparseVector | None = None,
-        feedback: int = 0,
+        self, vector: Vector, query: SearchQuery, sparse: SparseVector | None = None
     ) -> list[Hit]:
-        check_mode(mode, fusion)
+        check_mode(query.mode, query.fusion)
+        name = query.name
         shard = self._shard(name)
         vec = vector_list(vector, collection=name, dim=int(self._meta[name]["dim"]))
-        conditions = parse_filter(filter)
-        if mode != "dense" and self._sparse_of(name) is None:
+        conditions = parse_filter(query.filter)
+        if query.mode != "dense" and self._sparse_of(name) is None:
             warn_dense_only(name)
-            mode = "dense"
+            query = dataclasses.replace(query, mode="dense")
         entry = self._entry(name)
         if self._empty(name, shard, entry):
             return []
         # a time-dependent filter (hot points' expiry) would never be asked for twice
         cacheable = not any(isinstance(c, Range) for c in conditions)
         if not cacheable:
-            return self._search(name, shard, entry, vec, conditions, limit, exact, mode, fusion,
-                                sparse, feedback, cacheable)  # fmt: skip
+            return self._search(shard, entry, vec, conditions, query, sparse, cacheable=False)
         key = (
-            tuple(vec), repr(conditions), limit, exact, mode, fusion, feedback,
-            (sparse.indices, sparse.values) if sparse is not None else None,
+            tuple(vec), repr(conditions), query.limit, query.exact, query.mode, query.fusion,
+            query.feedback, (sparse.indices, sparse.values) if sparse is not None else None,
         )  # fmt: skip
         found, gen = entry.answer(key)
         if found is not None:
             return found
-        hits = self._search(
-            name, shard, entry, vec, conditions, limit, exact, mode, fusion, sparse, feedback, True
-        )
+        hits = self._search(shard, entry, vec, conditions, query, sparse, cacheable=True)
         entry.keep_answer(key, hits, gen)
         return hits
 
@@ -524,24 +513,21 @@ class EdgeStore:
 
     def _search(
         self,
-        name: str,
         shard: Any,
         entry: _OpenShard,
         vec: list[float],
         conditions: list[Any],
-        limit: int,
-        exact: bool,
-        mode: str,
-        fusion: str,
+        query: SearchQuery,
         sparse: SparseVector | None,
-        feedback: int,
+        *,
         cacheable: bool,
     ) -> list[Hit]:
         import qdrant_edge as qe
 
-        if mode == "dense" or sparse is None or not len(sparse):
+        name, exact = query.name, query.exact
+        if query.mode == "dense" or sparse is None or not len(sparse):
             req = qe.QueryRequest(
-                limit=limit,
+                limit=query.limit,
                 query=qe.Query.Nearest(vec),
                 filter=EDGE.filter(conditions),
                 with_payload=True,
@@ -581,7 +567,14 @@ class EdgeStore:
                         entry.remember(key, rows, gen)
             return [rows or [] for rows in out]
 
-        return retrieve(run, mode=mode, limit=limit, fusion=fusion, query=vec, feedback=feedback)
+        return retrieve(
+            run,
+            mode=query.mode,
+            limit=query.limit,
+            fusion=query.fusion,
+            query=vec,
+            feedback=query.feedback,
+        )
 
     def _run_legs(
         self,

@@ -21,6 +21,7 @@ accepts and ignores them; so does the Edge backend, which has one local shard pe
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -53,6 +54,7 @@ from context_core.knowledge.store import (
     Hit,
     IndexStatus,
     PointRecord,
+    SearchQuery,
     SparseVector,
     Vector,
     check_mode,
@@ -347,27 +349,16 @@ class QdrantServerStore:
             )
 
     def search(
-        self,
-        name: str,
-        vector: Vector,
-        *,
-        limit: int = 3,
-        filter: Filter | None = None,
-        exact: bool = False,
-        mode: str = "dense",
-        fusion: str = "rrf",
-        sparse: SparseVector | None = None,
-        feedback: int = 0,
+        self, vector: Vector, query: SearchQuery, sparse: SparseVector | None = None
     ) -> list[Hit]:
-        check_mode(mode, fusion)
+        check_mode(query.mode, query.fusion)
+        name = query.name
         vec = vector_list(vector, collection=name, dim=self._dim(name))
-        if mode != "dense" and self._sparse.get(name) is None:
+        if query.mode != "dense" and self._sparse.get(name) is None:
             warn_dense_only(name)
-            mode = "dense"
-        if mode != "dense" and sparse is not None and len(sparse):
-            return self._retrieve(
-                name, vec, sparse, parse_filter(filter), exact, mode, fusion, limit, feedback
-            )
+            query = dataclasses.replace(query, mode="dense")
+        if query.mode != "dense" and sparse is not None and len(sparse):
+            return self._retrieve(query, vec, sparse, parse_filter(query.filter))
         with warnings.catch_warnings():
             # The local mode is always exact and warns that search_params do nothing there.
             warnings.filterwarnings("ignore", message="Local mode performs exact")
@@ -377,27 +368,19 @@ class QdrantServerStore:
                 self._client.query_points,
                 name,
                 query=vec,
-                query_filter=SERVER.filter(parse_filter(filter)),
-                limit=limit,
+                query_filter=SERVER.filter(parse_filter(query.filter)),
+                limit=query.limit,
                 with_payload=True,
-                search_params=SERVER.search_params(exact),
+                search_params=SERVER.search_params(query.exact),
             )
         return [to_hit(p, r) for r, p in enumerate(resp.points, 1)]
 
     def _retrieve(
-        self,
-        name: str,
-        vec: list[float],
-        sparse: SparseVector,
-        conditions: list[Any],
-        exact: bool,
-        mode: str,
-        fusion: str,
-        limit: int,
-        feedback: int = 0,
+        self, query: SearchQuery, vec: list[float], sparse: SparseVector, conditions: list[Any]
     ) -> list[Hit]:
         from qdrant_client import models
 
+        name, exact = query.name, query.exact
         query_sparse = SERVER.sparse_vector(sparse)
 
         def run(legs: list[Leg]) -> list[Rows]:
@@ -430,7 +413,14 @@ class QdrantServerStore:
                 for leg, r in zip(legs, got, strict=True)
             ]
 
-        return retrieve(run, mode=mode, limit=limit, fusion=fusion, query=vec, feedback=feedback)
+        return retrieve(
+            run,
+            mode=query.mode,
+            limit=query.limit,
+            fusion=query.fusion,
+            query=vec,
+            feedback=query.feedback,
+        )
 
     def scroll(
         self,

@@ -2,7 +2,8 @@
 
 Two real backends exist (Qdrant Edge in-process, qdrant-client against a server), so the seam
 is worth having; everything above it (KnowledgeMemory, the router, ingestion) speaks only the
-types in this module. Filters are plain mappings so they can be logged, traced and compared;
+types in this module. It imports no backend: they import it, and :mod:`.open` (``open_store``)
+picks one of them. Filters are plain mappings so they can be logged, traced and compared;
 each backend translates the parsed conditions into its own driver's types.
 
 Filter mini-language (all conditions must hold)::
@@ -14,20 +15,16 @@ Filter mini-language (all conditions must hold)::
 
 from __future__ import annotations
 
-import inspect
 import json
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from context_core.errors import InvalidStoreRequestError, ModelMismatchError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from context_core.config import Settings
 
 __all__ = [
     "PAYLOAD_INDEXES",
@@ -47,7 +44,6 @@ __all__ = [
     "Vector",
     "VectorStore",
     "check_model",
-    "open_store",
     "parse_filter",
     "point_id",
     "search_batch",
@@ -266,12 +262,15 @@ def vector_list(vector: Vector, *, collection: str, dim: int) -> list[float]:
 
 @dataclass(frozen=True, slots=True)
 class SearchQuery:
-    """One search of :func:`search_batch` (the vectors are shared by the batch).
+    """One search: which collection, how many hits, which points, how ranked.
 
-    ``mode`` is one of :data:`RETRIEVAL_MODES`; sparse and hybrid need the batch's sparse
-    vector and a collection with sparse vectors, otherwise they run as dense. ``fusion``
-    (hybrid only) is one of ``FUSIONS``; ``feedback`` (hybrid only) is the number of
-    first-pass hits whose vectors move the dense query (pseudo-relevance feedback, 0: none).
+    The one argument of :meth:`VectorStore.search` and of :func:`search_batch` (with the
+    query's vectors next to it: a batch shares them). ``filter`` is the mini-language above;
+    ``exact=True`` bypasses the HNSW graph. ``mode`` is one of :data:`RETRIEVAL_MODES`: sparse
+    and hybrid need the query's sparse vector and a collection with sparse vectors, otherwise
+    they run as dense. ``fusion`` (hybrid only) is one of ``FUSIONS``; ``feedback`` (hybrid
+    only) is the number of first-pass hits whose vectors move the dense query
+    (pseudo-relevance feedback, 0: none).
     """
 
     name: str
@@ -295,7 +294,7 @@ def check_mode(mode: str, fusion: str = "rrf") -> None:
 
 
 def search_batch(
-    store: Any,
+    store: VectorStore,
     vector: Vector,
     queries: Sequence[SearchQuery],
     sparse: SparseVector | None = None,
@@ -303,44 +302,19 @@ def search_batch(
     """Run several searches with one vector; each answer is its hits or the error it raised.
 
     A store with its own ``search_batch`` (the edge server's client: one round trip for a
-    route's main + hot searches) is asked once; any other store is searched query by query.
+    route's main + hot searches) is asked once; any other store is searched query by query
+    (a dense query is not handed the sparse vector, which it would not use).
     """
     batch = getattr(store, "search_batch", None)
     if callable(batch):
-        if sparse is None:  # what a store written before sparse vectors understands
-            return list(batch(vector, queries))
         return list(batch(vector, queries, sparse=sparse))
     out: list[list[Hit] | Exception] = []
-    modes = _takes_mode(store)
     for q in queries:
         try:
-            extra: dict[str, Any] = {"exact": True} if q.exact else {}
-            if q.mode != "dense" and modes:
-                extra.update(mode=q.mode, fusion=q.fusion, sparse=sparse)
-                if q.feedback:
-                    extra["feedback"] = q.feedback
-            out.append(store.search(q.name, vector, limit=q.limit, filter=q.filter, **extra))
+            out.append(store.search(vector, q, sparse if q.mode != "dense" else None))
         except Exception as e:  # handed back to the caller, who decides per query
             out.append(e)
     return out
-
-
-_TAKES_MODE: dict[type, bool] = {}
-
-
-def _takes_mode(store: Any) -> bool:
-    """Does ``store.search`` take a retrieval mode? A store written before sparse vectors
-    existed (or a wrapper around one) is searched dense, as it always was. Known per class."""
-    known = _TAKES_MODE.get(type(store))
-    if known is not None:
-        return known
-    try:
-        params = inspect.signature(store.search).parameters
-    except (AttributeError, TypeError, ValueError):
-        return False
-    takes = "mode" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-    _TAKES_MODE[type(store)] = takes
-    return takes
 
 
 @runtime_checkable
@@ -378,22 +352,12 @@ class VectorStore(Protocol):
     ) -> None: ...
 
     def search(
-        self,
-        name: str,
-        vector: Vector,
-        *,
-        limit: int = 3,
-        filter: Filter | None = None,
-        exact: bool = False,
-        mode: str = "dense",
-        fusion: str = "rrf",
-        sparse: SparseVector | None = None,
-        feedback: int = 0,
+        self, vector: Vector, query: SearchQuery, sparse: SparseVector | None = None
     ) -> list[Hit]:
-        """Top ``limit`` by cosine similarity (mode dense), BM25 (sparse, with ``sparse`` the
-        query's sparse vector) or both fused (hybrid, with ``feedback`` first-pass hits moving
-        the dense query); ``exact=True`` bypasses the HNSW graph. A collection without sparse
-        vectors answers sparse and hybrid as dense."""
+        """Top ``query.limit`` of ``query.name`` by cosine similarity to ``vector`` (mode
+        dense), by BM25 (sparse, with ``sparse`` the query's sparse vector) or both fused
+        (hybrid); see :class:`SearchQuery`. A collection without sparse vectors answers sparse
+        and hybrid as dense."""
         ...
 
     def scroll(
@@ -431,27 +395,3 @@ def read_sidecar(path: Path) -> dict[str, Any] | None:
     if not isinstance(data, dict) or not isinstance(data.get("model"), str):
         raise InvalidStoreRequestError(f"collection record {path} lacks 'model'/'dim'")
     return data
-
-
-def open_store(settings: Settings) -> VectorStore:
-    """``CTX_QDRANT_URL`` set -> a Qdrant server/cluster; ``CTX_EDGE_SOCKET`` set -> the Edge
-    shards served by an edge server process (several workers); otherwise embedded Qdrant Edge
-    (one process per data dir)."""
-    if settings.qdrant_url:
-        from context_core.knowledge.server import QdrantServerStore
-
-        key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
-        return QdrantServerStore.connect(
-            settings.qdrant_url,
-            api_key=key,
-            shards=settings.qdrant_shards,
-            replication=settings.qdrant_replication,
-            write_consistency=settings.qdrant_write_consistency,
-        )
-    if settings.edge_socket is not None:
-        from context_core.knowledge.edge_server import RemoteEdgeStore
-
-        return RemoteEdgeStore(settings.edge_socket)
-    from context_core.knowledge.edge import EdgeStore
-
-    return EdgeStore(settings.qdrant_dir, search_threads=settings.qdrant_search_threads or None)

@@ -60,13 +60,11 @@ import datetime as dt
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+from context_core.routing.bundle_delta import BundleDelta, delta_wire
 from context_core.session.wire import BundleWire, FragmentWire, encode_json
 from context_core.traces import ReferenceTrace
-
-if TYPE_CHECKING:
-    from context_core.routing.delta import BundleDelta
 
 __all__ = [
     "LOW_CONFIDENCE_NOTE",
@@ -152,8 +150,6 @@ class ContextBundle:
     def to_delta_dict(self) -> dict[str, Any]:
         """The delta wire form (:class:`~context_core.session.wire.BundleDeltaWire`) of a bundle
         routed with ``delta=True``; :meth:`to_dict` stays the full bundle."""
-        from context_core.routing.delta import delta_wire
-
         if self.delta is None:
             raise ValueError("to_delta_dict: the bundle was routed without delta=True")
         full = self.to_dict()

@@ -50,7 +50,6 @@ import re
 import secrets
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -58,9 +57,9 @@ import msgspec
 from context_core.errors import BackendUnavailableError
 from context_core.redis.connection import REDIS_ERRORS
 from context_core.redis.ops import call
-from context_core.working_memory.base import index_key
+from context_core.routing.bundle_delta import BundleDelta, delta_wire
 from context_core.working_memory.index import INDEX_ADD_LUA
-from context_core.working_memory.keys import check_sid, session_prefix
+from context_core.working_memory.keys import bundle_log_key, index_key, session_prefix
 
 if TYPE_CHECKING:
     from context_core.routing.bundle import Fragment
@@ -125,7 +124,7 @@ def fragment_ids(sources: Sequence[str]) -> list[str]:
 
 def log_key(session_id: str) -> str:
     """``wm:{<sid>}:bundles:recent``: the session's bundle log (a Hash)."""
-    return f"{session_prefix(check_sid(session_id))}bundles:recent"
+    return bundle_log_key(session_id)
 
 
 # KEYS: 1 the log Hash, 2 the session's key index.  ARGV: 1 base seq ('' = none), 2 the new
@@ -147,23 +146,6 @@ return {seq, base}
 
 _MANIFEST = msgspec.json.Encoder()
 _DECODE = msgspec.json.Decoder()
-
-
-@dataclass(frozen=True)
-class BundleDelta:
-    """How a routed bundle relates to its base: per delivered fragment its id, hash and
-    whether the base held it unchanged; the base's ids no longer delivered."""
-
-    bundle_id: str
-    base_bundle_id: str | None
-    ids: tuple[str, ...]
-    hashes: tuple[str, ...]
-    unchanged: tuple[bool, ...]
-    removed: tuple[str, ...]
-
-    @property
-    def full(self) -> bool:
-        return self.base_bundle_id is None
 
 
 class BundleLog:
@@ -235,46 +217,6 @@ class BundleLog:
             tuple(base.get(i) == h for i, h in zip(ids, hashes, strict=True)),
             tuple(i for i in base if i not in kept),
         )
-
-
-def delta_wire(
-    head: Mapping[str, Any], fragments: Sequence[Mapping[str, Any]], delta: BundleDelta
-) -> dict[str, Any]:
-    """The delta wire form (:class:`~context_core.session.wire.BundleDeltaWire`) of a bundle whose
-    full wire form is ``head`` (everything but ``fragments``) with ``fragments``."""
-    full: list[dict[str, Any]] = []
-    refs: list[dict[str, Any]] = []
-    for pos, (w, fid, h, same) in enumerate(
-        zip(fragments, delta.ids, delta.hashes, delta.unchanged, strict=True)
-    ):
-        if same:
-            refs.append(
-                {
-                    "id": fid,
-                    "hash": h,
-                    "layer": w["layer"],
-                    "freshness_hours": w["freshness_hours"],
-                    "pos": pos,
-                }
-            )
-        else:
-            full.append({**w, "hash": h, "pos": pos})
-    return {
-        "session_id": head["session_id"],
-        "step": head["step"],
-        "intent": head["intent"],
-        "resolved_intent": head["resolved_intent"],
-        "bundle_id": delta.bundle_id,
-        "base_bundle_id": delta.base_bundle_id,
-        "full": delta.full,
-        "fragments": full,
-        "unchanged": refs,
-        "removed": list(delta.removed),
-        "degraded": head["degraded"],
-        "timings_ms": head["timings_ms"],
-        "context_used": head["context_used"],
-        "trace_id": head["trace_id"],
-    }
 
 
 # --- the client's side ------------------------------------------------------------------------

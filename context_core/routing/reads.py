@@ -31,6 +31,7 @@ from context_core.routing.intents import (
     TemplateParamError,
     fill,
 )
+from context_core.working_memory.keys import session_prefix
 
 if TYPE_CHECKING:
     from context_core.access.namespaces import NamespaceRegistry
@@ -95,7 +96,7 @@ def read_l2(
     try:
         ident = fill(key_spec.ident, values)
     except TemplateParamError as e:
-        key = f"wm:{{{sm.session_id}}}:{key_spec.kind}:<{key_spec.ident}>"
+        key = f"{session_prefix(sm.session_id)}{key_spec.kind}:<{key_spec.ident}>"
         _request(l2_trace, key, key_spec)
         l2_trace["missing"].append(key)
         return None, ContextMissError(key, str(e))

@@ -52,8 +52,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from context_core.access.identity import DEFAULT_ORG, canonical_user_id
 from context_core.errors import ContextError, InputTooDeepError, PersistenceRefusedError
+from context_core.gateway.identity import DEFAULT_ORG, canonical_user_id
 from context_core.gateway.sanitize import Gateway, mask_mobile
 
 __all__ = [

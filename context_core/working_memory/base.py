@@ -19,24 +19,16 @@ from context_core.working_memory.keys import (
     check_ident,
     check_kind,
     check_sid,
+    expired_key,
+    index_key,
     session_prefix,
 )
 
 if TYPE_CHECKING:
     from context_core.gateway.sanitize import Gateway
-    from context_core.working_memory.memory import WorkingMemory
+    from context_core.working_memory.store import Store
 
 __all__ = ["SessionBase", "expired_key", "index_key"]
-
-
-def index_key(prefix: str) -> str:
-    """``wm:{<sid>}:index`` from the session prefix ``wm:{<sid>}:``."""
-    return prefix + "index"
-
-
-def expired_key(prefix: str) -> str:
-    """``wm:{<sid>}:expired``: the keys a sweep found gone (see :mod:`.index`)."""
-    return prefix + "expired"
 
 
 class SessionBase:
@@ -44,7 +36,7 @@ class SessionBase:
 
     __slots__ = ("_exp", "_gw", "_idx", "_prefix", "_r", "_sid", "wm")
 
-    def __init__(self, wm: WorkingMemory, session_id: str) -> None:
+    def __init__(self, wm: Store, session_id: str) -> None:
         self._sid = check_sid(session_id)
         self.wm = wm
         self._prefix = session_prefix(session_id)

@@ -197,7 +197,7 @@ class ContractOps(SessionBase):
         wm = self.wm
         with wm._guard(f"contract update {key}", flush=False):
             status, version, *written = wm._write(
-                wm._contract_script,
+                wm.script(CONTRACT_LUA),
                 keys=[key, hist, self._idx],
                 args=[
                     int(expected_version),
@@ -242,7 +242,7 @@ class ContractOps(SessionBase):
         key, _ = self._contract_keys()
         with self.wm._guard(f"HSET {key} _locked", flush=False):
             self.wm._write(
-                self.wm._lock_script, keys=[key, self._idx], args=[flag, self.wm.contract_ttl_s]
+                self.wm.script(LOCK_LUA), keys=[key, self._idx], args=[flag, self.wm.contract_ttl_s]
             )
 
     def expire_contract(self) -> TaskContract:
@@ -264,7 +264,7 @@ class ContractOps(SessionBase):
         wm = self.wm
         with wm._guard(f"contract status {key}", flush=False):
             _, flat = wm._write(
-                wm._contract_status_script,
+                wm.script(CONTRACT_STATUS_LUA),
                 keys=[key, hist],
                 args=[status, repr(wm._now()), wm.contract_history_ttl_s],
             )

@@ -55,8 +55,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from context_core.redis.ops import cmd, execute, ok
-from context_core.working_memory.base import SessionBase, expired_key, index_key
-from context_core.working_memory.keys import check_kind
+from context_core.working_memory.base import SessionBase
+from context_core.working_memory.keys import check_kind, expired_key, index_key
 
 __all__ = [
     "API_PUT_LUA",
@@ -345,7 +345,7 @@ class IndexOps(SessionBase):
                 own = {m for m in members if m.startswith(self._prefix) and m not in bookkeeping}
                 snapshot = sorted(own.union(fixed))
                 payload, unlisted = self.wm._write(
-                    self.wm._sweep_script,
+                    self.wm.script(INDEX_SWEEP_LUA),
                     keys=[self._idx, self._exp, *snapshot],
                     args=[op, self._prefix, self.wm.contract_ttl_s, encoded],
                 )

@@ -2,7 +2,7 @@
 
 Session keys are ``wm:{<sid>}:<kind>:<ident>`` and preference keys
 ``pref:{<org>:<uid>}:<type>``: a user id means something only inside its organisation
-(:mod:`context_core.access.identity`), so a user's keys carry the organisation too.
+(:mod:`context_core.gateway.identity`), so a user's keys carry the organisation too.
 The braces are a Redis Cluster hash tag, so all of one session's keys share a slot. Ids are
 checked against strict patterns because a brace, colon or glob character in an id would let
 one session's key address another's. Session keys are never found by pattern: each session
@@ -17,18 +17,26 @@ import re
 from typing import Any
 
 from context_core import defaults
-from context_core.access.identity import canonical_user_id
 from context_core.errors import ContextError, PayloadTooLargeError
+from context_core.gateway.identity import canonical_user_id
 
 __all__ = [
+    "ACTIVITY_KEY",
     "DEFAULT_MAX_STEP_BYTES",
+    "LEGACY_PREF_INDEX_SCAN",
+    "LEGACY_PREF_KEY",
+    "LEGACY_PREF_SCAN",
     "RESERVED_PREFIX",
+    "bundle_log_key",
     "canonical",
     "check_ident",
     "check_kind",
     "check_org",
     "check_sid",
     "check_size",
+    "expired_key",
+    "index_key",
+    "legacy_pref_index_key",
     "pref_index_key",
     "pref_prefix",
     "session_prefix",
@@ -40,6 +48,10 @@ _SID = re.compile(r"^[A-Za-z0-9._\-]{1,128}$")
 _KIND = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _IDENT = re.compile(r"^[^\s{}:*?\[\]\\]{1,256}$")
 _ORG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+#: Global Sorted Set of sessions by last activity (member = session id, score = epoch s);
+#: outside every session's slot (:mod:`.lifetime`).
+ACTIVITY_KEY = "ctx:activity"
 
 #: Hash fields starting with this are the store's own bookkeeping (``_stored_at``, ...).
 RESERVED_PREFIX = "_"
@@ -102,6 +114,22 @@ def session_prefix(session_id: str) -> str:
     return f"wm:{{{session_id}}}:"
 
 
+def index_key(prefix: str) -> str:
+    """``wm:{<sid>}:index`` from the session prefix ``wm:{<sid>}:`` (:mod:`.index`)."""
+    return prefix + "index"
+
+
+def expired_key(prefix: str) -> str:
+    """``wm:{<sid>}:expired``: the keys a sweep found gone (see :mod:`.index`)."""
+    return prefix + "expired"
+
+
+def bundle_log_key(session_id: str) -> str:
+    """``wm:{<sid>}:bundles:recent``: the session's bundle log, a Hash
+    (:mod:`context_core.routing.delta`)."""
+    return session_prefix(check_sid(session_id)) + "bundles:recent"
+
+
 def pref_prefix(org_id: str, user_key: str) -> str:
     """``pref:{<org>:<uid>}:`` for a checked org id and a user's key id (:func:`user_key_id`).
     Neither may hold a colon, so the pair is unambiguous."""
@@ -112,6 +140,19 @@ def pref_index_key(org_id: str, user_key: str) -> str:
     """``pref:{<org>:<uid>}:_index``: the Set of a user's preference types (same slot as
     them). The leading ``_`` is refused by :func:`check_kind`, so it is never a type."""
     return f"{pref_prefix(org_id, user_key)}_index"
+
+
+#: Preference keys as written before they were scoped by organisation,
+#: ``pref:{<uid>}:<type>`` (groups: the user key id, the type); read only by
+#: ``ctx migrate-user-keys`` (:mod:`context_core.access.user_keys_migration`).
+LEGACY_PREF_KEY = re.compile(r"pref:\{([^{}:]+)\}:([a-z][a-z0-9_]{0,31})")
+#: SCAN patterns that find the legacy keys (and, with them, the scoped ones to filter out).
+LEGACY_PREF_SCAN, LEGACY_PREF_INDEX_SCAN = "pref:{*}:*", "pref:{*}:_index"
+
+
+def legacy_pref_index_key(user_key: str) -> str:
+    """``pref:{<uid>}:_index``: a legacy (unscoped) user's index of preference types."""
+    return f"pref:{{{user_key}}}:_index"
 
 
 def check_org(value: object) -> str:
@@ -126,7 +167,7 @@ def check_org(value: object) -> str:
 
 def user_key_id(user_id: object) -> str:
     """The id a user's keys are built from: the canonical user id
-    (:func:`context_core.access.identity.canonical_user_id`) when it is a valid key id
+    (:func:`context_core.gateway.identity.canonical_user_id`) when it is a valid key id
     (:func:`check_sid`), else ``h~`` + 40 hex digits of its sha256.
 
     User ids come from clients (an e-mail address, a display name); hashing the ones outside

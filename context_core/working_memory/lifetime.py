@@ -31,11 +31,9 @@ from context_core.redis.connection import is_cluster_client
 from context_core.redis.ops import Cmd, Op, cmd, ok, script
 from context_core.working_memory.contract import ContractOps
 from context_core.working_memory.index import INDEX_ADD_LUA, IndexOps
+from context_core.working_memory.keys import ACTIVITY_KEY
 
 __all__ = ["ACTIVITY_KEY", "KEY_EXPIRED_LUA", "TOUCH_GUARDED_LUA", "TOUCH_LUA", "LifetimeOps"]
-
-#: Global Sorted Set of sessions by last activity (member = session id, score = epoch s).
-ACTIVITY_KEY = "ctx:activity"
 
 # The body of a session's activity. KEYS: 1 contract hash, 2 history list, 3 index, 4 expired
 # Set. ARGV: 1 contract ttl seconds, 2 history ttl seconds, 3 now.
@@ -126,7 +124,7 @@ class LifetimeOps(IndexOps, ContractOps):
         now = wm.now()
         return [
             script(
-                wm._touch_script,
+                wm.script(TOUCH_LUA),
                 [current, hist, self._idx, self._exp],
                 [wm.contract_ttl_s, wm.contract_history_ttl_s, repr(now)],
             ),
@@ -162,7 +160,7 @@ class LifetimeOps(IndexOps, ContractOps):
         if not cluster:
             keys.append(wm.activity_key)
             args.append(self._sid)
-        (done,) = ok((yield [script(wm._touch_guarded_script, keys, args)]))
+        (done,) = ok((yield [script(wm.script(TOUCH_GUARDED_LUA), keys, args)]))
         if int(done) < 0:
             return False
         if cluster:
@@ -180,7 +178,7 @@ class LifetimeOps(IndexOps, ContractOps):
         """Operation: :meth:`key_expired`."""
         self._own(key)
         (found,) = ok(
-            (yield [script(self.wm._key_expired_script, [key, self._idx, self._exp], [])])
+            (yield [script(self.wm.script(KEY_EXPIRED_LUA), [key, self._idx, self._exp], [])])
         )
         return bool(found)
 

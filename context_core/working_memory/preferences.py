@@ -7,7 +7,7 @@ own view type; like session data, every value passes the sanitize gateway before
 A user id means something only inside its organisation, so the key holds both: the agent of
 another organisation that sends the same user id reaches another user's (empty) preferences.
 The user id is compared in its canonical form
-(:func:`context_core.access.identity.canonical_user_id`).
+(:func:`context_core.gateway.identity.canonical_user_id`).
 
 How a user's preferences are listed without scanning the keyspace: a Set
 ``pref:{<org>:<uid>}:_index`` (same hash tag, so same slot) holds the user's preference *types*.
@@ -30,8 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from context_core.access.identity import canonical_user_id
 from context_core.errors import ContextError, ContextMissError
+from context_core.gateway.identity import canonical_user_id
 from context_core.redis.ops import Op, cmd, ok
 from context_core.working_memory.keys import (
     canonical,
@@ -42,7 +42,7 @@ from context_core.working_memory.keys import (
 )
 
 if TYPE_CHECKING:
-    from context_core.working_memory.memory import WorkingMemory
+    from context_core.working_memory.store import Store
 
 __all__ = ["PREF_DELETE_LUA", "PREF_SET_LUA", "Preference", "Preferences"]
 
@@ -75,7 +75,7 @@ class Preference:
 class Preferences:
     """A user's structured preferences: ``pref:{<org>:<uid>}:<type>`` hashes, no TTL."""
 
-    def __init__(self, wm: WorkingMemory, org_id: str, user_id: str) -> None:
+    def __init__(self, wm: Store, org_id: str, user_id: str) -> None:
         self._wm = wm
         self.org_id = org_id
         self.user_id = canonical_user_id(user_id)
@@ -111,7 +111,7 @@ class Preferences:
         now = self._wm._now()
         with self._wm._guard(f"HSET {key}"):
             self._wm._write(
-                self._wm._pref_set_script,
+                self._wm.script(PREF_SET_LUA),
                 keys=[key, self._index],
                 args=[pref_type, encoded, repr(float(confidence)), repr(now)],
             )
@@ -147,7 +147,7 @@ class Preferences:
         with self._wm._guard(f"DEL {key}", flush=False):
             return bool(
                 self._wm._write(
-                    self._wm._pref_delete_script, keys=[key, self._index], args=[pref_type]
+                    self._wm.script(PREF_DELETE_LUA), keys=[key, self._index], args=[pref_type]
                 )
             )
 

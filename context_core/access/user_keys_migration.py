@@ -1,6 +1,6 @@
 """Move user records written before user ids were scoped and canonical to their new keys.
 
-Before the identity model (:mod:`context_core.access.identity`), preferences lived at
+Before the identity model (:mod:`context_core.gateway.identity`), preferences lived at
 ``pref:{<uid>}:<type>`` with the user id as the agent sent it, so an agent of any organisation
 reached them; compliance user profiles lived at ``cmp:{org:<org>}:user:<uid>`` with the id
 as the administrator typed it (``U-Narrow`` and ``u-narrow`` were two users). Nothing reads
@@ -26,17 +26,25 @@ primary), in batches, so a large keyspace is walked without blocking the server.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from context_core.access.compliance import RedisComplianceStore
 from context_core.errors import ContextError
-from context_core.working_memory.keys import check_org, pref_index_key, pref_prefix, user_key_id
+from context_core.working_memory.keys import (
+    LEGACY_PREF_INDEX_SCAN,
+    LEGACY_PREF_KEY,
+    LEGACY_PREF_SCAN,
+    check_org,
+    legacy_pref_index_key,
+    pref_index_key,
+    pref_prefix,
+    user_key_id,
+)
 
 __all__ = ["UserKeysMigration", "migrate_user_keys"]
 
-_LEGACY_PREF = re.compile(r"pref:\{([^{}:]+)\}:([a-z][a-z0-9_]{0,31})")
 _SCAN_COUNT = 500
 
 
@@ -86,11 +94,15 @@ def migrate_user_keys(
 
 def _migrate_preferences(client: Any, org: str, out: UserKeysMigration, *, drop: bool) -> None:
     by_user: dict[str, list[tuple[str, str]]] = defaultdict(list)
-    for key in _scan(client, "pref:{*}:*"):
-        m = _LEGACY_PREF.fullmatch(key)
+    for key in _scan(client, LEGACY_PREF_SCAN):
+        m = LEGACY_PREF_KEY.fullmatch(key)
         if m:  # ``_index`` sets and anything else that is not a legacy preference hash: below
             by_user[m.group(1)].append((key, m.group(2)))
-    legacy_indexes = [k for k in _scan(client, "pref:{*}:_index") if ":" not in k[6:-8]]
+    legacy_indexes = [
+        k
+        for k in _scan(client, LEGACY_PREF_INDEX_SCAN)
+        if ":" not in k[len("pref:{") : -len("}:_index")]
+    ]
     if drop:
         doomed = [k for pairs in by_user.values() for k, _ in pairs]
         out.preferences_dropped = len(doomed)
@@ -125,13 +137,13 @@ def _migrate_preferences(client: Any, org: str, out: UserKeysMigration, *, drop:
             client.delete(key)
         out.users_moved.append(uid)
         if not out.dry_run:
-            client.delete(f"pref:{{{uid}}}:_index")
+            client.delete(legacy_pref_index_key(uid))
 
 
 def _migrate_profiles(client: Any, org: str, out: UserKeysMigration) -> None:
-    base = f"cmp:{{org:{org}}}"
-    for key in _scan(client, f"{base}:user:*"):
-        uid = key[len(base) + len(":user:") :]
+    prefix = RedisComplianceStore.user_keys(org, "")[0]  # cmp:{org:<org>}:user:
+    for key in _scan(client, f"{prefix}*"):
+        uid = key[len(prefix) :]
         if uid.startswith("h~") or not uid:
             continue
         try:
@@ -141,7 +153,7 @@ def _migrate_profiles(client: Any, org: str, out: UserKeysMigration) -> None:
             continue
         if target == uid:
             continue
-        new_key, new_audit = f"{base}:user:{target}", f"{base}:audit:user:{target}"
+        new_key, new_audit = RedisComplianceStore.user_keys(org, target)
         if client.exists(new_key):
             out.left_alone[f"profile {uid}"] = f"a profile for {target!r} exists already"
             continue
@@ -149,6 +161,6 @@ def _migrate_profiles(client: Any, org: str, out: UserKeysMigration) -> None:
         if out.dry_run:
             continue
         client.rename(key, new_key)  # same hash tag: one slot, legal on a cluster
-        old_audit = f"{base}:audit:user:{uid}"
+        old_audit = RedisComplianceStore.user_keys(org, uid)[1]
         if client.exists(old_audit):
             client.rename(old_audit, new_audit)

@@ -17,13 +17,14 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Path
+from fastapi import Path
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from context_app.service.deps import Services
 from context_app.service.http_deps import BodyBytes, Svc, Who
 from context_app.service.models import error_responses
-from context_app.service.sessions_api import wire_response
+from context_app.service.routes._common import resource_router, wire_response
 from context_core.access.auth import ORG_PATTERN, AgentKey
 from context_core.access.compliance import ADMIN_PURPOSE, ComplianceProfile, StoredProfile
 from context_core.errors import AccessDeniedError
@@ -33,8 +34,10 @@ __all__ = [
     "ComplianceHistoryResponse",
     "ComplianceProfileResponse",
     "CompliancePutRequest",
-    "install_compliance_routes",
+    "router",
 ]
+
+router = resource_router()
 
 USER_PATTERN = r"^[^\s/{}:]{1,256}$"
 PathOrg = Annotated[str, Path(min_length=1, max_length=64, pattern=ORG_PATTERN)]
@@ -49,6 +52,10 @@ WRITE_ERRORS = {
         "body names current_version); nothing was written",
     },
 }
+
+TAGS: list[str | Enum] = ["compliance"]
+ORG_PATH = "/v1/compliance/orgs/{org_id}"
+USER_PATH = ORG_PATH + "/users/{user_id}"
 
 
 class _Model(BaseModel):
@@ -88,6 +95,93 @@ class ComplianceHistoryResponse(_Model):
     entries: list[ComplianceAuditOut]
 
 
+@router.get(ORG_PATH, tags=TAGS, response_model=ComplianceProfileResponse, responses=READ_ERRORS)
+def get_org_profile(org_id: PathOrg, svc: Svc, who: Who) -> Response:
+    """The org's compliance profile (any agent of the org)."""
+    return _get(svc, who, org_id, None)
+
+
+@router.put(ORG_PATH, tags=TAGS, response_model=ComplianceProfileResponse, responses=WRITE_ERRORS)
+def put_org_profile(
+    org_id: PathOrg, body: CompliancePutRequest, svc: Svc, who: Who, nbytes: BodyBytes
+) -> Response:
+    """Replace the org's profile (``compliance_admin``; optimistic lock on
+    ``expected_version``; values cleaned by the gateway; audited)."""
+    return _put(svc, who, nbytes, org_id, None, body)
+
+
+@router.get(
+    ORG_PATH + "/history",
+    tags=TAGS,
+    response_model=ComplianceHistoryResponse,
+    responses=READ_ERRORS,
+)
+def get_org_history(org_id: PathOrg, svc: Svc, who: Who) -> Response:
+    """The org profile's audit entries, oldest first (``compliance_admin``)."""
+    return _history(svc, who, org_id, None)
+
+
+@router.get(USER_PATH, tags=TAGS, response_model=ComplianceProfileResponse, responses=READ_ERRORS)
+def get_user_profile(org_id: PathOrg, user_id: PathUser, svc: Svc, who: Who) -> Response:
+    """A user's overrides (merged into the org's: a user narrows, never widens)."""
+    return _get(svc, who, org_id, user_id)
+
+
+@router.put(USER_PATH, tags=TAGS, response_model=ComplianceProfileResponse, responses=WRITE_ERRORS)
+def put_user_profile(
+    org_id: PathOrg,
+    user_id: PathUser,
+    body: CompliancePutRequest,
+    svc: Svc,
+    who: Who,
+    nbytes: BodyBytes,
+) -> Response:
+    """Replace a user's overrides (``compliance_admin``; as for the org's)."""
+    return _put(svc, who, nbytes, org_id, user_id, body)
+
+
+@router.get(
+    USER_PATH + "/history",
+    tags=TAGS,
+    response_model=ComplianceHistoryResponse,
+    responses=READ_ERRORS,
+)
+def get_user_history(org_id: PathOrg, user_id: PathUser, svc: Svc, who: Who) -> Response:
+    """A user's audit entries, oldest first (``compliance_admin``)."""
+    return _history(svc, who, org_id, user_id)
+
+
+def _get(svc: Services, who: AgentKey, org_id: str, user_id: str | None) -> Response:
+    _member(who, org_id)
+    return wire_response(_out(svc.compliance.get(org_id, user_id), user_id))
+
+
+def _put(
+    svc: Services,
+    who: AgentKey,
+    nbytes: int,
+    org_id: str,
+    user_id: str | None,
+    body: CompliancePutRequest,
+) -> Response:
+    _admin(who, org_id)
+    svc.quotas.charge(who.agent_id, nbytes)
+    stored = svc.compliance.put(
+        org_id,
+        body.profile,
+        expected_version=body.expected_version,
+        operator=who.agent_id,
+        user_id=user_id,
+    )
+    return wire_response(_out(stored, user_id))
+
+
+def _history(svc: Services, who: AgentKey, org_id: str, user_id: str | None) -> Response:
+    _admin(who, org_id)
+    entries = [e.to_dict() for e in svc.compliance.history(org_id, user_id)]
+    return wire_response({"org_id": org_id, "user_id": user_id, "entries": entries})
+
+
 def _member(who: AgentKey, org_id: str) -> None:
     if who.org != org_id:
         raise AccessDeniedError(
@@ -115,87 +209,3 @@ def _out(p: StoredProfile, user_id: str | None) -> dict[str, Any]:
         "updated_at": p.updated_at,
         "updated_by": p.updated_by,
     }
-
-
-def install_compliance_routes(app: FastAPI) -> None:
-    tags: list[str | Enum] = ["compliance"]
-    org_path = "/v1/compliance/orgs/{org_id}"
-    user_path = org_path + "/users/{user_id}"
-
-    def get(svc: Any, who: AgentKey, org_id: str, user_id: str | None) -> Response:
-        _member(who, org_id)
-        return wire_response(_out(svc.compliance.get(org_id, user_id), user_id))
-
-    def put(
-        svc: Any,
-        who: AgentKey,
-        nbytes: int,
-        org_id: str,
-        user_id: str | None,
-        body: CompliancePutRequest,
-    ) -> Response:
-        _admin(who, org_id)
-        svc.quotas.charge(who.agent_id, nbytes)
-        stored = svc.compliance.put(
-            org_id,
-            body.profile,
-            expected_version=body.expected_version,
-            operator=who.agent_id,
-            user_id=user_id,
-        )
-        return wire_response(_out(stored, user_id))
-
-    def history(svc: Any, who: AgentKey, org_id: str, user_id: str | None) -> Response:
-        _admin(who, org_id)
-        entries = [e.to_dict() for e in svc.compliance.history(org_id, user_id)]
-        return wire_response({"org_id": org_id, "user_id": user_id, "entries": entries})
-
-    @app.get(org_path, tags=tags, response_model=ComplianceProfileResponse, responses=READ_ERRORS)
-    def get_org_profile(org_id: PathOrg, svc: Svc, who: Who) -> Response:
-        """The org's compliance profile (any agent of the org)."""
-        return get(svc, who, org_id, None)
-
-    @app.put(org_path, tags=tags, response_model=ComplianceProfileResponse, responses=WRITE_ERRORS)
-    def put_org_profile(
-        org_id: PathOrg, body: CompliancePutRequest, svc: Svc, who: Who, nbytes: BodyBytes
-    ) -> Response:
-        """Replace the org's profile (``compliance_admin``; optimistic lock on
-        ``expected_version``; values cleaned by the gateway; audited)."""
-        return put(svc, who, nbytes, org_id, None, body)
-
-    @app.get(
-        org_path + "/history",
-        tags=tags,
-        response_model=ComplianceHistoryResponse,
-        responses=READ_ERRORS,
-    )
-    def get_org_history(org_id: PathOrg, svc: Svc, who: Who) -> Response:
-        """The org profile's audit entries, oldest first (``compliance_admin``)."""
-        return history(svc, who, org_id, None)
-
-    @app.get(user_path, tags=tags, response_model=ComplianceProfileResponse, responses=READ_ERRORS)
-    def get_user_profile(org_id: PathOrg, user_id: PathUser, svc: Svc, who: Who) -> Response:
-        """A user's overrides (merged into the org's: a user narrows, never widens)."""
-        return get(svc, who, org_id, user_id)
-
-    @app.put(user_path, tags=tags, response_model=ComplianceProfileResponse, responses=WRITE_ERRORS)
-    def put_user_profile(
-        org_id: PathOrg,
-        user_id: PathUser,
-        body: CompliancePutRequest,
-        svc: Svc,
-        who: Who,
-        nbytes: BodyBytes,
-    ) -> Response:
-        """Replace a user's overrides (``compliance_admin``; as for the org's)."""
-        return put(svc, who, nbytes, org_id, user_id, body)
-
-    @app.get(
-        user_path + "/history",
-        tags=tags,
-        response_model=ComplianceHistoryResponse,
-        responses=READ_ERRORS,
-    )
-    def get_user_history(org_id: PathOrg, user_id: PathUser, svc: Svc, who: Who) -> Response:
-        """A user's audit entries, oldest first (``compliance_admin``)."""
-        return history(svc, who, org_id, user_id)

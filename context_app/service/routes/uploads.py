@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any
 
-from fastapi import FastAPI, File, Form, UploadFile
+from fastapi import File, Form, UploadFile
 from fastapi.responses import Response
 
 from context_app.service.deps import Services
@@ -43,6 +43,7 @@ from context_app.service.models import (
     ValidationErrorResponse,
     error_responses,
 )
+from context_app.service.routes._common import resource_router
 from context_core.access.auth import AgentKey
 from context_core.config import Settings
 from context_core.ingest.clamd import ClamdScanner
@@ -51,10 +52,12 @@ from context_core.ingest.upload import parse_keywords, scan_and_ingest
 __all__ = [
     "UPLOAD_PATH",
     "blocked_keywords_for",
-    "install_upload_routes",
+    "router",
     "scanner_for",
     "upload_raw_bodies",
 ]
+
+router = resource_router()
 
 UPLOAD_PATH = "/v1/uploads"
 MULTIPART_ENVELOPE = 64 * 1024
@@ -106,48 +109,44 @@ UPLOAD_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def install_upload_routes(app: FastAPI) -> None:
-    """The upload route (see the module doc). Its body limit is :func:`upload_raw_bodies`,
-    given to the app's :class:`BodyLimit`."""
-
-    @app.post(
-        UPLOAD_PATH,
-        status_code=201,
-        tags=["knowledge"],
-        response_model=UploadResponse,
-        responses=UPLOAD_ERRORS,
+@router.post(
+    UPLOAD_PATH,
+    status_code=201,
+    tags=["knowledge"],
+    response_model=UploadResponse,
+    responses=UPLOAD_ERRORS,
+)
+def upload(
+    svc: Svc,
+    who: Who,
+    file: Annotated[UploadFile, File(description="the file: PDF, HTML, text or Markdown")],
+    section: Annotated[
+        str, Form(pattern=SECTION_PATTERN, description="payload section routes filter on")
+    ] = "general",
+    namespace: Annotated[
+        str | None,
+        Form(
+            pattern=NAMESPACE_PATTERN,
+            description="shared namespace to write under (needs a write grant there; "
+            "otherwise the agent's private scope)",
+        ),
+    ] = None,
+) -> Response:
+    """Scan (clamd), read, check blocked keywords, redact and index one file; see the
+    module doc for every answer. Nothing reaches L3 unless every check passed."""
+    data = file.file.read()
+    svc.quotas.charge(who.agent_id, len(data))
+    result = scan_and_ingest(
+        data,
+        file.filename or "",
+        file.content_type,
+        scanner=scanner_for(svc.settings),
+        gateway=svc.gateway,
+        knowledge=svc.knowledge,
+        blocked_keywords=blocked_keywords_for(svc, who),
+        agent_id=who.agent_id,
+        namespace=namespace,
+        namespaces=svc.namespaces,
+        section=section,
     )
-    def upload(
-        svc: Svc,
-        who: Who,
-        file: Annotated[UploadFile, File(description="the file: PDF, HTML, text or Markdown")],
-        section: Annotated[
-            str, Form(pattern=SECTION_PATTERN, description="payload section routes filter on")
-        ] = "general",
-        namespace: Annotated[
-            str | None,
-            Form(
-                pattern=NAMESPACE_PATTERN,
-                description="shared namespace to write under (needs a write grant there; "
-                "otherwise the agent's private scope)",
-            ),
-        ] = None,
-    ) -> Response:
-        """Scan (clamd), read, check blocked keywords, redact and index one file; see the
-        module doc for every answer. Nothing reaches L3 unless every check passed."""
-        data = file.file.read()
-        svc.quotas.charge(who.agent_id, len(data))
-        result = scan_and_ingest(
-            data,
-            file.filename or "",
-            file.content_type,
-            scanner=scanner_for(svc.settings),
-            gateway=svc.gateway,
-            knowledge=svc.knowledge,
-            blocked_keywords=blocked_keywords_for(svc, who),
-            agent_id=who.agent_id,
-            namespace=namespace,
-            namespaces=svc.namespaces,
-            section=section,
-        )
-        return json_response(result.to_dict(), 201)
+    return json_response(result.to_dict(), 201)

@@ -3,8 +3,9 @@
 Many organisations share one deployment. The organisation of every request is the one of the
 API key that signed it (:class:`context_core.access.auth.AgentKey.org`), never a field of the body.
 A user id means something only inside its organisation, so every record that belongs to a user
-is keyed by the pair (org, user): ``pref:{<org>:<user>}:<type>`` (:mod:`.working_memory.keys`),
-the compliance store's rows, the traces' hashed user fields.
+is keyed by the pair (org, user): ``pref:{<org>:<user>}:<type>``
+(:mod:`context_core.working_memory.keys`), the compliance store's rows, the traces' hashed
+user fields.
 
 **The canonical user id** (:func:`canonical_user_id`), applied wherever a user id is compared
 or becomes part of a key:
@@ -29,6 +30,10 @@ merely look alike (an all-Cyrillic ``ѕсоре`` and a Latin ``scope``) stay tw
 be in a real directory; and ids are not matched on confusable skeletons, which would merge
 real users (``user1`` and ``userl``). Scripts come from Unicode's ``Scripts.txt`` as shipped by
 the ``confusable-homoglyphs`` package; the default-ignorable set from :mod:`.skeleton`.
+
+It lives in the gateway (with :mod:`.skeleton`, whose data it uses) because session state,
+working-memory keys and the access checks all canonicalise ids: it sits below all of them.
+:mod:`context_core.gateway.identity` re-exports it under its former name.
 """
 
 from __future__ import annotations

@@ -65,9 +65,10 @@ def record(pid: int, out: Path, *, rate: int = 100) -> Iterator[Path]:
 
 
 def _package(frame: str) -> str:
-    """The project's own modules as ``context_core.routing.router`` (a subpackage by its name:
-    ``context_core.knowledge``); anything else by the first part of its path as py-spy
-    prints it (``uvicorn``, ``asyncio``, ``json``, ``pydantic``)."""
+    """The project's own code by package (``context_core.routing``, ``context_core.redis``,
+    ``context_app.service``; a root module by its name, ``context_core.traces``); anything
+    else by the first part of its path as py-spy prints it (``uvicorn``, ``asyncio``,
+    ``json``, ``pydantic``)."""
     m = _FRAME.match(frame)
     if m is None:
         return "(native or idle)" if not frame.strip() else frame

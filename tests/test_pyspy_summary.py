@@ -29,7 +29,7 @@ def test_summary_counts_leaves_by_package_and_own_functions_inclusively(tmp_path
     assert s["samples"] == [("samples", 10.0)]
     assert s["self_by_package"] == [
         ("json", 0.6),
-        ("context_core.redis.loop_client", 0.3),
+        ("context_core.redis", 0.3),  # the project's own code by package
         ("uvicorn", 0.1),
     ]
     assert s["self_by_function"][0] == ("dumps (json/__init__.py)", 0.6)

@@ -120,7 +120,9 @@ class Settings(BaseSettings):
     qdrant_url: str | None = Field(
         None, description="URL of a Qdrant server/cluster; unset = embedded Qdrant Edge."
     )
-    qdrant_api_key: SecretStr | None = None
+    qdrant_api_key: SecretStr | None = Field(
+        None, description="API key sent to the Qdrant server (CTX_QDRANT_URL); never logged."
+    )
     qdrant_search_threads: int = Field(
         1,
         ge=0,
@@ -163,11 +165,27 @@ class Settings(BaseSettings):
             )
         return self
 
-    collection_main: str = "knowledge_main"
-    collection_hot: str = "hot_knowledge"
-    hot_ttl_hours: float = Field(72.0, gt=0)
-    l3_top_k: int = Field(3, gt=0, le=100)
-    l3_timeout_ms: float = Field(D.L3_TIMEOUT_MS, gt=0)
+    collection_main: str = Field(
+        "knowledge_main", description="L3 collection the weekly refresh writes (curated knowledge)."
+    )
+    collection_hot: str = Field(
+        "hot_knowledge",
+        description="L3 collection of answers confirmed during sessions, merged daily into main.",
+    )
+    hot_ttl_hours: float = Field(
+        72.0,
+        gt=0,
+        description="Hours a confirmed answer stays in the hot collection unless merged.",
+    )
+    l3_top_k: int = Field(
+        3, gt=0, le=100, description="Knowledge hits one L3 search returns (before thresholds)."
+    )
+    l3_timeout_ms: float = Field(
+        D.L3_TIMEOUT_MS,
+        gt=0,
+        description="A route waits this long for L3; later, the bundle is served without it "
+        "(degraded, with the reason).",
+    )
     retrieval_mode: Literal["dense", "sparse", "hybrid"] = Field(
         D.RETRIEVAL_MODE,
         description="L3 retrieval: dense cosine, sparse BM25, or both fused; a collection "
@@ -188,13 +206,21 @@ class Settings(BaseSettings):
 
     # --- embeddings ---------------------------------------------------------------------
     embed_model: str = Field("minilm", description="Registry name (minilm, bge-m3) or a path.")
-    embed_batch_size: int = Field(64, gt=0)
-    embed_cache_ttl_s: int = Field(86_400, gt=0)
-    embed_device: str = "cpu"
+    embed_batch_size: int = Field(64, gt=0, description="Texts per encoder batch when embedding.")
+    embed_cache_ttl_s: int = Field(
+        86_400, gt=0, description="Seconds a query embedding stays in the Redis embedding cache."
+    )
+    embed_device: str = Field(
+        "cpu", description="Torch device for the encoder (cpu, cuda, cuda:1)."
+    )
 
     # --- ingestion ----------------------------------------------------------------------
-    chunk_max_tokens: int = Field(256, gt=8)
-    chunk_overlap_tokens: int = Field(32, ge=0)
+    chunk_max_tokens: int = Field(
+        256, gt=8, description="Largest chunk, in encoder tokens (heading-aware chunking)."
+    )
+    chunk_overlap_tokens: int = Field(
+        32, ge=0, description="Tokens a chunk repeats from the one before (below chunk_max_tokens)."
+    )
     max_page_bytes: int = Field(
         5 * 1024 * 1024,
         gt=0,
@@ -253,8 +279,20 @@ class Settings(BaseSettings):
     )
 
     # --- confidence thresholds ---------------------------------------------------------
-    accept_threshold: float = Field(D.ACCEPT_THRESHOLD, ge=-1.0, le=1.0)
-    skip_threshold: float = Field(D.SKIP_THRESHOLD, ge=-1.0, le=1.0)
+    accept_threshold: float = Field(
+        D.ACCEPT_THRESHOLD,
+        ge=-1.0,
+        le=1.0,
+        description="Cosine at or above which a hit is confident; used when no calibrated "
+        "thresholds.json is in force.",
+    )
+    skip_threshold: float = Field(
+        D.SKIP_THRESHOLD,
+        ge=-1.0,
+        le=1.0,
+        description="Cosine below which a hit is left out; used when no calibrated "
+        "thresholds.json is in force.",
+    )
     thresholds_path: Path | None = Field(
         None, description="thresholds.json from calibration; default <reports_dir>/thresholds.json"
     )
@@ -279,18 +317,25 @@ class Settings(BaseSettings):
     )
 
     # --- gateway ------------------------------------------------------------------------
-    max_response_bytes: int = Field(D.MAX_RESPONSE_BYTES, gt=0)
+    max_response_bytes: int = Field(
+        D.MAX_RESPONSE_BYTES,
+        gt=0,
+        description="A tool response larger than this (cleaned, as JSON) is not stored; "
+        "it is replaced by an error and audited.",
+    )
     audit_hmac_key: SecretStr | None = Field(
         None, description="Key for HMAC-SHA256 audit hashes; unset = plain SHA-256."
     )
 
     # --- service ------------------------------------------------------------------------
-    service_host: str = "127.0.0.1"
-    service_port: int = Field(8080, gt=0, lt=65536)
+    service_host: str = Field("127.0.0.1", description="Address `ctx serve` binds.")
+    service_port: int = Field(8080, gt=0, lt=65536, description="Port `ctx serve` listens on.")
     api_keys_file: Path | None = Field(
         None, description="JSON {agent_id: {key_sha256, namespaces, purposes}}"
     )
-    max_body_bytes: int = Field(256 * 1024, gt=0)
+    max_body_bytes: int = Field(
+        256 * 1024, gt=0, description="Largest request body the service reads; 413 beyond."
+    )
     service_execution: Literal["loop", "threads"] = Field(
         "loop",
         description="Where the service runs its hot endpoints: 'loop' = on the event loop, "
@@ -398,7 +443,9 @@ class Settings(BaseSettings):
         "minute (sessions, events, outputs); 429 with Retry-After beyond.",
     )
 
-    log_level: str = "INFO"
+    log_level: str = Field(
+        "INFO", description="Python logging level (DEBUG, INFO, WARNING, ERROR)."
+    )
 
     @field_validator("log_level")
     @classmethod

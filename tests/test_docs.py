@@ -202,6 +202,15 @@ def test_configuration_reference_lists_every_setting(site: Path) -> None:
     assert not missing, missing
 
 
+def test_every_setting_says_what_it_does() -> None:
+    """The configuration reference is generated from the field descriptions: a setting
+    without one would be listed with an empty meaning."""
+    from context_core.config import Settings
+
+    bare = [f"CTX_{n.upper()}" for n, f in Settings.model_fields.items() if not f.description]
+    assert not bare, f"settings without a description in context_core/config.py: {bare}"
+
+
 def test_agent_api_lists_every_route(site: Path, tmp_path: Path) -> None:
     from context_app.service.app import create_app
     from context_core.config import get_settings

@@ -135,7 +135,7 @@ _ROW = "_row"  # helper column naming each row in failure messages
 
 
 def _label_specs(min_rows: int, columns: Iterable[str] = ()) -> list[Any]:
-    from context_core.quality import ExpectationSpec as Spec
+    from context_core.data_quality import ExpectationSpec as Spec
 
     specs = [
         Spec("ExpectColumnValuesToNotBeNull", {"column": c}, f"{c} is empty or not a number")
@@ -175,7 +175,7 @@ def _label_specs(min_rows: int, columns: Iterable[str] = ()) -> list[Any]:
 
 def _gx_suite_failures(frame: pd.DataFrame, min_rows: int) -> list[str]:
     """Run the labels expectation suite; return one readable line per failing row/check."""
-    from context_core.quality import validate_frame
+    from context_core.data_quality import validate_frame
 
     named = frame.copy()
     named[_ROW] = [

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from context_core.knowledge.server import QdrantServerStore
+from context_core.knowledge.qdrant_server import QdrantServerStore
 
 __all__ = ["server_store"]
 

@@ -477,7 +477,7 @@ def test_open_store_uses_the_socket_when_set(
     finally:
         store.close()
     # CTX_QDRANT_URL still wins
-    from context_core.knowledge.server import QdrantServerStore
+    from context_core.knowledge.qdrant_server import QdrantServerStore
 
     server = open_store(get_settings(data_dir=tmp_path / "ctx", qdrant_url=":memory:"))
     try:

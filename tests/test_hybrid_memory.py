@@ -18,7 +18,7 @@ from context_core.ingest.hot import merge_hot
 from context_core.knowledge.edge import EdgeStore
 from context_core.knowledge.embedding import Encoder
 from context_core.knowledge.memory import KnowledgeMemory
-from context_core.knowledge.server import QdrantServerStore
+from context_core.knowledge.qdrant_server import QdrantServerStore
 from context_core.knowledge.sparse import SPARSE_ENCODER, SparseEncoder
 from context_core.knowledge.store import PointRecord, SearchQuery, VectorStore, point_id
 

@@ -14,7 +14,7 @@ from context_core.gateway.sanitize import Gateway
 from context_core.knowledge.edge import EdgeStore
 from context_core.knowledge.embedding import Encoder
 from context_core.knowledge.memory import KnowledgeMemory, find_session_keys
-from context_core.knowledge.server import QdrantServerStore
+from context_core.knowledge.qdrant_server import QdrantServerStore
 from context_core.knowledge.store import PointRecord, VectorStore, point_id
 
 T0 = 1_800_000_000.0

@@ -29,7 +29,7 @@ from context_core.gateway.sanitize import Gateway
 from context_core.knowledge.edge import EdgeStore
 from context_core.knowledge.embedding import Encoder
 from context_core.knowledge.memory import KnowledgeMemory
-from context_core.knowledge.server import QdrantServerStore
+from context_core.knowledge.qdrant_server import QdrantServerStore
 from context_core.knowledge.store import (
     Hit,
     PointRecord,

@@ -29,7 +29,7 @@ from context_core.errors import (
 )
 from context_core.knowledge.edge import EdgeStore
 from context_core.knowledge.edge_server import EdgeServer, RemoteEdgeStore
-from context_core.knowledge.server import QdrantServerStore
+from context_core.knowledge.qdrant_server import QdrantServerStore
 from context_core.knowledge.store import (
     PointRecord,
     SearchQuery,
@@ -362,7 +362,7 @@ class _RecordingClient:
 def test_server_collections_carry_the_cluster_placement_from_settings(tmp_path: Path) -> None:
     from context_core.config import get_settings
     from context_core.knowledge import open_store
-    from context_core.knowledge.server import collection_placement
+    from context_core.knowledge.qdrant_server import collection_placement
 
     settings = get_settings(
         data_dir=tmp_path / "ctx",

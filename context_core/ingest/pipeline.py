@@ -12,7 +12,8 @@ Everything else is rewritten, and chunk indexes a page no longer has are deleted
 chunks of pages that left a *complete space export* (but not of pages merely quarantined this
 time: a page that fails to parse keeps its last good version). Deletes never reach beyond the
 space the run read, and two guards stop a run before it writes (see
-:mod:`context_core.ingest.plan`: no readable page; more than a set share of a space deleted).
+:mod:`context_core.ingest.refresh_plan`: no readable page; more than a set share of a space
+deleted).
 
 Every run has a run id. Its quarantined pages (and warnings such as a date that fell back to
 the file time) are *appended* to ``<reports_dir>/quarantine.jsonl``, one line each with the run
@@ -39,8 +40,9 @@ from typing import TYPE_CHECKING, Any
 from context_core.config import Settings, get_settings
 from context_core.fsutil import atomic_write_text
 from context_core.ingest.add_sparse import add_sparse_vectors
-from context_core.ingest.plan import PLAN_SCHEMA as PLAN_SCHEMA  # re-export: was defined here
-from context_core.ingest.plan import (
+from context_core.ingest.progress import StageProgress, timed
+from context_core.ingest.refresh_plan import PLAN_SCHEMA as PLAN_SCHEMA  # re-export
+from context_core.ingest.refresh_plan import (
     PlannedPoint,
     RefreshPlan,
     load_encoder_lazily,
@@ -49,7 +51,6 @@ from context_core.ingest.plan import (
     plan_refresh,
     source_scope,
 )
-from context_core.ingest.progress import StageProgress, timed
 from context_core.knowledge.sparse import SparseEncoder
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from context_core.quality import ExpectationSpec, ValidationReport, validate_frame
+from context_core.data_quality import ExpectationSpec, ValidationReport, validate_frame
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -22,7 +22,7 @@ def open_store(settings: Settings) -> VectorStore:
     shards served by an edge server process (several workers); otherwise embedded Qdrant Edge
     (one process per data dir)."""
     if settings.qdrant_url:
-        from context_core.knowledge.server import QdrantServerStore
+        from context_core.knowledge.qdrant_server import QdrantServerStore
 
         key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
         return QdrantServerStore.connect(

@@ -7,9 +7,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from context_core.data_quality import ExpectationSpec, validate_frame
 from context_core.errors import DataValidationError
 from context_core.ingest.validation import validate_chunks
-from context_core.quality import ExpectationSpec, validate_frame
 
 
 def _row(i: int, **over: Any) -> dict[str, Any]:

@@ -29,10 +29,11 @@ schema 3::
      "timings_ms": {"l1", "l2", "l3", "total"}}
 
 ``l2`` keys are full Redis keys (``wm:{<sid>}:<kind>:<id>``; preferences
-``pref:{<uid>}:<type>``, ``pref:{<uid>}:*`` for "all of the user's"). ``required`` is the
-subset of ``requested`` the intent *requires* (``L2KeySpec.required``); the other requested
-keys were asked for opportunistically (a cached API response, the sensor series before it was
-fetched) and their absence is not a loading failure. ``expired`` lists missing keys this
+``pref:{<org>:<uid>}:<type>``, ``pref:{<org>:<uid>}:*`` for "all of the user's"). ``required``
+is the subset of ``requested`` the intent *requires* (``L2KeySpec.required``); the other
+requested keys were asked for opportunistically (a cached API response, the sensor series
+before it was fetched) and their absence is not a loading failure. ``expired`` lists missing
+keys this
 session had written and that are gone (decided in Redis, ``SessionMemory.key_expired``, so
 evaluation can tell decay from never-written whichever process routed); a key is in
 ``missing`` whenever absent, expired or not. ``contract_lost`` is true when the intent asked
@@ -89,8 +90,8 @@ from settings) key segments carrying request values (``<device>`` in
 ``wm:{<sid>}:series:<device>.vibration``, ``<key>`` in ``ns:{<ns>}:kv:<key>`` and
 ``<ns>/<key>``) become ``#`` + 12 hex of their SHA-256 (HMAC under ``CTX_AUDIT_HMAC_KEY``),
 the same in ``l2``, ``ns``, ``fragments[].source``, ``by_reference[].source`` and ``cites``;
-in a preference key ``pref:{<uid>}:<type>`` the user id is hashed. API digests, step numbers,
-``current`` and unfilled placeholders (``<{device}.vibration>``) are kept.
+in a preference key ``pref:{<org>:<uid>}:<type>`` the (org, user) pair is hashed. API
+digests, step numbers, ``current`` and unfilled placeholders (``<{device}.vibration>``) are kept.
 """
 
 from __future__ import annotations

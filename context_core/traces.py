@@ -33,8 +33,8 @@ schema 3::
 is the subset of ``requested`` the intent *requires* (``L2KeySpec.required``); the other
 requested keys were asked for opportunistically (a cached API response, the sensor series
 before it was fetched) and their absence is not a loading failure. ``expired`` lists missing
-keys this
-session had written and that are gone (decided in Redis, ``SessionMemory.key_expired``, so
+keys this session had written and that are gone (decided in Redis,
+``SessionMemory.key_expired``, so
 evaluation can tell decay from never-written whichever process routed); a key is in
 ``missing`` whenever absent, expired or not. ``contract_lost`` is true when the intent asked
 for the task contract and this session's contract is expired: a live session lost its goal,

@@ -31,16 +31,15 @@ schema 3::
 ``l2`` keys are full Redis keys (``wm:{<sid>}:<kind>:<id>``; preferences
 ``pref:{<org>:<uid>}:<type>``, ``pref:{<org>:<uid>}:*`` for "all of the user's"). ``required``
 is the subset of ``requested`` the intent *requires* (``L2KeySpec.required``); the other
-requested keys were asked for opportunistically (a cached API response, the sensor series
-before it was fetched) and their absence is not a loading failure. ``expired`` lists missing
-keys this session had written and that are gone (decided in Redis,
-``SessionMemory.key_expired``, so
-evaluation can tell decay from never-written whichever process routed); a key is in
-``missing`` whenever absent, expired or not. ``contract_lost`` is true when the intent asked
-for the task contract and this session's contract is expired: a live session lost its goal,
-which CER counts as a loading failure even though the contract key is optional. ``ns`` refs
-are ``"<namespace>/<key>"``. ``l3.hits`` lists every hit with its label, including the ones
-dropped as below skip; ``l3.used`` says whether any L3 fragment reached the bundle.
+requested keys were asked for opportunistically (a cached API response, the sensor series before
+it was fetched) and their absence is not a loading failure. ``expired`` lists missing keys this
+session had written and that are gone (decided in Redis, ``SessionMemory.key_expired``, so
+evaluation can tell decay from never-written whichever process routed); a key is in ``missing``
+whenever absent, expired or not. ``contract_lost`` is true when the intent asked for the task
+contract and this session's contract is expired: a live session lost its goal, which CER counts
+as a loading failure even though the contract key is optional. ``ns`` refs are
+``"<namespace>/<key>"``. ``l3.hits`` lists every hit with its label, including the ones dropped
+as below skip; ``l3.used`` says whether any L3 fragment reached the bundle.
 
 ``fragments`` are the fragments *delivered* (within the bundle budget); ``by_reference`` the
 ones the budget left out, without content or cites (an output citing them did not get them

@@ -120,11 +120,16 @@ def test_adversarial_shape_completes_quickly(shape: str) -> None:
 
 @pytest.mark.parametrize("shape", ["eyJ", "tokens=", "key=", "cyrillic password: "])
 def test_historically_bad_shapes_scale_linearly(shape: str) -> None:
+    # n against 4n: linear is 4x, quadratic 16x. The two sizes are timed interleaved and the
+    # best of five kept, so a burst of load from a neighbour on a shared machine (which once
+    # made a 3 ms run take 13 ms in a 2x comparison) cannot pass for a quadratic blow-up.
     g = gw()
-    small, big = SHAPES[shape](SIZE), SHAPES[shape](2 * SIZE)
-    t1 = min(_clean_time(g, small) for _ in range(3))
-    t2 = min(_clean_time(g, big) for _ in range(3))
-    assert t2 < 4 * t1, (t1, t2)  # linear is 2x, quadratic 4x
+    small, big = SHAPES[shape](SIZE), SHAPES[shape](4 * SIZE)
+    t1 = t2 = float("inf")
+    for _ in range(5):
+        t1 = min(t1, _clean_time(g, small))
+        t2 = min(t2, _clean_time(g, big))
+    assert t2 < 10 * t1, (t1, t2)
 
 
 def test_reported_cases() -> None:

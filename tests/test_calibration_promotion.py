@@ -68,8 +68,8 @@ def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_url: str) -> Any:
     monkeypatch.setenv("CTX_REDIS_URL", redis_url)
     runner = CliRunner()
 
-    def run(*args: str) -> Any:
-        return runner.invoke(app, list(args))
+    def run(args: list[str]) -> Any:
+        return runner.invoke(app, args)
 
     return run
 
@@ -81,8 +81,8 @@ def test_tiny_uncorrelated_labels_do_not_replace_the_calibration_in_force(
     cli: Any, tmp_path: Path
 ) -> None:
     reports = tmp_path / "reports"
-    good = cli("eval", "calibrate", str(_csv(tmp_path / "good.csv",
-               _rows(27, 10, signal=0.15, seed=1))), "--n-boot", "200")  # fmt: skip
+    good = cli(["eval", "calibrate", str(_csv(tmp_path / "good.csv",
+               _rows(27, 10, signal=0.15, seed=1))), "--n-boot", "200"])  # fmt: skip
     assert good.exit_code == 0, good.output
     assert "PROMOTED c-" in good.output
     in_force = (reports / "thresholds.json").read_bytes()
@@ -90,7 +90,7 @@ def test_tiny_uncorrelated_labels_do_not_replace_the_calibration_in_force(
 
     # 4 queries x 5 hits, labels that have nothing to do with the similarity
     bad_rows = _rows(4, 5, signal=0.0, seed=2)
-    bad = cli("eval", "calibrate", str(_csv(tmp_path / "bad.csv", bad_rows)), "--n-boot", "200")
+    bad = cli(["eval", "calibrate", str(_csv(tmp_path / "bad.csv", bad_rows)), "--n-boot", "200"])
     assert bad.exit_code == 1, bad.output
     assert "NOT PROMOTED: gate(s) failed: labels_per_class, auc_ci" in bad.output
     assert "FAIL labels_per_class" in bad.output and "FAIL auc_ci" in bad.output
@@ -110,11 +110,11 @@ def test_tiny_uncorrelated_labels_do_not_replace_the_calibration_in_force(
 def test_force_promotes_and_records_the_reason(cli: Any, tmp_path: Path) -> None:
     reports = tmp_path / "reports"
     path = _csv(tmp_path / "small.csv", _rows(4, 5, signal=0.3, seed=3))
-    no_reason = cli("eval", "calibrate", str(path), "--force")
+    no_reason = cli(["eval", "calibrate", str(path), "--force"])
     assert no_reason.exit_code == 1 and "--force needs --reason" in no_reason.output
     assert not (reports / "calibrations").exists()  # checked before anything is written
-    res = cli("eval", "calibrate", str(path), "--n-boot", "50", "--force", "--reason",
-              "pilot on 20 labels, approved by the team lead")  # fmt: skip
+    res = cli(["eval", "calibrate", str(path), "--n-boot", "50", "--force", "--reason",
+              "pilot on 20 labels, approved by the team lead"])  # fmt: skip
     assert res.exit_code == 0, res.output
     assert "forced past: labels_per_class" in res.output
     store = VersionStore(reports / "thresholds.json")
@@ -262,22 +262,22 @@ def test_legacy_thresholds_in_force_become_a_version_that_can_be_rolled_back_to(
 def test_cli_thresholds_list_show_promote_rollback(cli: Any, tmp_path: Path) -> None:
     reports = tmp_path / "reports"
     for seed in (10, 11):
-        res = cli("eval", "calibrate", str(_csv(tmp_path / f"l{seed}.csv",
-                  _rows(27, 10, signal=0.15, seed=seed))), "--n-boot", "100")  # fmt: skip
+        res = cli(["eval", "calibrate", str(_csv(tmp_path / f"l{seed}.csv",
+                  _rows(27, 10, signal=0.15, seed=seed))), "--n-boot", "100"])  # fmt: skip
         assert res.exit_code == 0, res.output
     store = VersionStore(reports / "thresholds.json")
     first, second = store.ids()
-    listed = cli("eval", "thresholds", "list")
+    listed = cli(["eval", "thresholds", "list"])
     assert listed.exit_code == 0 and first in listed.output and second in listed.output
-    shown = json.loads(cli("eval", "thresholds", "show").output)
+    shown = json.loads(cli(["eval", "thresholds", "show"]).output)
     assert shown["version"] == second and shown["in_force"] is True
     assert shown["provenance"]["class_counts"]["relevant"] > 30
-    res = cli("eval", "thresholds", "rollback", "--reason", "drill")
+    res = cli(["eval", "thresholds", "rollback", "--reason", "drill"])
     assert res.exit_code == 0 and f"ROLLED BACK {second} -> {first}" in res.output
     assert json.loads((reports / "thresholds.json").read_text())["version"] == first
-    res = cli("eval", "thresholds", "promote", second)
+    res = cli(["eval", "thresholds", "promote", second])
     assert res.exit_code == 0 and f"PROMOTED {second}" in res.output
-    assert cli("eval", "thresholds", "promote", "c-20000101T000000Z-00000000").exit_code == 1
+    assert cli(["eval", "thresholds", "promote", "c-20000101T000000Z-00000000"]).exit_code == 1
 
 
 # --- label quality ------------------------------------------------------------------------------
@@ -326,7 +326,9 @@ def test_label_quality_kappa_per_annotator_pair(tmp_path: Path) -> None:
 # --- shadow ---------------------------------------------------------------------------------------
 
 
-def test_shadow_labels_routes_under_the_candidate_bounded_by_route_count(env: Env) -> None:
+def test_shadow_labels_routes_under_the_candidate_bounded_by_route_count(
+    env: Env, cli: Any
+) -> None:
     settings = env.settings
     store = VersionStore.for_settings(settings)
     query = "how much vibration is too much for a pump"
@@ -336,7 +338,12 @@ def test_shadow_labels_routes_under_the_candidate_bounded_by_route_count(env: En
     store.promote(strict, by="test")
     with pytest.raises(PromotionError, match="in force"):
         start_shadow(store, strict, routes=2)
-    start_shadow(store, loose, routes=2)
+    res = cli(["eval", "thresholds", "shadow", loose, "--minutes", "30"])
+    assert res.exit_code == 0 and f"SHADOW {loose}" in res.output
+    assert json.loads(store.shadow_file.read_text())["until"] is not None
+    res = cli(["eval", "thresholds", "shadow", loose, "--routes", "2"])
+    assert res.exit_code == 0 and "2 routes per process" in res.output
+    assert json.loads(store.shadow_file.read_text())["max_routes"] == 2
     src = PolicySource(settings, model=env.knowledge.encoder.name)
     with env.router(policy=src) as router:
         bundles = [router.route(env.state(), "default", params={"query": query})
@@ -353,4 +360,10 @@ def test_shadow_labels_routes_under_the_candidate_bounded_by_route_count(env: En
     assert rep.version == loose and rep.n_routes == 2 and rep.n_changed >= 2
     assert any(t.endswith("->confident") for t in rep.transitions)
     assert rep.cer_in_force.n_loaded == 0 and rep.cer_shadow.n_loaded == 2
-    assert stop_shadow(store) and not stop_shadow(store)
+    res = cli(["eval", "thresholds", "shadow-report"])
+    assert res.exit_code == 0, res.output
+    assert f"shadow {loose}: 2 routes" in res.output and "loaded 0" in res.output
+    shown = json.loads(cli(["eval", "thresholds", "show", loose]).output)
+    assert shown["version"] == loose and shown["in_force"] is False
+    assert cli(["eval", "thresholds", "shadow-stop"]).output.strip() == "shadow stopped"
+    assert not stop_shadow(store)

@@ -104,7 +104,7 @@ def _print_relevance(fit: Any, path: Any) -> None:
         f"{held['auc_p_relevant']:.3f} (cosine {held['auc_cosine']:.3f}), Brier "
         f"{held['brier_p_relevant']:.4f} (cosine as probability "
         f"{held['brier_cosine']:.4f}); accept p >= {fit.model.accept:.3f}, skip p >= "
-        f"{fit.model.skip:.3f} -> {path}"
+        f"{fit.model.skip:.3f} -> {path or 'not kept (gate p_relevant)'}"
     )
 
 

@@ -367,3 +367,54 @@ def test_shadow_labels_routes_under_the_candidate_bounded_by_route_count(
     assert shown["version"] == loose and shown["in_force"] is False
     assert cli(["eval", "thresholds", "shadow-stop"]).output.strip() == "shadow stopped"
     assert not stop_shadow(store)
+
+
+# --- a running HTTP service ---------------------------------------------------------------------
+
+
+def test_rollback_reaches_a_running_service_without_a_restart(
+    tmp_path: Path, redis_url: str, session_id: str
+) -> None:
+    import httpx
+    from test_service import cleanup_service_keys, running_service, service_settings
+
+    from context_core.traces import read_traces
+
+    settings, keys = service_settings(tmp_path, redis_url)
+    store = VersionStore.for_settings(settings)
+    first = _version(store, 0.61, 0.41, "f1")
+    second = _version(store, 0.52, 0.32, "f2")
+    store.promote(first, by="test")
+
+    def info(c: httpx.Client) -> tuple[str, str]:
+        text = c.get("/metrics").text
+        line = next(x for x in text.splitlines() if x.startswith("ctx_confidence_thresholds_info{"))
+        accept = next(x for x in text.splitlines()
+                      if x.startswith('ctx_confidence_threshold{bound="accept"}'))  # fmt: skip
+        return line.split('version="')[1].split('"')[0], accept.rsplit(" ", 1)[1]
+
+    try:
+        with (
+            running_service(settings) as url,
+            httpx.Client(base_url=url, headers={"X-API-Key": keys["agent-a"]}, timeout=30) as c,
+        ):
+            body = {"session_id": session_id, "user_id": "u-1", "user_query": "pump vibration"}
+            state = c.post("/v1/sessions", json=body).json()["state"]
+
+            def route() -> None:
+                r = c.post("/v1/context", json={"session_id": session_id,
+                           "step_intent": "default", "state": state})  # fmt: skip
+                assert r.status_code == 200, r.text
+
+            route()
+            assert info(c) == (first, "0.61")
+            store.promote(second, by="test")
+            route()
+            assert info(c) == (second, "0.52")
+            store.rollback(by="test", reason="drill")
+            route()
+            assert info(c) == (first, "0.61")
+    finally:
+        cleanup_service_keys(redis_url)
+    versions = [r["confidence"]["version"] for r in read_traces(settings.traces_dir, kind="route")]
+    assert versions == [first, second, first]

@@ -279,6 +279,11 @@ class VersionStore:
             doc = json.loads(raw)
         except ValueError:
             return None  # a malformed file: nothing worth rolling back to
+        if not isinstance(doc, dict) or not all(
+            isinstance(doc.get(k), int | float) and not isinstance(doc.get(k), bool)
+            for k in ("accept", "skip")
+        ):
+            return None  # the router ignores it too
         rel = self.in_force().relevance
         prov = {
             "imported_from": str(self.thresholds_path),
@@ -529,6 +534,23 @@ def evaluate_gates(
     cand_rel = fit.model.to_dict() if (fit is not None and keep) else None
     cand_doc = {"accept": result.accept, "skip": result.skip}
     c_sig, c_acc, c_skip, _ = _signal(labels, cand_doc, cand_rel)
+    thr = in_force.thresholds
+    usable = thr is not None and all(
+        isinstance(thr.get(k), int | float) and not isinstance(thr.get(k), bool)
+        for k in ("accept", "skip")
+    )
+    if thr is not None and not usable:
+        gates.append(
+            Gate(
+                "not_worse",
+                True,
+                True,
+                "the thresholds file in force has no numeric accept/skip (the router ignores it "
+                "and uses the settings' defaults); nothing to compare",
+            )
+        )
+        gates.append(Gate("label_change", True, False, "no usable calibration in force"))
+        return GateReport(tuple(gates), keep)
     if in_force.thresholds is None:
         gates.append(Gate("not_worse", True, True, "no calibration in force; nothing to compare"))
         gates.append(Gate("label_change", True, False, "no calibration in force"))

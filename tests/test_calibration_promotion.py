@@ -418,3 +418,17 @@ def test_rollback_reaches_a_running_service_without_a_restart(
         cleanup_service_keys(redis_url)
     versions = [r["confidence"]["version"] for r in read_traces(settings.traces_dir, kind="route")]
     assert versions == [first, second, first]
+
+
+def test_a_malformed_file_in_force_does_not_block_the_first_good_calibration(
+    cli: Any, tmp_path: Path
+) -> None:
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "thresholds.json").write_text('{"accept": "high"}')
+    res = cli(["eval", "calibrate", str(_csv(tmp_path / "g.csv",
+               _rows(27, 10, signal=0.15, seed=14))), "--n-boot", "100"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "no numeric accept/skip" in res.output
+    assert isinstance(json.loads((reports / "thresholds.json").read_text())["accept"], float)
+    assert not any(v.startswith("legacy-") for v in VersionStore(reports / "thresholds.json").ids())

@@ -42,7 +42,9 @@ pops). A ``thresholds.json`` in force from before versioning is kept as version
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
 import getpass
 import hashlib
 import json
@@ -51,7 +53,7 @@ import os
 import re
 import shutil
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -293,6 +295,18 @@ class VersionStore:
         self.create(doc, rel, prov, version=vid)
         return vid
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One promotion or rollback at a time (across processes: an flock on a lock file),
+        so the history and ``current`` never interleave."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with (self.root / ".lock").open("a") as fh:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
     def promote(
         self,
         version: str,
@@ -303,6 +317,12 @@ class VersionStore:
         action: str = "promote",
     ) -> Version:
         """Make ``version`` the one in force (atomic file replaces; see the module docstring)."""
+        with self._locked():
+            return self._promote(version, by=by, reason=reason, forced=forced, action=action)
+
+    def _promote(
+        self, version: str, *, by: str, reason: str | None, forced: bool, action: str
+    ) -> Version:
         v = self.get(version)
         previous = self.current_id()
         if previous is None and action == "promote":
@@ -332,6 +352,10 @@ class VersionStore:
 
     def rollback(self, *, by: str, reason: str | None = None) -> Version:
         """Return to the version promoted before the one in force."""
+        with self._locked():
+            return self._rollback(by=by, reason=reason)
+
+    def _rollback(self, *, by: str, reason: str | None) -> Version:
         stack = self.stack()
         current = self.current_id()
         if current is None or not stack or stack[-1] != current:
@@ -346,7 +370,7 @@ class VersionStore:
                 "back to. Promote another version (`ctx eval thresholds promote <version>`) or "
                 f"remove {self.thresholds_path} to use the settings' defaults"
             )
-        return self.promote(stack[-2], by=by, reason=reason, action="rollback")
+        return self._promote(stack[-2], by=by, reason=reason, forced=False, action="rollback")
 
 
 # --- gates -------------------------------------------------------------------------------

@@ -432,3 +432,19 @@ def test_a_malformed_file_in_force_does_not_block_the_first_good_calibration(
     assert "no numeric accept/skip" in res.output
     assert isinstance(json.loads((reports / "thresholds.json").read_text())["accept"], float)
     assert not any(v.startswith("legacy-") for v in VersionStore(reports / "thresholds.json").ids())
+
+
+def test_concurrent_promotions_keep_a_whole_history(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = VersionStore(tmp_path / "reports" / "thresholds.json")
+    ids = [_version(store, 0.5 + i / 100, 0.3, f"{i:02x}") for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda v: store.promote(v, by="test"), ids))
+    history = store.history()
+    assert sorted(h["version"] for h in history) == sorted(ids)
+    # each promotion saw the one before it: the previous versions chain through the history
+    assert [h["previous"] for h in history[1:]] == [h["version"] for h in history[:-1]]
+    assert store.current_id() == history[-1]["version"]
+    in_force = json.loads((tmp_path / "reports" / "thresholds.json").read_text())
+    assert in_force["version"] == store.current_id()

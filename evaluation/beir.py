@@ -457,14 +457,16 @@ def calibrate_beir(
 ) -> CalibrationRun:
     """BEIR folder -> scratch collection -> top-k -> labels -> thresholds + report.
 
-    Thresholds go to ``out`` (default ``<reports>/thresholds_<dataset>.json``); the runtime
-    file is written only with ``install=True``. The relevance model (``relevance=True``) goes
-    next to them (``relevance_model_<dataset>.json``) and, with ``install=True``, to the
-    runtime ``relevance_model.json``. ``mode`` is the retrieval that produces the hits
-    (default ``CTX_RETRIEVAL_MODE``, what the router runs; sparse and hybrid index the
-    library's sparse vectors too), so the labels and the relevance model's features (sparse
-    score, fused rank, margin) match what the router will see. ``calib_kwargs`` go to
-    :func:`evaluation.calibration.calibrate` (criteria, targets, n_boot, seed).
+    Thresholds go to ``out`` (default ``<reports>/thresholds_<dataset>.json``) and the
+    relevance model (``relevance=True``) next to them (``relevance_model_<dataset>.json``);
+    both are also stored as a candidate version of the router's thresholds
+    (:mod:`evaluation.promotion`), promoted to the runtime files only with ``install=True``
+    and when the promotion gates pass (or ``force`` with ``reason``). ``mode`` is the
+    retrieval that produces the hits (default ``CTX_RETRIEVAL_MODE``, what the router runs;
+    sparse and hybrid index the library's sparse vectors too), so the labels and the relevance
+    model's features (sparse score, fused rank, margin) match what the router will see.
+    ``calib_kwargs`` go to :func:`evaluation.calibration.calibrate` (criteria, targets,
+    n_boot, seed).
     """
     from context_core.knowledge.edge import EdgeStore
     from context_core.knowledge.embedding import load_encoder

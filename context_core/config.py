@@ -296,6 +296,20 @@ class Settings(BaseSettings):
     thresholds_path: Path | None = Field(
         None, description="thresholds.json from calibration; default <reports_dir>/thresholds.json"
     )
+    calibration_min_per_class: int = Field(
+        30,
+        ge=1,
+        description="Promotion gate labels_per_class: a calibration is promoted only when its "
+        "labels hold at least this many relevant and this many irrelevant hits.",
+    )
+    calibration_not_worse_margin: float = Field(
+        0.05,
+        ge=0.0,
+        le=1.0,
+        description="Promotion gate not_worse: the candidate is refused when the lower bound "
+        "of the paired-bootstrap 95% CI of its balanced-accuracy difference to the calibration "
+        "in force (same labels) is below minus this margin.",
+    )
     confidence_rule: Literal["design", "per_hit"] = Field(
         "design",
         description="design: L3 is left out only when every hit is below skip, otherwise "

@@ -38,6 +38,7 @@ __all__ = [
     "PayloadTooLargeError",
     "PersistenceRefusedError",
     "ProfileValidationError",
+    "PromotionError",
     "QuotaExceededError",
     "ReplicaAckError",
     "SanitizeBudgetExceededError",
@@ -380,6 +381,16 @@ class CalibrationError(ContextError, ValueError):
 
     http_status: ClassVar[int] = 500
     error_code: ClassVar[str] = "calibration_failed"
+
+
+class PromotionError(ContextError):
+    """A calibration version cannot be promoted, shown or rolled back as asked.
+
+    The message names the version (or the missing history) and what to do instead.
+    """
+
+    http_status: ClassVar[int] = 409
+    error_code: ClassVar[str] = "calibration_promotion"
 
 
 class CollectionNotFoundError(ContextError, LookupError):

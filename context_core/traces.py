@@ -24,7 +24,9 @@ schema 3::
      "fallback": {"triggered": true, "reason": str, "confirm_at": str} | null,
      "confidence": {"accept": float, "skip": float, "source": str, "model": str | null,
                     "rule": "design"|"per_hit",
-                    "relevance"?: {"accept", "skip", "source", "model", "kind", "features"}},
+                    "relevance"?: {"accept", "skip", "source", "model", "kind", "features"},
+                    "version"?: str | null,
+                    "shadow"?: {"version", "accept", "skip", "signal", "labels": [label]}},
      "degraded": bool,
      "timings_ms": {"l1", "l2", "l3", "total"}}
 
@@ -51,7 +53,11 @@ a schema-3 record against *its* ``accept``. When a fitted relevance model labell
 carries
 its ``p_relevant`` and ``confidence.relevance`` holds the model's cut points on it; the cosine
 pair stays in ``confidence`` (``score`` is still the cosine). Records without these keys were
-labelled by cosine.
+labelled by cosine. ``confidence.version`` names the promoted calibration version
+(``reports/calibrations/<version>``, see :mod:`evaluation.promotion`) whose thresholds labelled
+the hits (null: defaults or a file from before versioning), so CER and health reports can be
+split by it; ``confidence.shadow`` is present while a candidate runs in shadow and holds the
+labels it would have given the same hits.
 
 ``fragments[].cites`` are the fragment's **citable tokens**: what an output that used the
 fragment would repeat, so CER can check use from the trace alone (see
@@ -223,6 +229,18 @@ class RelevanceTrace(_Strict):
     features: list[str]
 
 
+class ShadowTrace(_Strict):
+    """How a calibration running in shadow would have labelled the route's hits (in
+    ``l3.hits`` order); the route itself used the calibration in force."""
+
+    version: str
+    accept: float
+    skip: float
+    signal: Literal["cosine", "p_relevant"]
+    labels: list[Literal["confident", "low_confidence", "below_skip"]]
+    p_relevant: list[float] | None = None  # the candidate's p per hit (signal p_relevant)
+
+
 class ConfidenceTrace(_Strict):
     accept: float
     skip: float
@@ -230,6 +248,8 @@ class ConfidenceTrace(_Strict):
     model: str | None
     rule: Literal["design", "per_hit"]
     relevance: RelevanceTrace | None = None
+    version: str | None = None  # the promoted calibration that labelled the hits
+    shadow: ShadowTrace | None = None
 
 
 class Timings(_Strict):

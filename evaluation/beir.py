@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from evaluation.calibration import CalibrationResult
     from evaluation.labels import LabelSet
     from evaluation.relevance_calibration import RelevanceFit
+    from evaluation.workflows import Staged
 
 __all__ = [
     "BeirDataset",
@@ -301,6 +302,7 @@ class CalibrationRun:
     relevance: RelevanceFit | None = None  # p_relevant, fitted on the same labels
     relevance_path: Path | None = None  # relevance_model_<dataset>.json next to the thresholds
     relevance_installed: Path | None = None  # the runtime relevance_model.json, when installed
+    staged: Staged | None = None  # the candidate version, its gates, whether it was promoted
 
 
 def _safe_name(name: str) -> str:
@@ -325,9 +327,14 @@ def _finish(
     n_truncated: int = 0,
     relevance: bool = True,
     retrieval_mode: str | None = None,
+    force: bool = False,
+    reason: str | None = None,
+    by: str | None = None,
 ) -> CalibrationRun:
-    """Store labels, validate, calibrate, write thresholds, the relevance model (next to the
-    thresholds, installed with them) and the report."""
+    """Store labels, check and validate them, calibrate, write thresholds and the relevance
+    model (``out``: a report artefact the router does not read), store the result as a
+    candidate version of the router's thresholds, promote it with ``install`` when the
+    promotion gates pass (or ``force`` with ``reason``), and write the report."""
     from context_core.routing.confidence import ConfidencePolicy
     from context_core.routing.relevance import relevance_path_for
     from evaluation.calibration import (
@@ -336,16 +343,19 @@ def _finish(
         compare_with_current,
         write_thresholds,
     )
-    from evaluation.labels import load_labels
+    from evaluation.label_quality import load_checked_labels
     from evaluation.relevance_calibration import try_fit_relevance, write_relevance_model
     from evaluation.report import write_calibration_report
+    from evaluation.workflows import append_gates, check_force, stage
 
+    check_force(force, reason)
     current = ConfidencePolicy.load(settings)  # what the router uses now, before any --install
     reports = Path(settings.reports_dir)
     labels_csv = reports / f"{report_name}_labels.csv"
     labels_csv.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(labels_csv, index=False)
-    labels = load_labels(labels_csv, min_rows=min_rows)  # GX suite; raises naming rows
+    # quality checks, then the GX suite; either raises naming rows
+    labels, quality = load_checked_labels(labels_csv, min_rows=min_rows)
     result = calibrate(labels.scores, labels.labels, **calib_kwargs)
     prov = Provenance(
         model=model, collection=collection, labels_sha256=labels.sha256,
@@ -353,9 +363,6 @@ def _finish(
     ).filled()  # fmt: skip
     target = Path(out) if out else reports / f"thresholds_{_safe_name(dataset)}.json"
     write_thresholds(result, target, prov)
-    installed = None
-    if install:
-        installed = write_thresholds(result, settings.resolved_thresholds_path, prov)
     fit, note = try_fit_relevance(
         labels,
         model=model,
@@ -367,10 +374,13 @@ def _finish(
     rel_path = rel_installed = None
     if fit is not None:
         rel_path = write_relevance_model(fit.model, relevance_path_for(target))
-        if install:
-            rel_installed = write_relevance_model(
-                fit.model, relevance_path_for(settings.resolved_thresholds_path)
-            )
+    staged = stage(
+        labels, result, fit, prov, settings, promote=install, force=force, reason=reason,
+        by=by, quality=quality, extra={"dataset": dataset, "retrieval_mode": retrieval_mode},
+    )  # fmt: skip
+    installed = staged.in_force_path if staged.promoted else None
+    if staged.promoted and staged.version.relevance is not None:
+        rel_installed = relevance_path_for(staged.in_force_path)
     change = compare_with_current(result, None, current.accept, current.skip)
     paths = write_calibration_report(
         result,
@@ -385,6 +395,7 @@ def _finish(
         relevance_note=note,
     )
     _append_stats(paths["markdown"], stats, n_docs, n_truncated)
+    append_gates(paths["markdown"], staged)
     return CalibrationRun(
         dataset=dataset,
         model=model,
@@ -399,6 +410,7 @@ def _finish(
         relevance=fit,
         relevance_path=rel_path,
         relevance_installed=rel_installed,
+        staged=staged,
     )
 
 
@@ -438,18 +450,23 @@ def calibrate_beir(
     batch: int = 64,
     relevance: bool = True,
     mode: str | None = None,
+    force: bool = False,
+    reason: str | None = None,
+    by: str | None = None,
     **calib_kwargs: Any,
 ) -> CalibrationRun:
     """BEIR folder -> scratch collection -> top-k -> labels -> thresholds + report.
 
-    Thresholds go to ``out`` (default ``<reports>/thresholds_<dataset>.json``); the runtime
-    file is written only with ``install=True``. The relevance model (``relevance=True``) goes
-    next to them (``relevance_model_<dataset>.json``) and, with ``install=True``, to the
-    runtime ``relevance_model.json``. ``mode`` is the retrieval that produces the hits
-    (default ``CTX_RETRIEVAL_MODE``, what the router runs; sparse and hybrid index the
-    library's sparse vectors too), so the labels and the relevance model's features (sparse
-    score, fused rank, margin) match what the router will see. ``calib_kwargs`` go to
-    :func:`evaluation.calibration.calibrate` (criteria, targets, n_boot, seed).
+    Thresholds go to ``out`` (default ``<reports>/thresholds_<dataset>.json``) and the
+    relevance model (``relevance=True``) next to them (``relevance_model_<dataset>.json``);
+    both are also stored as a candidate version of the router's thresholds
+    (:mod:`evaluation.promotion`), promoted to the runtime files only with ``install=True``
+    and when the promotion gates pass (or ``force`` with ``reason``). ``mode`` is the
+    retrieval that produces the hits (default ``CTX_RETRIEVAL_MODE``, what the router runs;
+    sparse and hybrid index the library's sparse vectors too), so the labels and the relevance
+    model's features (sparse score, fused rank, margin) match what the router will see.
+    ``calib_kwargs`` go to :func:`evaluation.calibration.calibrate` (criteria, targets,
+    n_boot, seed).
     """
     from context_core.knowledge.edge import EdgeStore
     from context_core.knowledge.embedding import load_encoder
@@ -514,6 +531,9 @@ def calibrate_beir(
         n_docs=len(dataset.corpus),
         n_truncated=n_cut,
         relevance=relevance,
+        force=force,
+        reason=reason,
+        by=by,
         retrieval_mode=mode,
     )
 
@@ -533,10 +553,15 @@ def calibrate_sample(
     progress: bool = False,
     min_rows: int = 20,
     relevance: bool = True,
+    force: bool = False,
+    reason: str | None = None,
+    by: str | None = None,
     **calib_kwargs: Any,
 ) -> CalibrationRun:
     """The main job's calibration: sample queries + page-level qrels against the already
-    ingested ``CTX_COLLECTION_MAIN``; installs ``thresholds.json`` for the router.
+    ingested ``CTX_COLLECTION_MAIN``; promotes the candidate for the router when the gates
+    pass (the first run promotes: nothing is in force; a rerun on the same labels passes
+    ``not_worse`` with a difference of 0).
 
     ``eval_dir`` holds ``queries.jsonl`` and ``qrels.tsv`` (or ``qrels/test.tsv``) whose
     corpus ids are page ids: a hit is relevant when its payload ``source`` is one of them.
@@ -587,4 +612,7 @@ def calibrate_sample(
         title="Threshold calibration (sample export)",
         min_rows=min_rows,
         relevance=relevance,
+        force=force,
+        reason=reason,
+        by=by,
     )

@@ -155,6 +155,7 @@ class StepVerdict:
     ts: str = ""
     rules_matched: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # info only (e.g. an optional L2 key missing): not failures
+    calibration: str = ""  # confidence.version of the route ("" : defaults / unversioned)
 
     @property
     def checkable(self) -> bool:
@@ -242,6 +243,13 @@ def _l3_signal(route: Mapping[str, Any], cosine_accept: float) -> tuple[str, flo
 def _is_contract(key: str) -> bool:
     """A session's current task contract key (``wm:{<sid>}:contract:current``), hashed or not."""
     return key.endswith(":contract:current")
+
+
+def _version_of(route: Mapping[str, Any]) -> str:
+    """The calibration version that labelled the route's hits ("" when none is named)."""
+    conf = route.get("confidence")
+    value = conf.get("version") if isinstance(conf, Mapping) else None
+    return value if isinstance(value, str) else ""
 
 
 def _accept_of(route: Mapping[str, Any], default: float) -> float:
@@ -391,6 +399,7 @@ def judge_steps(
                 ts=str(route.get("ts", "")),
                 rules_matched=tuple(matched),
                 notes=tuple(notes),
+                calibration=_version_of(route),
             )
         )
     return verdicts
@@ -461,6 +470,8 @@ class CerReport:
     failure_reasons: Mapping[str, int]
     verdicts: tuple[StepVerdict, ...] = field(repr=False)
     info_notes: Mapping[str, int] = field(default_factory=dict)  # e.g. optional L2 misses
+    # per calibration version ("" = defaults / unversioned thresholds), see traces.py
+    by_version: Mapping[str, Rate] = field(default_factory=dict)
 
     @property
     def failures(self) -> tuple[StepVerdict, ...]:
@@ -473,6 +484,7 @@ class CerReport:
             "by_session": {k: r.to_dict() for k, r in self.by_session.items()},
             "by_day": {k: r.to_dict() for k, r in self.by_day.items()},
             "by_week": {k: r.to_dict() for k, r in self.by_week.items()},
+            "by_version": {k or "unversioned": r.to_dict() for k, r in self.by_version.items()},
             "week_over_week": [
                 {"week": w.week, "cer": w.cer, "change": w.change} for w in self.week_over_week
             ],
@@ -509,6 +521,7 @@ def cer_report(verdicts: Sequence[StepVerdict]) -> CerReport:
         failure_reasons=dict(reasons.most_common()),
         verdicts=vs,
         info_notes=dict(notes.most_common()),
+        by_version=_group(vs, lambda v: v.calibration),
     )
 
 

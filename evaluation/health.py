@@ -398,7 +398,10 @@ def run_health_report(
         snap = snapshot(settings, day=day, redis_client=redis_client, store=store,
                         accept=policy.accept)  # fmt: skip
     history = store_snapshot(_history_path(settings), snap)
-    described = f"{policy.source} (model {policy.model or 'not recorded'}, rule {policy.rule})"
+    described = (
+        f"{policy.source} (calibration version {policy.version or 'none'}, model "
+        f"{policy.model or 'not recorded'}, rule {policy.rule})"
+    )
     if status["mismatch"]:
         described += (
             f"; WARNING: thresholds.json was calibrated for model {status['file_model']!r}, "

@@ -302,6 +302,17 @@ def cer_markdown(
         for intent, r in report.by_intent.items():
             lines.append(f"| {intent} | {r.n_steps} | {r.n_loaded} | {r.n_used} | {_pct(r.cer)} |")
         lines.append("")
+    if len(report.by_version) > 1 or any(report.by_version):
+        lines += [
+            "| calibration version | steps | loaded | used | CER |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for version, r in report.by_version.items():
+            lines.append(
+                f"| {version or 'unversioned'} | {r.n_steps} | {r.n_loaded} | {r.n_used} "
+                f"| {_pct(r.cer)} |"
+            )
+        lines.append("")
     if report.failure_reasons:
         lines.append(
             "Why steps failed: "

@@ -82,6 +82,16 @@ def test_calibrate_sample_against_the_ingested_sample_export(
     assert (policy.accept, policy.skip) == (r.accept, r.skip)
     assert run.installed_path == settings.resolved_thresholds_path
     assert (settings.reports_dir / "calibration_report.md").is_file()
+    # gated promotion: the first run promotes (nothing in force), a rerun on the same labels
+    # is not worse (difference exactly 0) and promotes again instead of failing `ctx run`
+    assert run.staged is not None and run.staged.promoted and run.staged.gates.passed
+    auc = {g.name: g for g in run.staged.gates.gates}["auc_ci"]
+    print(f"sample: {r.n} hits ({r.n_pos} relevant), AUC {r.auc:.3f} "
+          f"[{auc.values['ci_low']:.3f}, {auc.values['ci_high']:.3f}]")  # fmt: skip
+    again = calibrate_sample(settings, n_boot=100)
+    assert again.staged is not None and again.staged.promoted, again.staged
+    not_worse = {g.name: g for g in again.staged.gates.gates}["not_worse"]
+    assert not_worse.values["diff"] == 0.0
 
     # The router labels L3 hits with the calibrated pair, not the defaults.
     import redis

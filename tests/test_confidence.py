@@ -162,6 +162,7 @@ def test_rule_comes_from_settings_and_is_validated(tmp_path: Path) -> None:
     assert (loaded.rule, loaded.model) == ("per_hit", "minilm")
     assert loaded.to_dict() == {
         "accept": 0.7, "skip": 0.5, "source": str(path), "model": "minilm", "rule": "per_hit",
+        "version": None,
     }  # fmt: skip
     with pytest.raises(ValueError, match="unknown confidence rule"):
         ConfidencePolicy(rule="loose")  # type: ignore[arg-type]

@@ -14,11 +14,11 @@ if TYPE_CHECKING:
     from conftest import AirflowHome
 
 
-def _labels(path: Path) -> Path:
+def _labels(path: Path, n: int = 80) -> Path:
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["query_id", "query", "point_id", "similarity", "label"])
-        for i in range(40):
+        for i in range(n):
             label = int(i % 2 == 0)
             w.writerow([f"q{i // 4}", "pump vibration", f"p{i}", 0.8 if label else 0.4 + i / 1000,
                         label])  # fmt: skip
@@ -58,9 +58,29 @@ def test_threshold_calibration_dag_writes_thresholds(
     assert out["run"]["tasks"] == {"validate": "success", "calibrate": "success"}
     doc = json.loads((reports / "thresholds.json").read_text())
     assert doc["accept"] == 0.8 and doc["skip"] == 0.8  # perfectly separated at 0.8
-    assert doc["provenance"]["labels_path"] == str(labels) and doc["n"] == 40
+    assert doc["provenance"]["labels_path"] == str(labels) and doc["n"] == 80
     assert (reports / "calibration_report.md").is_file()
     assert (reports / "calibration_roc.png").stat().st_size > 1000
+    version = (reports / "calibrations" / "current").read_text().strip()
+    prov = json.loads((reports / "calibrations" / version / "provenance.json").read_text())
+    assert doc["version"] == version and prov["ran_by"].startswith("dag:")
+
+    # a small set (20 per class < 30) fails its task, names the gate, and changes nothing
+    before = (reports / "thresholds.json").read_bytes()
+    small = _labels(tmp_path / "small.csv", n=40)
+    out = airflow_home.run(
+        "threshold_calibration",
+        conf={"labels_path": str(small), "n_boot": 50},
+        extra_env={"CTX_DATA_DIR": str(tmp_path / "ctx"), "CTX_REPORTS_DIR": str(reports)},
+    )
+    assert out["run"]["state"] == "failed", out["run"]
+    assert out["run"]["tasks"]["calibrate"] == "failed"
+    assert (reports / "thresholds.json").read_bytes() == before
+    assert (reports / "calibrations" / "current").read_text().strip() == version
+    assert (
+        "NOT PROMOTED: gate(s) failed: labels_per_class"
+        in (reports / "calibration_report.md").read_text()
+    )
 
 
 @pytest.mark.slow

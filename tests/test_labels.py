@@ -129,6 +129,8 @@ def cli_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_url: str) -> 
     monkeypatch.setenv("CTX_DATA_DIR", str(tmp_path / "ctx"))
     monkeypatch.setenv("CTX_REPORTS_DIR", str(tmp_path / "reports"))
     monkeypatch.setenv("CTX_REDIS_URL", redis_url)
+    # small label sets here; the promotion gates have their own tests
+    monkeypatch.setenv("CTX_CALIBRATION_MIN_PER_CLASS", "5")
     return tmp_path
 
 

@@ -254,6 +254,7 @@ def test_calibration_written_while_the_router_runs_applies_on_the_next_route(env
         "source": "settings (CTX_ACCEPT_THRESHOLD / CTX_SKIP_THRESHOLD)",
         "model": None,
         "rule": "design",
+        "version": None,
     }
     assert second["confidence"] == {
         "accept": result.accept,
@@ -261,6 +262,7 @@ def test_calibration_written_while_the_router_runs_applies_on_the_next_route(env
         "source": str(settings.resolved_thresholds_path),
         "model": "minilm",
         "rule": "design",
+        "version": None,
     }
 
 
@@ -287,6 +289,7 @@ def test_fixed_policy_status(env: Env) -> None:
             "source": "test",
             "model": None,
             "rule": "design",
+            "version": None,
             "mismatch": False,
             "loaded_at": None,
         }

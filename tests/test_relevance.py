@@ -397,20 +397,27 @@ def test_cli_calibrate_writes_the_relevance_model(
     old = _frame(d, features=False)
     res = runner.invoke(
         app,
-        ["eval", "calibrate", str(_write_csv(tmp_path / "old.csv", old)), "--n-boot", "0",
+        ["eval", "calibrate", str(_write_csv(tmp_path / "old.csv", old)), "--n-boot", "50",
          "--out", str(reports / "thresholds_old.json")],
     )  # fmt: skip
     assert res.exit_code == 0, res.output
-    doc_old = json.loads((reports / "relevance_model_old.json").read_text())
-    assert doc_old["features"] == ["cosine"]
-    assert doc_old["provenance"]["features_missing"] == ["sparse_score", "rank", "margin",
-                                                        "query_len"]  # fmt: skip
-    assert json.loads((reports / "relevance_model.json").read_text()) == doc
+    # a cosine-only model cannot beat the cosine's AUC (gate p_relevant): not kept
+    assert "p_relevant: logistic over cosine" in res.output
+    assert "gate note p_relevant" in res.output and "carries no model" in res.output
+    assert (reports / "thresholds_old.json").is_file()
+    assert not (reports / "relevance_model_old.json").exists()
+    js_old = json.loads((reports / "calibration_report.json").read_text())
+    assert js_old["relevance"]["features_missing"] == ["sparse_score", "rank", "margin",
+                                                     "query_len"]  # fmt: skip
+    assert json.loads((reports / "relevance_model.json").read_text())["params"] == doc["params"]
 
     res = runner.invoke(
-        app, ["eval", "calibrate", str(tmp_path / "old.csv"), "--n-boot", "0", "--no-relevance"]
+        app, ["eval", "calibrate", str(tmp_path / "old.csv"), "--n-boot", "50", "--no-relevance"]
     )
-    assert res.exit_code == 0 and "p_relevant:" not in res.output
+    assert res.exit_code == 0, res.output
+    assert not any(line.startswith("p_relevant:") for line in res.output.splitlines())
+    # the version promoted has no model, so none is in force any more
+    assert not (reports / "relevance_model.json").exists()
 
 
 def test_labels_reject_bad_feature_values_naming_rows(tmp_path: Path) -> None:
@@ -440,12 +447,19 @@ def test_calibrate_beir_fits_p_relevant_on_hybrid_hits(shared_data: Path, settin
     if not (path / "corpus.jsonl").is_file():
         pytest.skip(f"{path} is absent")
     run = calibrate_beir(
-        path, settings, k=10, limit_queries=40, limit_docs=300, n_boot=0, progress=False,
+        path, settings, k=10, limit_queries=40, limit_docs=300, n_boot=100, progress=False,
         mode="hybrid", install=True,
     )  # fmt: skip
     assert run.relevance is not None and run.relevance_path is not None
     assert run.relevance_path.name == "relevance_model_cranfield.json"
-    assert run.relevance_installed == settings.reports_dir / "relevance_model.json"
+    # promoted with the model only when it beat raw cosine on held-out queries (gate p_relevant)
+    assert run.staged is not None and run.staged.promoted
+    kept = {g.name: g for g in run.staged.gates.gates}["p_relevant"].passed
+    held = run.relevance.summary()["held_out"]
+    assert kept == (held["auc_p_relevant"] > held["auc_cosine"])
+    runtime_model = settings.reports_dir / "relevance_model.json"
+    assert run.relevance_installed == (runtime_model if kept else None)
+    assert runtime_model.exists() == kept
     doc = json.loads(run.relevance_path.read_text())
     assert doc["model"] == "minilm" and doc["provenance"]["retrieval_mode"] == "hybrid"
     # hybrid hits carry every feature; the choice among the three candidates is recorded
@@ -455,6 +469,6 @@ def test_calibrate_beir_fits_p_relevant_on_hybrid_hits(shared_data: Path, settin
     frame = run.labels.frame
     assert frame["sparse_score"].notna().any() and frame["rank"].between(1, 10).all()
     src = PolicySource(settings, model="minilm")
-    assert src.relevance() is not None  # installed next to the runtime thresholds
+    assert (src.relevance() is not None) == kept  # in force next to the runtime thresholds
     md = run.report["markdown"].read_text()
     assert "## Calibrated relevance probability (p_relevant)" in md

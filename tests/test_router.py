@@ -454,7 +454,7 @@ def test_design_rule_keeps_hits_below_skip_for_reference(env: Env) -> None:
     assert labels == ["confident", "low_confidence", "low_confidence"]
     assert rec["confidence"] == {
         "accept": just_above, "skip": just_above, "source": "test", "model": None,
-        "rule": "design",
+        "rule": "design", "version": None,
     }  # fmt: skip
 
 

@@ -11,12 +11,14 @@ from typing import Annotated, Any
 
 import typer
 
+from context_app.cli.thresholds import app as thresholds_app
 from context_core.errors import ContextError
 
 app = typer.Typer(
     no_args_is_help=True,
     help="Threshold calibration, annotation candidates, CER and health reports.",
 )
+app.add_typer(thresholds_app, name="thresholds")
 
 _ACCEPT_HELP = (
     "How to pick ACCEPT: 'youden' (max TPR-FPR) or 'precision' (lowest threshold reaching "
@@ -27,6 +29,38 @@ _RELEVANCE_HELP = (
     "Also fit the relevance model (p_relevant) on the same labels and write it next to the "
     "thresholds (relevance_model*.json); the router labels L3 hits by it when present."
 )
+
+
+_FORCE_HELP = "Promote even when a promotion gate fails (needs --reason; recorded)."
+_REASON_HELP = "Why the gates are overridden (with --force), kept in the provenance."
+
+
+def _print_staged(staged: Any, quality: Any = None) -> None:
+    """The label-quality notes, the gates and the verdict; exit 1 when not promoted because a
+    gate failed (the calibration in force is then untouched)."""
+    from evaluation.promotion import format_gates
+
+    for f in getattr(quality, "findings", ()):
+        typer.echo(f"label quality: {f.describe()}")
+    typer.echo(f"candidate {staged.version.id} -> {staged.version.path}")
+    for line in format_gates(staged.gates):
+        typer.echo(f"  gate {line.strip()}")
+    if staged.promoted:
+        forced = staged.gates.failed
+        typer.secho(
+            f"PROMOTED {staged.version.id}: now in force ({staged.in_force_path})"
+            + (f" [forced past: {', '.join(forced)}]" if forced else ""),
+            fg=typer.colors.GREEN,
+        )
+    elif staged.gates.failed:
+        typer.secho(
+            f"NOT PROMOTED: gate(s) failed: {', '.join(staged.gates.failed)}. The calibration "
+            f"in force is unchanged; candidate kept as {staged.version.id} "
+            "(`ctx eval thresholds show` / `shadow`; --force --reason to override).",
+            fg=typer.colors.RED,
+            err=True,
+        )
+        raise typer.Exit(code=1)
 
 
 def _fail(message: str) -> typer.Exit:
@@ -70,7 +104,7 @@ def _print_relevance(fit: Any, path: Any) -> None:
         f"{held['auc_p_relevant']:.3f} (cosine {held['auc_cosine']:.3f}), Brier "
         f"{held['brier_p_relevant']:.4f} (cosine as probability "
         f"{held['brier_cosine']:.4f}); accept p >= {fit.model.accept:.3f}, skip p >= "
-        f"{fit.model.skip:.3f} -> {path}"
+        f"{fit.model.skip:.3f} -> {path or 'not kept (gate p_relevant)'}"
     )
 
 
@@ -97,10 +131,14 @@ def calibrate(
         typer.Option(help="thresholds.json to write [default: the one the router reads]."),
     ] = None,
     relevance: Annotated[bool, typer.Option(help=_RELEVANCE_HELP)] = True,
+    force: Annotated[bool, typer.Option("--force", help=_FORCE_HELP)] = False,
+    reason: Annotated[str | None, typer.Option(help=_REASON_HELP)] = None,
 ) -> None:
-    """Fit ACCEPT/SKIP on a labels file and write thresholds.json plus a report.
+    """Fit ACCEPT/SKIP on a labels file, store it as a candidate version, and promote it to
+    the thresholds the router reads only when the promotion gates pass.
 
-    The labels pass a Great Expectations suite first; a bad file stops here naming its rows.
+    The labels pass the label-quality checks and a Great Expectations suite first; a bad file
+    stops here naming its rows. A failed gate exits 1 and names it; nothing in force changes.
     """
     from evaluation.workflows import calibrate_labels_file
 
@@ -110,6 +148,7 @@ def calibrate(
             collection=collection, accept_criterion=accept_criterion,
             skip_criterion=skip_criterion, target_precision=target_precision,
             target_recall=target_recall, n_boot=n_boot, seed=seed, relevance=relevance,
+            force=force, reason=reason,
         )  # fmt: skip
     except ContextError as e:
         raise _fail(str(e)) from e
@@ -123,6 +162,7 @@ def calibrate(
         title=f"calibration of {labels}",
     )  # fmt: skip
     _print_relevance(run.relevance, run.relevance_path)
+    _print_staged(run.staged, run.quality)
 
 
 @app.command("calibrate-beir")
@@ -157,8 +197,13 @@ def calibrate_beir_cmd(
         typer.Option(help="Where to write thresholds [default: reports/thresholds_<name>.json]."),
     ] = None,
     install: Annotated[
-        bool, typer.Option(help="Also overwrite the thresholds.json the router reads.")
+        bool,
+        typer.Option(
+            help="Promote the candidate to the thresholds the router reads (if the gates pass)."
+        ),
     ] = False,
+    force: Annotated[bool, typer.Option("--force", help=_FORCE_HELP)] = False,
+    reason: Annotated[str | None, typer.Option(help=_REASON_HELP)] = None,
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
     relevance: Annotated[bool, typer.Option(help=_RELEVANCE_HELP)] = True,
     mode: Annotated[
@@ -184,7 +229,7 @@ def calibrate_beir_cmd(
             limit_docs=limit_docs, split=split, out=out, install=install, progress=progress,
             accept_criterion=accept_criterion, skip_criterion=skip_criterion,
             target_precision=target_precision, target_recall=target_recall, n_boot=n_boot,
-            seed=seed, relevance=relevance, mode=mode,
+            seed=seed, relevance=relevance, mode=mode, force=force, reason=reason,
         )  # fmt: skip
     except ContextError as e:
         raise _fail(str(e)) from e
@@ -201,6 +246,17 @@ def calibrate_beir_cmd(
         f"({run.model}); recall@{s.k} {s.recall_at_k:.3f}, MRR {s.mrr_at_k:.3f}",
     )
     _print_relevance(run.relevance, run.relevance_path)
+    if run.staged is not None and (install or not run.staged.gates.passed):
+        if install:
+            _print_staged(run.staged)
+        else:
+            typer.echo(
+                f"candidate {run.staged.version.id} stored (not promoted without --install); "
+                f"failed gates: {', '.join(run.staged.gates.failed)}"
+            )
+    elif run.staged is not None:
+        typer.echo(f"candidate {run.staged.version.id} stored (promote with --install or "
+                   f"`ctx eval thresholds promote {run.staged.version.id}`)")  # fmt: skip
 
 
 @app.command("compare-retrieval")

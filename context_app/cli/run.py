@@ -141,11 +141,21 @@ def _calibrate(console: Any, settings: Any) -> None:
     with console.status("retrieving top-10 for each sample query and calibrating"):
         result = calibrate_sample(settings)
     r = result.result
+    ci = r.ci["auc"]
     console.print(
-        f"AUC {r.auc:.3f} on {result.labels.n} labelled hits; "
-        f"accept [bold]{r.accept:.3f}[/], skip [bold]{r.skip:.3f}[/] "
+        f"AUC {r.auc:.3f} (95% CI {ci.low:.3f}-{ci.high:.3f}) on {result.labels.n} labelled "
+        f"hits; accept [bold]{r.accept:.3f}[/], skip [bold]{r.skip:.3f}[/] "
         f"-> {result.installed_path or result.thresholds_path}"
     )
+    staged = result.staged
+    if staged is not None:
+        verdict = (
+            f"promoted {staged.version.id}"
+            if staged.promoted
+            else f"[red]NOT PROMOTED[/]: gate(s) failed: {', '.join(staged.gates.failed)}; "
+            f"the calibration in force stays (candidate {staged.version.id})"
+        )
+        console.print(f"calibration version: {verdict}")
     for name, path in result.report.items():
         console.print(f"  {name}: {path}")
 

@@ -151,8 +151,9 @@ class ServiceMetrics:
         self.threshold_info = Gauge(
             "ctx_confidence_thresholds_info",
             "Provenance of the thresholds in force: file or defaults, the embedding model "
-            "they were calibrated for, the labelling rule (value 1)",
-            ["source", "model", "rule"],
+            "they were calibrated for, the labelling rule, the promoted calibration version "
+            "(empty: defaults or an unversioned file) (value 1)",
+            ["source", "model", "rule", "version"],
             registry=r,
             multiprocess_mode="mostrecent",
         )
@@ -210,6 +211,7 @@ class ServiceMetrics:
             source=str(status.get("source", "")),
             model=str(status.get("model") or ""),
             rule=str(status.get("rule", "")),
+            version=str(status.get("version") or ""),
         ).set(1)
         self.threshold_mismatch.set(1.0 if status.get("mismatch") else 0.0)
 

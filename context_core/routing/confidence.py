@@ -120,6 +120,7 @@ class ConfidencePolicy:
     source: str = "built-in defaults"
     model: str | None = None
     rule: ConfidenceRule = "design"
+    version: str | None = None  # the calibration version (``reports/calibrations/<v>``)
 
     def __post_init__(self) -> None:
         problem = _check_pair(self.accept, self.skip)
@@ -175,6 +176,7 @@ class ConfidencePolicy:
             source=str(path),
             model=thresholds_model(raw),
             rule=rule,
+            version=raw["version"] if isinstance(raw.get("version"), str) else None,
         )
         log.debug("confidence thresholds accept=%.4f skip=%.4f from %s", *policy.pair, path)
         return policy
@@ -218,13 +220,16 @@ class ConfidencePolicy:
         return replace(self, rule=rule)
 
     def to_dict(self) -> dict[str, Any]:
-        """``{accept, skip, source, model, rule}``: what every trace record carries."""
+        """``{accept, skip, source, model, rule, version}``: what every trace record carries
+        (``version`` is the promoted calibration's id, None for defaults or an unversioned
+        file)."""
         return {
             "accept": self.accept,
             "skip": self.skip,
             "source": self.source,
             "model": self.model,
             "rule": self.rule,
+            "version": self.version,
         }
 
 

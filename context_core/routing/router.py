@@ -99,6 +99,7 @@ from context_core.routing.delta import DEFAULT_KEEP, BundleDelta, BundleLog
 from context_core.routing.intents import IntentRegistry, IntentSpec, template_fields
 from context_core.routing.reads import L2Trace, read_l1, read_l2, read_namespaces, read_prefs
 from context_core.routing.relevance import query_length
+from context_core.routing.shadow import ShadowSource
 from context_core.traces import TraceWriter, fragment_entry, new_trace_id
 
 if TYPE_CHECKING:
@@ -196,6 +197,7 @@ class _Labelled:
     trace: list[dict[str, Any]]
     p_values: Sequence[float] | None
     signal: str
+    shadow: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -244,6 +246,8 @@ class ContextRouter:
         self.wm = wm
         self.knowledge = knowledge
         self._policy = policy
+        # a candidate calibration in shadow goes with the thresholds file a PolicySource reads
+        self._shadow = ShadowSource(policy.path) if isinstance(policy, PolicySource) else None
         # a fixed relevance model (with a fixed policy); a PolicySource loads its own file
         self._relevance = relevance
         self.max_fragments = max_fragments
@@ -506,7 +510,24 @@ class ContextRouter:
         )
         ranked, hits_trace = self._label_hits(hits, run.now, run.policy, p_values, p_policy)
         signal = "cosine" if p_policy is None else "p_relevant"
-        return _Labelled(ranked=ranked, trace=hits_trace, p_values=p_values, signal=signal)
+        shadow = self._shadow_labels(run, query, hits)
+        return _Labelled(
+            ranked=ranked, trace=hits_trace, p_values=p_values, signal=signal, shadow=shadow
+        )
+
+    def _shadow_labels(self, run: _Run, query: str, hits: list[Hit]) -> dict[str, Any] | None:
+        """``confidence.shadow``: the labels a candidate in shadow gives the same hits (the
+        route itself keeps the calibration in force). None without a shadow or L3 hits."""
+        shadow = self._shadow.take() if self._shadow is not None and hits else None
+        if shadow is None:
+            return None
+        p_values = (
+            shadow.relevance.predict_hits(hits, query_length(query))
+            if shadow.relevance is not None
+            else None
+        )
+        hot = [_is_hot(h.payload) for h in hits]
+        return shadow.label([float(h.score) for h in hits], p_values, hot, run.policy.rule)
 
     def _assemble(
         self,
@@ -598,7 +619,9 @@ class ContextRouter:
                 "fragments": [fragment_entry(f) for f in built.delivered],
                 "by_reference": built.used["by_reference"],
                 "fallback": built.fallback,
-                "confidence": _confidence_trace(run.policy, run.p_policy, run.relevance),
+                "confidence": _confidence_trace(
+                    run.policy, run.p_policy, run.relevance, labelled.shadow
+                ),
                 "degraded": found.degraded,
                 "timings_ms": built.timings,
             }
@@ -841,11 +864,17 @@ def _raise_failure(run: _Run, exact: _Exact) -> None:
 
 
 def _confidence_trace(
-    policy: ConfidencePolicy, p_policy: ConfidencePolicy | None, model: RelevanceModel | None
+    policy: ConfidencePolicy,
+    p_policy: ConfidencePolicy | None,
+    model: RelevanceModel | None,
+    shadow: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The trace's ``confidence``: the cosine thresholds in force and, when a relevance model
-    labelled the hits, its cut points on ``p_relevant`` (``relevance``)."""
+    """The trace's ``confidence``: the cosine thresholds in force (with the calibration
+    ``version``), when a relevance model labelled the hits its cut points on ``p_relevant``
+    (``relevance``), and a shadow candidate's labels (``shadow``) while one runs."""
     out = policy.to_dict()
+    if shadow is not None:
+        out["shadow"] = shadow
     if p_policy is not None and model is not None:
         out["relevance"] = {
             "accept": p_policy.accept,

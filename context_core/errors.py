@@ -23,6 +23,8 @@ __all__ = [
     "CalibrationError",
     "CollectionNotFoundError",
     "ConfigError",
+    "ConfluenceAuthError",
+    "ConfluenceFetchError",
     "ContextError",
     "ContextMissError",
     "ContractLockedError",
@@ -363,6 +365,27 @@ class MassDeleteError(IngestError):
         self.would_delete = would_delete
         self.in_scope = in_scope
         super().__init__(message)
+
+
+class ConfluenceFetchError(IngestError):
+    """Confluence could not be read (network, 5xx storm, request budget spent, bad answer).
+
+    Raised before the sync writes or deletes anything: the collection stays as it was.
+    """
+
+    http_status: ClassVar[int] = 502
+    error_code: ClassVar[str] = "confluence_unavailable"
+
+
+class ConfluenceAuthError(ConfluenceFetchError):
+    """Confluence refused the credentials (401) or the space (403); the run stops at once.
+
+    The message names the setting to fix (``CTX_CONFLUENCE_USER`` / ``CTX_CONFLUENCE_TOKEN``)
+    or, for 403, the space permission the account lacks; it never holds the token.
+    """
+
+    http_status: ClassVar[int] = 502
+    error_code: ClassVar[str] = "confluence_auth_failed"
 
 
 class UnknownEventError(ContextError, ValueError):

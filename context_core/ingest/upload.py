@@ -99,6 +99,7 @@ __all__ = [
     "ALLOWED_TYPES",
     "MAX_TEXT_CHARS",
     "QUARANTINE_FILE",
+    "CheckedFile",
     "UnsupportedUploadTypeError",
     "UploadBlockedError",
     "UploadInfectedError",
@@ -106,6 +107,7 @@ __all__ = [
     "UploadResult",
     "UploadTooLargeError",
     "UploadUnreadableError",
+    "check_file",
     "decode_text",
     "extract_sections",
     "parse_keywords",
@@ -593,6 +595,60 @@ def scan_and_ingest(
         encoding=encoding,
         decode_errors=decode_errors,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedFile:
+    """A file that passed the upload checks: its redacted title and sections (not chunked)."""
+
+    title: str
+    sections: list[Section]
+    content_type: str
+    sha256: str
+    redactions: dict[str, int]
+
+
+def check_file(
+    data: bytes,
+    filename: str,
+    content_type: str | None,
+    *,
+    scanner: Scanner | None,
+    gateway: Gateway,
+    settings: Settings,
+    source: str,
+    blocked_keywords: Sequence[str] = (),
+    quarantine_to: Path | None = None,
+    max_text_chars: int = MAX_TEXT_CHARS,
+    now: float | None = None,
+) -> CheckedFile:
+    """Steps 1-5 of :func:`scan_and_ingest` (size, type, scan, extraction, blocked keywords,
+    redaction) for a file that another job indexes: the Confluence sync's attachments.
+
+    Raises what :func:`scan_and_ingest` raises for those steps; a refused file is quarantined
+    under ``source`` in the same place and shape. Writes nothing to L3.
+    """
+    _check_size(data, settings.upload_max_bytes)
+    up = _Upload.open(
+        data,
+        filename,
+        content_type,
+        gateway=gateway,
+        agent_id=None,
+        qdir=quarantine_to if quarantine_to is not None else quarantine_dir(settings),
+        now=time.time() if now is None else now,
+    )
+    up.source = source
+    _scan(up, scanner)
+    try:
+        title, sections, _, _ = extract_sections(
+            data, up.kind, max_markup_depth=settings.max_markup_depth, max_chars=max_text_chars
+        )
+    except UploadRefusedError as e:
+        raise up.refuse(e) from None
+    _check_keywords(up, filename, title, sections, blocked_keywords)
+    title, sections = up.redact(title, sections)
+    return CheckedFile(title, sections, up.mime, up.sha256, dict(sorted(up.found.items())))
 
 
 # The steps of scan_and_ingest, in the order it runs them.

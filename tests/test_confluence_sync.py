@@ -8,6 +8,7 @@ shapes), the minilm encoder, Qdrant Edge on a temp dir, and a private clamd for 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -309,7 +310,7 @@ def test_cli_syncs_a_space_and_prints_the_summary(
 ) -> None:
     from context_app.cli import app
 
-    _, url = cloud
+    st, url = cloud
     monkeypatch.setenv("CTX_DATA_DIR", str(tmp_path / "ctx"))
     monkeypatch.setenv("CTX_REPORTS_DIR", str(tmp_path / "reports"))
     monkeypatch.setenv("CTX_CONFLUENCE_USER", USER)
@@ -322,6 +323,15 @@ def test_cli_syncs_a_space_and_prints_the_summary(
         app, ["ingest", "--confluence-url", url, "--space", "OPS", "--no-progress"]
     )
     assert again.exit_code == 0 and TOKEN not in out.output + again.output
+    # two of the seven pages gone: refused by the guard, then allowed
+    for pid in ("1001", "1002"):
+        del st.pages[pid]
+    args = ["ingest", "--confluence-url", url, "--space", "OPS", "--no-progress"]
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 1 and "refusing to delete 2 of 7" in refused.output
+    allowed = runner.invoke(app, [*args, "--allow-deletes"])
+    assert allowed.exit_code == 0, allowed.output
+    assert re.search(r"pages deleted\s*│\s*2\b", allowed.output)
     monkeypatch.setenv("CTX_CONFLUENCE_TOKEN", "wrong")
     bad = runner.invoke(app, ["ingest", "--confluence-url", url, "--space", "OPS"])
     assert bad.exit_code == 1 and "CTX_CONFLUENCE_TOKEN" in bad.output

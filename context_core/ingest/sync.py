@@ -252,7 +252,17 @@ def sync_confluence(
             )
             path = run.cursor_after(plan).save(settings)
             results.append(run.result(summary, path, time.perf_counter() - t1))
-            log.info("confluence sync %s: %s", run.space, results[-1].to_dict())
+            done = results[-1]
+            log.info(
+                "confluence sync %s: %d pages listed, %d bodies fetched, %d chunks written, "
+                "%d deleted, %d requests so far",
+                run.space,
+                done.pages_listed,
+                done.bodies_fetched,
+                summary.chunks_written,
+                summary.chunks_deleted,
+                done.requests["requests"],
+            )
         return results
     finally:
         if own_store:

@@ -376,6 +376,10 @@ class ConfluenceFetchError(IngestError):
     http_status: ClassVar[int] = 502
     error_code: ClassVar[str] = "confluence_unavailable"
 
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        self.status = status  # the HTTP status that ended the request, when there was one
+        super().__init__(message)
+
 
 class ConfluenceAuthError(ConfluenceFetchError):
     """Confluence refused the credentials (401) or the space (403); the run stops at once.

@@ -335,3 +335,27 @@ def test_cli_syncs_a_space_and_prints_the_summary(
     monkeypatch.setenv("CTX_CONFLUENCE_TOKEN", "wrong")
     bad = runner.invoke(app, ["ingest", "--confluence-url", url, "--space", "OPS"])
     assert bad.exit_code == 1 and "CTX_CONFLUENCE_TOKEN" in bad.output
+
+
+def test_a_page_without_text_is_quarantined_once_not_fetched_on_every_run(
+    tmp_path: Path, encoder: Encoder, cloud: tuple[ConfluenceState, str]
+) -> None:
+    st, url = cloud
+    st.add(
+        FakePage(
+            "1100", "Team pages", "OPS", '<ac:structured-macro ac:name="children"/>', parent="1000"
+        )
+    )
+    settings = cfg(tmp_path)
+    with EdgeStore(settings.qdrant_dir) as store:
+        (first,) = sync(settings, url, store, encoder)
+        assert first.summary.pages_quarantined == 1 and first.summary.pages_new == 7
+        lines = (tmp_path / "reports" / "quarantine.jsonl").read_text().splitlines()
+        assert any("/pages/1100" in ln and "no text" in ln for ln in lines)
+        for _ in range(2):  # the quarantine is remembered across runs, not just the next one
+            st.log.clear()
+            (again,) = sync(settings, url, store, encoder)
+            assert again.bodies_fetched == 0 and st.bodies_served() == 0
+        st.edit("1100", body("Now the page lists the team's rota."))
+        (fixed,) = sync(settings, url, store, encoder)
+        assert fixed.bodies_fetched == 1 and fixed.summary.pages_new == 1

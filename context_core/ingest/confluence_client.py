@@ -258,11 +258,13 @@ class ConfluenceClient:
                 raise ConfluenceFetchError(
                     f"Confluence at {self.base_url} kept answering HTTP {code} for "
                     f"{_path(resp.url)} ({attempt + 1} attempts, CTX_CONFLUENCE_MAX_RETRIES); "
-                    "nothing was written or deleted. Re-run later"
+                    "nothing was written or deleted. Re-run later",
+                    status=code,
                 )
             raise ConfluenceFetchError(
                 f"Confluence at {self.base_url} answered HTTP {code} for {_path(resp.url)}; "
-                "nothing was written or deleted. Check --confluence-url and the space key"
+                "nothing was written or deleted. Check --confluence-url and the space key",
+                status=code,
             )
 
     def _wait(self, attempt: int, retry_after: str | None, *, why: str) -> None:

@@ -71,6 +71,7 @@ SKIP_REASONS = (
     "blocked_keyword",
     "extract_failed",
     "scanner_unavailable",
+    "not_found",
 )
 _CURSOR_SCHEMA = 1
 _EXPAND = "body.storage,version,ancestors,space"
@@ -373,7 +374,7 @@ class _SpaceRun:
                 ):
                     self._add_listed(r)
                 return
-        self._v1_home()
+        found = self._v1_home()
         for r in self.client.paginate(
             "/rest/api/content/search",
             {
@@ -383,12 +384,14 @@ class _SpaceRun:
             },
         ):
             self._add_listed(r.get("content", r))
+        if not found and not self.listed:
+            raise ConfluenceFetchError(_no_space(self.client.base_url, self.space), status=404)
 
     def _v2_space(self) -> dict[str, Any]:
         try:
             data = self.client.get_json("/api/v2/spaces", {"keys": self.space})
         except ConfluenceFetchError as e:
-            if "HTTP 404" in str(e):
+            if e.status == 404:
                 raise _NoV2 from e
             raise
         results = data.get("results") or []
@@ -396,14 +399,17 @@ class _SpaceRun:
             raise ConfluenceFetchError(_no_space(self.client.base_url, self.space))
         return dict(results[0])
 
-    def _v1_home(self) -> None:
+    def _v1_home(self) -> bool:
+        """Find the space's home page; False when the space lookup is a 404 (the listing then
+        decides: no page either means no such space)."""
         try:
             space = self.client.get_json(f"/rest/api/space/{self.space}", {"expand": "homepage"})
         except ConfluenceFetchError as e:
-            if "HTTP 404" in str(e):
-                raise ConfluenceFetchError(_no_space(self.client.base_url, self.space)) from e
+            if e.status == 404:
+                return False
             raise
         self.home_id = str((space.get("homepage") or {}).get("id") or "") or None
+        return True
 
     def _add_listed(self, r: dict[str, Any]) -> None:
         if r.get("type", "page") != "page" or r.get("status", "current") != "current":
@@ -442,7 +448,7 @@ class _SpaceRun:
             try:
                 content = self.client.get_json(f"/rest/api/content/{pid}", {"expand": _EXPAND})
             except ConfluenceFetchError as e:
-                if "HTTP 404" in str(e):  # deleted since the listing: it is gone
+                if e.status == 404:  # deleted since the listing: it is gone
                     del self.listed[pid]
                     continue
                 raise
@@ -514,13 +520,23 @@ class _SpaceRun:
         return out
 
     def _list_attachments(self, pid: str) -> list[dict[str, Any]]:
-        if self.v2:
-            return list(self.client.paginate(f"/api/v2/pages/{pid}/attachments", {"limit": 250}))
-        return list(
-            self.client.paginate(
-                f"/rest/api/content/{pid}/child/attachment", {"expand": "version", "limit": 200}
+        """The page's attachments; none when the page vanished since it was read (404)."""
+        try:
+            if self.v2:
+                return list(
+                    self.client.paginate(f"/api/v2/pages/{pid}/attachments", {"limit": 250})
+                )
+            return list(
+                self.client.paginate(
+                    f"/rest/api/content/{pid}/child/attachment",
+                    {"expand": "version", "limit": 200},
+                )
             )
-        )
+        except ConfluenceFetchError as e:
+            if e.status != 404:
+                raise
+            log.warning("confluence: attachments of page %s not found (404); none synced", pid)
+            return []
 
     def _attachment(
         self, pid: str, page: Page, att: dict[str, Any], key: str, title: str, version: int | None
@@ -540,11 +556,16 @@ class _SpaceRun:
         link = str(att.get("downloadLink") or (att.get("_links") or {}).get("download") or "")
         if not link:
             return "extract_failed"
-        data = self.client.download(link, limit=limit)
+        if self.scanner is None:  # fail closed, as uploads do: nothing unscanned gets in
+            return "scanner_unavailable"
+        try:
+            data = self.client.download(link, limit=limit)
+        except ConfluenceFetchError as e:
+            if e.status != 404:
+                raise
+            return "not_found"  # removed since it was listed
         if data is None:
             return "too_large"
-        if self.scanner is None:
-            return "scanner_unavailable"
         try:
             checked = check_file(
                 data,
@@ -589,10 +610,21 @@ class _SpaceRun:
 
     def cursor_after(self, plan: RefreshPlan) -> SpaceCursor:
         """The cursor to persist once ``plan`` is applied."""
-        pages = {pid: it.version for pid, it in self.listed.items() if pid in self.fetched}
-        for pid in self.listed:
-            if pid not in self.fetched and pid in self.cursor.pages:
+        # a page the plan quarantined (no text left to chunk) is not fetched again until it
+        # changes, like one the reader quarantined
+        dropped = {q["source_path"] for q in plan.quarantined}
+        pages: dict[str, int] = {}
+        quarantined = dict(self.quarantined_ids)
+        for pid, it in self.listed.items():
+            if pid in self.fetched:
+                if self.fetched[pid].source_path in dropped:
+                    quarantined[pid] = it.version
+                else:
+                    pages[pid] = it.version
+            elif pid in self.cursor.pages:
                 pages[pid] = self.cursor.pages[pid]
+            elif pid in self.cursor.quarantined and pid not in quarantined:
+                quarantined[pid] = self.cursor.quarantined[pid]
         whens = [w for w in (it.when for it in self.listed.values()) if w]
         last = max(whens, key=lambda w: _parse_when(w) or datetime.min.replace(tzinfo=UTC))
         return SpaceCursor(
@@ -600,7 +632,7 @@ class _SpaceRun:
             space=self.space,
             last_when=last if whens else self.cursor.last_when,
             pages=pages,
-            quarantined=dict(self.quarantined_ids),
+            quarantined=quarantined,
             attachments=dict(self.attachments),
         )
 

@@ -25,6 +25,8 @@ from context_core.ingest.sync import SpaceCursor, sync_confluence
 from context_core.knowledge.edge import EdgeStore
 from context_core.knowledge.embedding import Encoder
 
+DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
+XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
 USER = "mei.lin@example.com"
 TOKEN = "ATATT3xFfGF0-test-token-9d1c77"  # a made-up token: must never appear in any output
 
@@ -63,6 +65,22 @@ def space(cloud: bool = True, key: str = "OPS", sid: str = "98305", n: int = 6) 
             )
         )
     return st
+
+
+def make_docx() -> bytes:
+    """A small Word file written with python-docx: a heading, a paragraph, a table."""
+    import io
+
+    import docx
+
+    doc = docx.Document()
+    doc.add_heading("Escalation ladder", level=1)
+    doc.add_paragraph("Page the duty manager after thirty minutes without a fix.")
+    table = doc.add_table(rows=1, cols=2)
+    table.rows[0].cells[0].text, table.rows[0].cells[1].text = "Sev 1", "call the CTO"
+    out = io.BytesIO()
+    doc.save(out)
+    return out.getvalue()
 
 
 def cfg(tmp_path: Path, **kw: Any) -> Settings:
@@ -277,20 +295,25 @@ def test_attachments_ingested_or_skipped_with_reasons(
         FakeAttachment("att5", "big.txt", "text/plain", b"x " * 40_000),
         FakeAttachment("att6", "secret.txt", "text/plain", b"Project Nightjar budget."),
         FakeAttachment("att7", "broken.pdf", "application/pdf", b"%PDF-1.4 not really"),
+        FakeAttachment("att8", "escalation.docx", DOCX, make_docx()),
+        FakeAttachment("att9", "budget.xlsx", XLSX, b"PK\x03\x04 spreadsheet"),
     ]
     settings = cfg(tmp_path, clamd_url=clamd, upload_max_bytes=50_000, blocked_keywords="nightjar")
     with EdgeStore(settings.qdrant_dir) as store:
         (r,) = sync(settings, url, store, encoder)
-        assert r.attachments_ingested == 2
+        assert r.attachments_ingested == 3
         assert r.attachments_skipped == {
-            "type_not_allowed": 1,
+            "type_not_allowed": 2,
             "infected": 1,
             "too_large": 1,
             "blocked_keyword": 1,
             "extract_failed": 1,
         }
         att = [p for p in points(store).values() if p.get("attachment")]
-        assert {p["attachment"] for p in att} == {"failover.pdf", "notes.txt"}
+        assert {p["attachment"] for p in att} == {"failover.pdf", "notes.txt", "escalation.docx"}
+        word = [p for p in att if p["attachment"] == "escalation.docx"]
+        assert any("Escalation ladder" in p["heading_path"] for p in word)
+        assert any("call the CTO" in p["text"] for p in word)
         pdf_chunk = next(p for p in att if p["attachment"] == "failover.pdf")
         assert pdf_chunk["page"] == "1001" and "/download/attachments/1001/" in pdf_chunk["url"]
         assert "primary region" in pdf_chunk["text"]
@@ -302,7 +325,7 @@ def test_attachments_ingested_or_skipped_with_reasons(
         st.edit("1001", body("Deploys now need two approvals."))
         st.log.clear()
         (third,) = sync(settings, url, store, encoder)
-        assert st.downloads() == 0 and third.attachments_unchanged == 2
+        assert st.downloads() == 0 and third.attachments_unchanged == 3
 
 
 def test_cli_syncs_a_space_and_prints_the_summary(
@@ -359,3 +382,24 @@ def test_a_page_without_text_is_quarantined_once_not_fetched_on_every_run(
         st.edit("1100", body("Now the page lists the team's rota."))
         (fixed,) = sync(settings, url, store, encoder)
         assert fixed.bodies_fetched == 1 and fixed.summary.pages_new == 1
+
+
+def test_word_extraction_reads_headings_and_tables_and_refuses_bombs() -> None:
+    import io
+    import zipfile
+
+    from context_core.errors import UploadTooLargeError, UploadUnreadableError
+    from context_core.ingest.upload import extract_sections, resolve_type
+
+    assert resolve_type("x.docx", None)[1] == "docx"
+    _, sections, _, _ = extract_sections(make_docx(), "docx")
+    assert sections[0].heading_path == ("Escalation ladder",)
+    assert "thirty minutes" in sections[0].text and "Sev 1 | call the CTO" in sections[0].text
+    with pytest.raises(UploadUnreadableError, match="not a zip"):
+        extract_sections(b"just text pretending", "docx")
+    bomb = io.BytesIO()
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("word/document.xml", b"\0" * (40 * 1024 * 1024))
+    assert len(bomb.getvalue()) < 200_000
+    with pytest.raises(UploadTooLargeError, match="unpacks to"):
+        extract_sections(bomb.getvalue(), "docx")

@@ -1,4 +1,4 @@
-"""User uploads (PDF, HTML, plain text, Markdown) into L3, scanned and cleaned before any write.
+"""User uploads (PDF, Word, HTML, plain text, Markdown) into L3, scanned and cleaned first.
 
 :func:`scan_and_ingest` runs, in this order, and writes nothing to L3 until every step passed:
 
@@ -9,7 +9,9 @@
    configured) is :class:`~context_core.ingest.clamd.ScannerUnavailableError` (503 +
    Retry-After), never "clean". A finding is quarantined and refused
    (:class:`UploadInfectedError`, 422 ``upload_infected`` naming the signature);
-3. **text extraction**: PDF with pypdf (one section per page), HTML with the ingest
+3. **text extraction**: PDF with pypdf (one section per page), Word ``.docx`` with
+   python-docx (``Heading N`` paragraphs as heading paths, tables row by row, the archive's
+   unpacked size checked first), HTML with the ingest
    renderer (:func:`context_core.ingest.render.render_sections`: heading-path sections, the
    same depth guard as Confluence pages), text and Markdown decoded by BOM, strict UTF-8, the
    HTML ``charset`` declaration, then charset detection (charset-normalizer), and as a last
@@ -120,7 +122,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-UploadKind = Literal["pdf", "html", "text", "markdown"]
+UploadKind = Literal["pdf", "html", "text", "markdown", "docx"]
 
 #: The content types an upload may have, and how each is read.
 ALLOWED_TYPES: dict[str, UploadKind] = {
@@ -129,6 +131,7 @@ ALLOWED_TYPES: dict[str, UploadKind] = {
     "application/xhtml+xml": "html",
     "text/plain": "text",
     "text/markdown": "markdown",
+    "application/vnd.openxmlformats-officedocument.wordprocessingml.document": "docx",
 }
 _EXTENSIONS = {
     ".pdf": "application/pdf",
@@ -140,6 +143,7 @@ _EXTENSIONS = {
     ".log": "text/plain",
     ".md": "text/markdown",
     ".markdown": "text/markdown",
+    ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
 }
 #: Declared types that say nothing: the extension decides.
 _GENERIC_TYPES = frozenset({"", "application/octet-stream", "binary/octet-stream"})
@@ -413,6 +417,71 @@ def _pdf_sections(data: bytes, max_chars: int) -> tuple[str, list[Section]]:
     return title, sections
 
 
+_DOCX_MAX_INFLATE = 100  # a .docx may unpack to at most this many times its size
+
+
+def _docx_sections(data: bytes, max_chars: int) -> tuple[str, list[Section]]:
+    """Word (OOXML) with python-docx: ``Heading N`` paragraphs open sections with a heading
+    path, as HTML headings do; table cells are read row by row. The archive's unpacked size is
+    checked first, so a zip bomb is refused before it is inflated."""
+    import zipfile
+
+    from docx import Document
+
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            inflated = sum(i.file_size for i in zf.infolist())
+    except (zipfile.BadZipFile, ValueError):
+        raise UploadUnreadableError("not a Word .docx file (not a zip archive)") from None
+    if inflated > max(len(data) * _DOCX_MAX_INFLATE, 8 * 1024 * 1024):
+        raise UploadTooLargeError(f"the .docx unpacks to {inflated} bytes (an archive bomb?)")
+    try:
+        doc = Document(io.BytesIO(data))
+        sections: list[Section] = []
+        path: list[tuple[int, str]] = []
+        body: list[str] = []
+
+        def flush() -> None:
+            if body:
+                sections.append(Section(tuple(h for _, h in path), "\n".join(body)))
+            body.clear()
+
+        for para in doc.paragraphs:
+            text = normalise_line(para.text)
+            style = para.style.name if para.style is not None else ""
+            level = _heading_level(style or "")
+            if level and text:
+                flush()
+                while path and path[-1][0] >= level:
+                    path.pop()
+                path.append((level, text))
+            elif text:
+                body.append(text)
+        for table in doc.tables:
+            for row in table.rows:
+                cells = [normalise_line(c.text) for c in row.cells]
+                line = " | ".join(c for c in cells if c)
+                if line:
+                    body.append(line)
+        flush()
+        title = normalise_line(doc.core_properties.title or "")
+    except (UploadRefusedError, UploadTooLargeError):
+        raise
+    except Exception as e:  # a damaged or hostile archive may fail anywhere in the reader
+        raise UploadUnreadableError(f"not a readable Word file ({type(e).__name__})") from None
+    if sum(len(sec.text) for sec in sections) > max_chars:
+        raise UploadTooLargeError(f"the .docx yields more than {max_chars} characters of text")
+    return title, sections
+
+
+def _heading_level(style: str) -> int:
+    """1..9 for Word's built-in ``Heading N`` / ``Title`` styles, else 0."""
+    if style == "Title":
+        return 1
+    m = re.fullmatch(r"Heading ([1-9])", style)
+    return int(m.group(1)) if m else 0
+
+
 def extract_sections(
     data: bytes,
     kind: UploadKind,
@@ -427,6 +496,8 @@ def extract_sections(
     replaced = 0
     if kind == "pdf":
         title, sections = _pdf_sections(data, max_chars)
+    elif kind == "docx":
+        title, sections = _docx_sections(data, max_chars)
     else:
         declared = None
         if kind == "html":

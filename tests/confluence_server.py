@@ -53,6 +53,7 @@ class FakeAttachment:
     media_type: str
     data: bytes
     version: int = 1
+    when: str = "2026-11-30T10:00:00.000Z"
 
 
 @dataclass
@@ -74,6 +75,7 @@ class ConfluenceState:
     throttle: int = 0  # answer the next N requests with 429 + Retry-After
     retry_after: str = "0"
     errors: int = 0  # answer the next N requests with 503 (no Retry-After) / 500
+    link_header: bool = False  # v2 listings: next page only in a `Link` header, not the body
     log: list[Served] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -107,6 +109,7 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         q = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         path = parts.path
+        self.extra: dict[str, str] = {}
         with st.lock:
             status, payload, ctype, body_served, download = self._route(st, path, q)
             st.log.append(Served(path, status, body_served, download))
@@ -114,6 +117,8 @@ class _Handler(BaseHTTPRequestHandler):
         if status == 429:
             self.send_header("Retry-After", st.retry_after)
         data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        for name, value in self.extra.items():
+            self.send_header(name, value)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -163,6 +168,8 @@ class _Handler(BaseHTTPRequestHandler):
                     {"status": q.get("status", ""), "limit": limit, "cursor": start + limit}
                 )
                 links["next"] = f"{ctx}/api/v2/spaces/{m.group(1)}/pages?{nq}"
+                if st.link_header:
+                    self.extra["Link"] = f'<{links.pop("next")}>; rel="next"'
             res = [self._v2_page(p, st) for p in chunk]
             return 200, {"results": res, "_links": links}, j, False, False
         m = re.fullmatch(r"/api/v2/pages/([^/]+)/attachments", rel)
@@ -222,6 +229,8 @@ class _Handler(BaseHTTPRequestHandler):
         self, st: ConfluenceState, q: dict[str, str], ctx: str
     ) -> tuple[int, Any, str, bool, bool]:
         cql = q.get("cql", "")
+        if re.search(r"type\s*=\s*attachment", cql):
+            return self._attachment_search(st, q, cql)
         sm = re.search(r'space\s*=\s*"?([A-Za-z0-9~_-]+)"?', cql)
         lm = re.search(r'lastmodified\s*>=?\s*"([^"]+)"', cql)
         pages = [p for p in self._ordered(st) if p.status == "current"]
@@ -244,6 +253,28 @@ class _Handler(BaseHTTPRequestHandler):
             {"results": res, "start": start, "limit": limit, "size": len(res), "_links": links},
             "application/json",
             body,
+            False,
+        )
+
+    def _attachment_search(
+        self, st: ConfluenceState, q: dict[str, str], cql: str
+    ) -> tuple[int, Any, str, bool, bool]:
+        sm = re.search(r'space\s*=\s*"?([A-Za-z0-9~_-]+)"?', cql)
+        lm = re.search(r'lastmodified\s*>=?\s*"([^"]+)"', cql)
+        since = datetime.strptime(lm.group(1), "%Y-%m-%d %H:%M").replace(tzinfo=UTC) if lm else None
+        res = []
+        for pid, atts in st.attachments.items():
+            page = st.pages.get(pid)
+            if page is None or (sm and page.space != sm.group(1)):
+                continue
+            for a in atts:
+                if since is None or _when(a.when) >= since:
+                    res.append({**self._v1_att(pid, a), "container": {"id": pid, "type": "page"}})
+        return (
+            200,
+            {"results": res, "start": 0, "limit": len(res), "size": len(res), "_links": {}},
+            "application/json",
+            False,
             False,
         )
 
@@ -317,7 +348,7 @@ class _Handler(BaseHTTPRequestHandler):
             "mediaType": a.media_type,
             "fileSize": len(a.data),
             "pageId": pid,
-            "version": {"number": a.version, "createdAt": "2026-11-30T10:00:00.000Z"},
+            "version": {"number": a.version, "createdAt": a.when},
             "downloadLink": f"/download/attachments/{pid}/{quote(a.title)}?version={a.version}",
             "webuiLink": f"/pages/viewpageattachments.action?pageId={pid}",
         }
@@ -330,7 +361,7 @@ class _Handler(BaseHTTPRequestHandler):
             "title": a.title,
             "metadata": {"mediaType": a.media_type},
             "extensions": {"mediaType": a.media_type, "fileSize": len(a.data)},
-            "version": {"number": a.version, "when": "2026-11-30T10:00:00.000Z"},
+            "version": {"number": a.version, "when": a.when},
             "_links": {
                 "download": f"/download/attachments/{pid}/{quote(a.title)}?version={a.version}"
             },

@@ -258,13 +258,16 @@ def test_data_center_bearer_token_and_two_sites_never_collide(
         )
 
 
-def test_pagination_follows_links_next(tmp_path: Path, encoder: Encoder) -> None:
+def test_pagination_follows_links_next() -> None:
     st = space(cloud=True, n=8)
     with serve(st) as url:
         client = ConfluenceClient(url, user=USER, token=TOKEN)
         ids = [r["id"] for r in client.paginate("/api/v2/spaces/98305/pages", {"limit": 3})]
         assert len(ids) == 9 and len(set(ids)) == 9
         assert client.stats.requests == 3
+        st.link_header = True  # the v2 API's other way of saying where the next page is
+        again = [r["id"] for r in client.paginate("/api/v2/spaces/98305/pages", {"limit": 4})]
+        assert again == ids
         v1 = list(
             client.paginate(
                 "/rest/api/content/search", {"cql": 'space = "OPS" and type = page', "limit": 4}
@@ -326,6 +329,22 @@ def test_attachments_ingested_or_skipped_with_reasons(
         st.log.clear()
         (third,) = sync(settings, url, store, encoder)
         assert st.downloads() == 0 and third.attachments_unchanged == 3
+        # an attachment added to page 1002 without editing the page: found by the attachment
+        # search, only it is downloaded, and the page's chunks stay as they are
+        st.attachments["1002"] = [
+            FakeAttachment(
+                "att10",
+                "restore.md",
+                "text/markdown",
+                b"# Restore drill\nRestores are rehearsed every quarter.",
+                when="2026-12-02T08:00:00.000Z",
+            )
+        ]
+        st.log.clear()
+        (fourth,) = sync(settings, url, store, encoder)
+        assert st.downloads() == 1 and fourth.attachments_ingested == 1
+        assert fourth.summary.pages_changed == 0 and fourth.summary.pages_new == 1
+        assert any(p.get("attachment") == "restore.md" for p in points(store).values())
 
 
 def test_cli_syncs_a_space_and_prints_the_summary(

@@ -164,6 +164,12 @@ class ConfluenceClient:
 
     def get_json(self, path: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         """GET ``path`` (see :meth:`url`) and decode its JSON object."""
+        return self._get_json(path, params)[0]
+
+    def _get_json(
+        self, path: str, params: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], str | None]:
+        """The JSON object and the ``Link: <...>; rel="next"`` header's target, if any."""
         resp = self._get(self.url(path), params=params)
         try:
             data = resp.json()
@@ -177,11 +183,13 @@ class ConfluenceClient:
                 f"Confluence at {self.base_url} answered {_path(resp.url)} with JSON that is "
                 "not an object"
             )
-        return data
+        return data, (resp.links.get("next") or {}).get("url")
 
     def paginate(self, path: str, params: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
-        """Every ``results`` item of a listing, following ``_links.next`` (v1 and v2 alike)."""
-        data = self.get_json(path, params)
+        """Every ``results`` item of a listing, following ``_links.next`` (v1 and v2 alike; the
+        v2 API also sends the next page's URL in a ``Link`` header, used when the body has
+        none)."""
+        data, link = self._get_json(path, params)
         while True:
             results = data.get("results")
             if not isinstance(results, list):
@@ -189,10 +197,10 @@ class ConfluenceClient:
                     f"Confluence at {self.base_url} answered {path} without a 'results' list"
                 )
             yield from (r for r in results if isinstance(r, dict))
-            nxt = (data.get("_links") or {}).get("next")
+            nxt = (data.get("_links") or {}).get("next") or link
             if not nxt:
                 return
-            data = self.get_json(str(nxt))
+            data, link = self._get_json(str(nxt))
 
     def download(self, link: str, *, limit: int) -> bytes | None:
         """The bytes behind a download link, streamed; None once they pass ``limit``."""

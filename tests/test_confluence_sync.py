@@ -228,6 +228,7 @@ def test_bad_credentials_stop_at_once_naming_the_setting_and_never_the_token(
         results = sync(cfg(tmp_path), url, store, encoder)
         text = json.dumps([r.to_dict() for r in results]) + msg + caplog.text
         text += (tmp_path / "reports" / "ingest_summary.json").read_text()
+        text += (tmp_path / "reports" / "confluence_sync.json").read_text()
     assert TOKEN not in text and "not-the-token" not in text
 
 
@@ -422,3 +423,20 @@ def test_word_extraction_reads_headings_and_tables_and_refuses_bombs() -> None:
     assert len(bomb.getvalue()) < 200_000
     with pytest.raises(UploadTooLargeError, match="unpacks to"):
         extract_sections(bomb.getvalue(), "docx")
+
+
+def test_several_spaces_are_all_read_before_any_write(
+    tmp_path: Path, encoder: Encoder, cloud: tuple[ConfluenceState, str]
+) -> None:
+    st, url = cloud
+    st.add_space("SEC", "98306", FakePage("2000", "Security Home", "SEC", body("Report it.")))
+    settings = cfg(tmp_path)
+    with EdgeStore(settings.qdrant_dir) as store:
+        with pytest.raises(ConfluenceFetchError, match="no space 'NOPE'"):
+            sync(settings, url, store, encoder, "OPS", "NOPE")
+        assert points(store) == {}  # OPS was read fine, but nothing was written
+        assert not SpaceCursor.path(settings, ConfluenceClient(url).site, "OPS").exists()
+        ops, sec = sync(settings, url, store, encoder, "OPS", "SEC")
+        assert (ops.summary.pages_new, sec.summary.pages_new) == (7, 1)
+        report = json.loads((tmp_path / "reports" / "confluence_sync.json").read_text())
+        assert [s["space"] for s in report["spaces"]] == ["OPS", "SEC"]

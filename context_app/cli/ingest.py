@@ -141,6 +141,7 @@ def _sync(
             ),
         )
         typer.echo(f"cursor: {r.cursor_file}")
+    typer.echo(f"sync report: {settings.reports_dir / 'confluence_sync.json'}")
 
 
 def _print_summary(

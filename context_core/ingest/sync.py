@@ -60,7 +60,14 @@ if TYPE_CHECKING:
     from context_core.knowledge.embedding import Encoder
     from context_core.knowledge.store import VectorStore
 
-__all__ = ["SKIP_REASONS", "SpaceCursor", "SyncResult", "client_from_settings", "sync_confluence"]
+__all__ = [
+    "SKIP_REASONS",
+    "SYNC_REPORT",
+    "SpaceCursor",
+    "SyncResult",
+    "client_from_settings",
+    "sync_confluence",
+]
 
 log = logging.getLogger(__name__)
 
@@ -264,12 +271,26 @@ def sync_confluence(
                 summary.chunks_deleted,
                 done.requests["requests"],
             )
+        _write_report(settings, run_id, results)
         return results
     finally:
         if own_store:
             store.close()
         if own_client:
             client.close()
+
+
+SYNC_REPORT = "confluence_sync.json"  # under reports_dir: the last run, every space
+
+
+def _write_report(settings: Settings, run_id: str, results: list[SyncResult]) -> Path:
+    """``<reports_dir>/confluence_sync.json``: the run's result per space (``ingest_summary.json``
+    holds only the last space's refresh summary)."""
+    settings.reports_dir.mkdir(parents=True, exist_ok=True)
+    data = {"run_id": run_id, "spaces": [r.to_dict() for r in results]}
+    return atomic_write_text(
+        settings.reports_dir / SYNC_REPORT, json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    )
 
 
 def _space_keys(spaces: Sequence[str]) -> list[str]:

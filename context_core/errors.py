@@ -373,7 +373,7 @@ class ConfluenceFetchError(IngestError):
     Raised before the sync writes or deletes anything: the collection stays as it was.
     """
 
-    http_status: ClassVar[int] = 502
+    http_status: ClassVar[int] = 503
     error_code: ClassVar[str] = "confluence_unavailable"
 
     def __init__(self, message: str, *, status: int | None = None) -> None:
@@ -388,7 +388,7 @@ class ConfluenceAuthError(ConfluenceFetchError):
     or, for 403, the space permission the account lacks; it never holds the token.
     """
 
-    http_status: ClassVar[int] = 502
+    http_status: ClassVar[int] = 500  # the deployment's credentials: a misconfiguration
     error_code: ClassVar[str] = "confluence_auth_failed"
 
 

@@ -75,6 +75,7 @@ class ConfluenceState:
     throttle: int = 0  # answer the next N requests with 429 + Retry-After
     retry_after: str = "0"
     errors: int = 0  # answer the next N requests with 503 (no Retry-After) / 500
+    v1_content_missing: bool = False  # /rest/api/content/{id} answers 404 (v2 has the page)
     link_header: bool = False  # v2 listings: next page only in a `Link` header, not the body
     log: list[Served] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -172,6 +173,16 @@ class _Handler(BaseHTTPRequestHandler):
                     self.extra["Link"] = f'<{links.pop("next")}>; rel="next"'
             res = [self._v2_page(p, st) for p in chunk]
             return 200, {"results": res, "_links": links}, j, False, False
+        m = re.fullmatch(r"/api/v2/pages/([^/]+)", rel)
+        if m and st.cloud:
+            p = st.pages.get(m.group(1))
+            if p is None or p.status != "current":
+                return 404, {"errors": [{"status": 404, "title": "Not Found"}]}, j, False, False
+            out = self._v2_page(p, st)
+            with_body = q.get("body-format") == "storage"
+            if with_body:
+                out["body"] = {"storage": {"value": p.body, "representation": "storage"}}
+            return 200, out, j, with_body, False
         m = re.fullmatch(r"/api/v2/pages/([^/]+)/attachments", rel)
         if m and st.cloud:
             res = [self._v2_att(m.group(1), a, ctx) for a in st.attachments.get(m.group(1), [])]
@@ -196,6 +207,8 @@ class _Handler(BaseHTTPRequestHandler):
         if rel == "/rest/api/content/search":
             return self._search(st, q, ctx)
         m = re.fullmatch(r"/rest/api/content/([^/]+)", rel)
+        if m and st.v1_content_missing and rel != "/rest/api/content/search":
+            return 404, {"statusCode": 404, "message": "gone from v1"}, j, False, False
         if m:
             p = st.pages.get(m.group(1))
             if p is None or p.status != "current":

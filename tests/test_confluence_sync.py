@@ -440,3 +440,35 @@ def test_several_spaces_are_all_read_before_any_write(
         assert (ops.summary.pages_new, sec.summary.pages_new) == (7, 1)
         report = json.loads((tmp_path / "reports" / "confluence_sync.json").read_text())
         assert [s["space"] for s in report["spaces"]] == ["OPS", "SEC"]
+
+
+def test_a_page_the_search_misses_is_read_by_id_v1_then_v2(
+    tmp_path: Path, encoder: Encoder, cloud: tuple[ConfluenceState, str]
+) -> None:
+    """A page moved in from another space keeps its old modification date, so the
+    incremental CQL search does not return it: it is read by id (v2 when v1 has no such id)."""
+    st, url = cloud
+    settings = cfg(tmp_path)
+    with EdgeStore(settings.qdrant_dir) as store:
+        sync(settings, url, store, encoder)
+        st.add(
+            FakePage(
+                "1200",
+                "Moved here: DNS runbook",
+                "OPS",
+                body("Flush the resolver cache before blaming the network."),
+                parent="1000",
+                when="2026-06-01T10:00:00.000Z",
+            )
+        )
+        st.v1_content_missing = True
+        st.log.clear()
+        (r,) = sync(settings, url, store, encoder)
+        assert r.summary.pages_new == 1 and r.bodies_fetched == 1
+        assert any(s.path.endswith("/api/v2/pages/1200") for s in st.log)
+        moved = [p for p in points(store).values() if p["source"] == "1200"]
+        assert moved and "resolver cache" in moved[0]["text"]
+        del st.pages["1200"]  # gone again (v1 and v2 both 404): deleted from L3
+        (gone,) = sync(settings, url, store, encoder)
+        assert gone.summary.pages_deleted == 1
+        assert not [p for p in points(store).values() if p["source"] == "1200"]

@@ -500,15 +500,32 @@ class _SpaceRun:
                 got.add(pid)
                 out += self._read(content)
         for pid in sorted(need - got):
-            try:
-                content = self.client.get_json(f"/rest/api/content/{pid}", {"expand": _EXPAND})
-            except ConfluenceFetchError as e:
-                if e.status == 404:  # deleted since the listing: it is gone
-                    del self.listed[pid]
-                    continue
-                raise
+            content = self._one_page(pid)
+            if content is None:  # deleted since the listing: it is gone
+                del self.listed[pid]
+                continue
             out += self._read(content)
         return out
+
+    def _one_page(self, pid: str) -> dict[str, Any] | None:
+        """One page's body: v1 ``/rest/api/content/{id}``; on Cloud, where v1 answers 404,
+        v2 ``/api/v2/pages/{id}?body-format=storage`` (no ancestors: the page's area is then
+        its own title). None when neither has it."""
+        try:
+            return self.client.get_json(f"/rest/api/content/{pid}", {"expand": _EXPAND})
+        except ConfluenceFetchError as e:
+            if e.status != 404 or not self.v2:
+                if e.status == 404:
+                    return None
+                raise
+        try:
+            page = self.client.get_json(f"/api/v2/pages/{pid}", {"body-format": "storage"})
+        except ConfluenceFetchError as e:
+            if e.status == 404:
+                return None
+            raise
+        page.setdefault("type", "page")
+        return page
 
     def _read(self, content: dict[str, Any]) -> list[Page | Quarantined]:
         self.bodies += 1

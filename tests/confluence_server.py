@@ -75,7 +75,8 @@ class ConfluenceState:
     throttle: int = 0  # answer the next N requests with 429 + Retry-After
     retry_after: str = "0"
     errors: int = 0  # answer the next N requests with 503 (no Retry-After) / 500
-    v1_content_missing: bool = False  # /rest/api/content/{id} answers 404 (v2 has the page)
+    # True: /rest/api/content/{id} answers 404 (v2 has the page); "all": v1 search too
+    v1_content_missing: bool | str = False
     link_header: bool = False  # v2 listings: next page only in a `Link` header, not the body
     log: list[Served] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -204,6 +205,8 @@ class _Handler(BaseHTTPRequestHandler):
                 False,
                 False,
             )
+        if rel.startswith("/rest/api/content") and st.v1_content_missing == "all":
+            return 404, {"statusCode": 404, "message": "no v1 here"}, j, False, False
         if rel == "/rest/api/content/search":
             return self._search(st, q, ctx)
         m = re.fullmatch(r"/rest/api/content/([^/]+)", rel)

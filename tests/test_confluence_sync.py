@@ -472,3 +472,17 @@ def test_a_page_the_search_misses_is_read_by_id_v1_then_v2(
         (gone,) = sync(settings, url, store, encoder)
         assert gone.summary.pages_deleted == 1
         assert not [p for p in points(store).values() if p["source"] == "1200"]
+
+
+def test_a_cloud_site_without_v1_content_search_is_read_through_v2(
+    tmp_path: Path, encoder: Encoder, cloud: tuple[ConfluenceState, str]
+) -> None:
+    st, url = cloud
+    st.v1_content_missing = "all"
+    settings = cfg(tmp_path)
+    with EdgeStore(settings.qdrant_dir) as store:
+        (r,) = sync(settings, url, store, encoder)
+        assert r.summary.pages_new == 7 and r.bodies_fetched == 7
+        assert sum(1 for s in st.log if s.path.startswith("/wiki/rest/api/content/1")) == 0
+        (again,) = sync(settings, url, store, encoder)
+        assert again.bodies_fetched == 0 and again.summary.chunks_written == 0

@@ -335,6 +335,7 @@ class _SpaceRun:
         self.home_id: str | None = None
         self.space_id: str | None = None
         self.v2 = client.cloud
+        self.v1 = True  # False once a Cloud site answered 404 for v1 content search
         self.listed: dict[str, _Listed] = {}
         self.fetched: dict[str, Page] = {}
         self.quarantined_ids: dict[str, int] = {}
@@ -490,15 +491,26 @@ class _SpaceRun:
         if since is not None and len(need) < len(self.listed):
             cql += f' and lastmodified >= "{(since - _CQL_LOOKBACK):%Y-%m-%d %H:%M}"'
         got: set[str] = set()
-        for r in self.client.paginate(
-            "/rest/api/content/search",
-            {"cql": cql + " order by lastmodified asc", "expand": _EXPAND, "limit": _SEARCH_LIMIT},
-        ):
-            content = r.get("content", r)
-            pid = str(content.get("id") or "")
-            if pid in need and pid not in got:
-                got.add(pid)
-                out += self._read(content)
+        try:
+            for r in self.client.paginate(
+                "/rest/api/content/search",
+                {
+                    "cql": cql + " order by lastmodified asc",
+                    "expand": _EXPAND,
+                    "limit": _SEARCH_LIMIT,
+                },
+            ):
+                content = r.get("content", r)
+                pid = str(content.get("id") or "")
+                if pid in need and pid not in got:
+                    got.add(pid)
+                    out += self._read(content)
+        except ConfluenceFetchError as e:
+            if e.status != 404 or not self.v2 or got:
+                raise
+            # a Cloud site without v1 content search: every page by id through v2
+            log.warning("confluence: v1 content search not found (404); reading pages by id")
+            self.v1 = False
         for pid in sorted(need - got):
             content = self._one_page(pid)
             if content is None:  # deleted since the listing: it is gone
@@ -511,13 +523,14 @@ class _SpaceRun:
         """One page's body: v1 ``/rest/api/content/{id}``; on Cloud, where v1 answers 404,
         v2 ``/api/v2/pages/{id}?body-format=storage`` (no ancestors: the page's area is then
         its own title). None when neither has it."""
-        try:
-            return self.client.get_json(f"/rest/api/content/{pid}", {"expand": _EXPAND})
-        except ConfluenceFetchError as e:
-            if e.status != 404 or not self.v2:
-                if e.status == 404:
-                    return None
-                raise
+        if self.v1:
+            try:
+                return self.client.get_json(f"/rest/api/content/{pid}", {"expand": _EXPAND})
+            except ConfluenceFetchError as e:
+                if e.status != 404 or not self.v2:
+                    if e.status == 404:
+                        return None
+                    raise
         try:
             page = self.client.get_json(f"/api/v2/pages/{pid}", {"body-format": "storage"})
         except ConfluenceFetchError as e:

@@ -120,6 +120,11 @@ def knowledge_refresh() -> None:
         p = dict(params or {})
         if p.get("spaces"):
             raise AirflowSkipException("this run syncs Confluence spaces: see sync_space")
+        if p.get("confluence_url"):
+            raise AirflowFailException(
+                "confluence_url is set but spaces is empty: name the space keys to sync "
+                '(e.g. "spaces": ["OPS"]), or drop confluence_url to refresh from export_path'
+            )
         settings = job_settings(
             collection=p.get("collection"),
             model=p.get("model"),

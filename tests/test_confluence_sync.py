@@ -375,6 +375,10 @@ def test_cli_syncs_a_space_and_prints_the_summary(
     allowed = runner.invoke(app, [*args, "--allow-deletes"])
     assert allowed.exit_code == 0, allowed.output
     assert re.search(r"pages deleted\s*│\s*2\b", allowed.output)
+    nospace = runner.invoke(app, ["ingest", "--confluence-url", url])
+    assert nospace.exit_code == 1 and "at least one --space" in nospace.output
+    both = runner.invoke(app, ["ingest", str(tmp_path), "--confluence-url", url, "--space", "X"])
+    assert both.exit_code == 1 and "not both" in both.output
     monkeypatch.setenv("CTX_CONFLUENCE_TOKEN", "wrong")
     bad = runner.invoke(app, ["ingest", "--confluence-url", url, "--space", "OPS"])
     assert bad.exit_code == 1 and "CTX_CONFLUENCE_TOKEN" in bad.output

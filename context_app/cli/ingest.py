@@ -85,6 +85,8 @@ def ingest(
     if confluence_url is not None:
         if path is not None:
             raise _fail("pass either an export path or --confluence-url, not both")
+        if source_id is not None:
+            raise _fail("--source-id is for exports; a site is named by its --confluence-url")
         _sync(confluence_url, space or [], collection, model, allow_deletes)
         return
     if path is None:

@@ -25,6 +25,7 @@ import base64
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -77,6 +78,8 @@ class ConfluenceState:
     errors: int = 0  # answer the next N requests with 503 (no Retry-After) / 500
     # True: /rest/api/content/{id} answers 404 (v2 has the page); "all": v1 search too
     v1_content_missing: bool | str = False
+    hang_s: float = 0.0  # sleep this long before answering (a hung server)
+    foreign_next: str | None = None  # v2 listings: this absolute URL as `_links.next`
     link_header: bool = False  # v2 listings: next page only in a `Link` header, not the body
     log: list[Served] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -112,6 +115,8 @@ class _Handler(BaseHTTPRequestHandler):
         q = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         path = parts.path
         self.extra: dict[str, str] = {}
+        if st.hang_s:
+            time.sleep(st.hang_s)
         with st.lock:
             status, payload, ctype, body_served, download = self._route(st, path, q)
             st.log.append(Served(path, status, body_served, download))
@@ -172,6 +177,8 @@ class _Handler(BaseHTTPRequestHandler):
                 links["next"] = f"{ctx}/api/v2/spaces/{m.group(1)}/pages?{nq}"
                 if st.link_header:
                     self.extra["Link"] = f'<{links.pop("next")}>; rel="next"'
+            if st.foreign_next:
+                links["next"] = st.foreign_next
             res = [self._v2_page(p, st) for p in chunk]
             return 200, {"results": res, "_links": links}, j, False, False
         m = re.fullmatch(r"/api/v2/pages/([^/]+)", rel)
@@ -391,6 +398,13 @@ def _when(s: str) -> datetime:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     state: ConfluenceState
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that timed out and hung up (the hung-server test) is not an error."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 @contextmanager

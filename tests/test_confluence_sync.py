@@ -277,6 +277,27 @@ def test_pagination_follows_links_next() -> None:
         assert len(v1) == 9
 
 
+def test_a_hung_server_times_out_and_a_foreign_link_is_not_followed() -> None:
+    import time
+
+    st = space(cloud=True)
+    with serve(st) as url:
+        st.hang_s = 1.0
+        client = ConfluenceClient(
+            url, user=USER, token=TOKEN, timeout_s=0.2, max_retries=1, backoff_s=0.01
+        )
+        t0 = time.perf_counter()
+        with pytest.raises(ConfluenceFetchError, match="cannot reach"):
+            client.get_json("/api/v2/spaces", {"keys": "OPS"})
+        assert time.perf_counter() - t0 < 1.5 and client.stats.requests == 2
+        st.hang_s = 0.0
+        st.foreign_next = "http://collector.invalid/steal?cursor=1"
+        client = ConfluenceClient(url, user=USER, token=TOKEN)
+        with pytest.raises(ConfluenceFetchError, match="another host"):
+            list(client.paginate("/api/v2/spaces/98305/pages", {"limit": 2}))
+        assert TOKEN not in repr(client.session.auth) + repr(vars(client))
+
+
 @pytest.fixture(scope="module")
 def clamd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:

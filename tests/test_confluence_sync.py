@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -187,9 +188,12 @@ def test_throttling_is_survived_and_a_storm_past_the_budget_changes_nothing(
     st, url = cloud
     settings = cfg(tmp_path)
     with EdgeStore(settings.qdrant_dir) as store:
-        st.throttle, st.retry_after = 3, "0"
+        # Retry-After: 1 s, capped by CTX_CONFLUENCE_MAX_WAIT_S (0.05 here) -> exactly 3 x 0.05;
+        # jittered backoff alone (0.01 x 2^n, random) could not add up to that
+        st.throttle, st.retry_after = 3, "1"
         (r,) = sync(settings, url, store, encoder)
-        assert r.requests["throttled"] == 3 and r.requests["retries"] >= 3
+        assert r.requests["throttled"] == 3 and r.requests["retries"] == 3
+        assert r.requests["waited_s"] == pytest.approx(0.15, abs=0.001)
         assert r.summary.pages_new == 7
         before = points(store)
         cursor = SpaceCursor.path(settings, ConfluenceClient(url).site, "OPS")
@@ -257,6 +261,17 @@ def test_data_center_bearer_token_and_two_sites_never_collide(
         assert sum(1 for p in left.values() if p["scope"] == f"{url_b}#OPS") == sum(
             1 for p in both.values() if p["scope"] == f"{url_b}#OPS"
         )
+
+
+def test_retry_after_seconds_and_http_dates() -> None:
+    from email.utils import format_datetime
+
+    from context_core.ingest.confluence_client import _retry_after_s
+
+    assert _retry_after_s("7") == 7.0 and _retry_after_s(None) is None
+    assert _retry_after_s("soon") is None
+    when = format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
+    assert 25 < (_retry_after_s(when) or 0) <= 30
 
 
 def test_pagination_follows_links_next() -> None:

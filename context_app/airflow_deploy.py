@@ -537,12 +537,21 @@ class AirflowApi:
         path = f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}"
         return dict(self.request("GET", path))
 
-    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
+    def xcom(
+        self,
+        dag_id: str,
+        run_id: str,
+        task_id: str,
+        key: str = "return_value",
+        *,
+        map_index: int | None = None,
+    ) -> Any:
         path = (
             f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}"
             f"/xcomEntries/{key}"
         )
-        value = self.request("GET", path)["value"]
+        params = None if map_index is None else {"map_index": map_index}
+        value = self.request("GET", path, params=params)["value"]
         if isinstance(value, str):
             with contextlib.suppress(ValueError):
                 value = json.loads(value)

@@ -22,6 +22,7 @@ from context_core.errors import ContextError
 __all__ = [
     "AirflowRunError",
     "LocalAirflow",
+    "confluence_from_connection",
     "default_dags_folder",
     "qdrant_url_from_connection",
 ]
@@ -180,3 +181,33 @@ def qdrant_url_from_connection(conn_id: str = "qdrant_default") -> str | None:
         return None
     scheme = conn.conn_type if conn.conn_type in ("http", "https") else "http"
     return f"{scheme}://{conn.host}:{conn.port or 6333}"
+
+
+def confluence_from_connection(
+    conn_id: str = "confluence_default",
+) -> tuple[str | None, str | None, str | None]:
+    """``(base URL, login, password)`` of an Airflow HTTP connection to a Confluence site.
+
+    Called inside DAG tasks. As for Airflow's HTTP hook, ``host`` may be the whole base URL
+    (``https://acme.atlassian.net/wiki``), or a host (with its context path:
+    ``wiki.example.com/confluence``) whose scheme is ``schema`` (default https). Login and
+    password are the account e-mail and API token (Cloud), or no login and a personal access
+    token (Data Center). ``(None, None, None)`` when there is no such connection.
+    """
+    from airflow.sdk import Connection
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        conn = Connection.get(conn_id)
+    except AirflowNotFoundException:
+        return None, None, None
+    host = (conn.host or "").strip().rstrip("/")
+    url: str | None = None
+    if host.startswith(("http://", "https://")):
+        url = host
+    elif host:
+        scheme = conn.schema if conn.schema in ("http", "https") else "https"
+        name, _, path = host.partition("/")
+        port = f":{conn.port}" if conn.port else ""
+        url = f"{scheme}://{name}{port}" + (f"/{path}" if path else "")
+    return url, conn.login or None, conn.password or None

@@ -246,6 +246,52 @@ class Settings(BaseSettings):
         "stops before writing unless --allow-deletes is given.",
     )
 
+    # --- Confluence REST sync (ctx ingest --confluence-url; context_core.ingest.sync) ------
+    confluence_user: str | None = Field(
+        None,
+        description="Confluence Cloud account e-mail for the REST sync; with "
+        "CTX_CONFLUENCE_TOKEN it makes HTTP Basic auth. Unset = the token is a Data Center "
+        "personal access token, sent as Bearer.",
+    )
+    confluence_token: SecretStr | None = Field(
+        None,
+        description="Confluence API token (Cloud, with CTX_CONFLUENCE_USER) or personal access "
+        "token (Data Center). Read from the environment only; never logged or reported.",
+    )
+    confluence_timeout_s: float = Field(
+        30.0, gt=0, le=600, description="Timeout of one Confluence HTTP request (connect+read)."
+    )
+    confluence_max_requests: int = Field(
+        5000,
+        gt=0,
+        description="Most HTTP requests one sync run may send (retries included); past it the "
+        "run stops before writing anything. Raise it for very large spaces.",
+    )
+    confluence_max_retries: int = Field(
+        5,
+        ge=0,
+        le=20,
+        description="Retries of one Confluence request after 429/503 (Retry-After honoured), "
+        "other 5xx or a connection error, with exponential backoff and jitter.",
+    )
+    confluence_backoff_s: float = Field(
+        1.0,
+        ge=0,
+        description="First backoff of a retried Confluence request; doubles per retry, "
+        "randomised (full jitter), capped by CTX_CONFLUENCE_MAX_WAIT_S.",
+    )
+    confluence_max_wait_s: float = Field(
+        60.0,
+        ge=0,
+        description="Longest single wait between Confluence retries, Retry-After included "
+        "(a larger Retry-After is capped to this).",
+    )
+    confluence_attachments: bool = Field(
+        True,
+        description="Also ingest the PDF/text/HTML/Markdown attachments of synced pages "
+        "through the upload checks (ClamAV scan, size, type, blocked keywords, redaction).",
+    )
+
     # --- uploads (POST /v1/uploads; context_core.ingest.upload) -------------------------
     clamd_url: str | None = Field(
         None,

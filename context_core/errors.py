@@ -23,6 +23,8 @@ __all__ = [
     "CalibrationError",
     "CollectionNotFoundError",
     "ConfigError",
+    "ConfluenceAuthError",
+    "ConfluenceFetchError",
     "ContextError",
     "ContextMissError",
     "ContractLockedError",
@@ -364,6 +366,31 @@ class MassDeleteError(IngestError):
         self.would_delete = would_delete
         self.in_scope = in_scope
         super().__init__(message)
+
+
+class ConfluenceFetchError(IngestError):
+    """Confluence could not be read (network, 5xx storm, request budget spent, bad answer).
+
+    Raised before the sync writes or deletes anything: the collection stays as it was.
+    """
+
+    http_status: ClassVar[int] = 503
+    error_code: ClassVar[str] = "confluence_unavailable"
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        self.status = status  # the HTTP status that ended the request, when there was one
+        super().__init__(message)
+
+
+class ConfluenceAuthError(ConfluenceFetchError):
+    """Confluence refused the credentials (401) or the space (403); the run stops at once.
+
+    The message names the setting to fix (``CTX_CONFLUENCE_USER`` / ``CTX_CONFLUENCE_TOKEN``)
+    or, for 403, the space permission the account lacks; it never holds the token.
+    """
+
+    http_status: ClassVar[int] = 500  # the deployment's credentials: a misconfiguration
+    error_code: ClassVar[str] = "confluence_auth_failed"
 
 
 class UnknownEventError(ContextError, ValueError):

@@ -1,7 +1,8 @@
 """
 ### knowledge_refresh
 
-Weekly refresh of L3 knowledge memory (`knowledge_main`) from a Confluence HTML space export.
+Weekly refresh of L3 knowledge memory (`knowledge_main`) from a Confluence HTML space export,
+or straight from a Confluence site (params `confluence_url` and `spaces`).
 
 1. **plan**: parse the export, chunk changed pages (<= 256 model tokens, heading-aware), run
    the Great Expectations chunk suite and diff against the collection. A failed suite fails
@@ -17,6 +18,17 @@ Weekly refresh of L3 knowledge memory (`knowledge_main`) from a Confluence HTML 
 holds no readable page (a wrong or half-mounted `export_path`); or the run would delete more
 than `CTX_INGEST_MAX_DELETE_SHARE` (20 %) of the space's pages. When the pages really were
 removed, trigger again with `allow_deletes: true`.
+
+**From a Confluence site** (`spaces` not empty): `plan`, `embed_upsert` and `report` are
+skipped and **sync_space** runs once per space (a mapped task, one at a time): list the
+space's pages and versions, fetch only the changed bodies and attachments, plan, write, then
+move the space's cursor (see `context_core.ingest.sync`). The site and the credentials come
+from the Airflow connection `confluence_default` (type HTTP; host = the site's base URL, e.g.
+`https://acme.atlassian.net/wiki`; login = account e-mail, password = API token; for Data
+Center no login and a personal access token), or `confluence_url` overrides the host. The
+space's summary is in the task log and its XCom. Bad credentials, a missing permission or a
+mass delete fail the task without retries; a throttling or 5xx storm that outlasts the client's
+retries fails it (Airflow retries later) with nothing written.
 
 Params: `export_path` (folder or .zip; default: the packaged sample export), `collection`
 (default `CTX_COLLECTION_MAIN`), `model` (default `CTX_EMBED_MODEL`), `space` (override the
@@ -78,6 +90,17 @@ KNOWLEDGE_MAIN = Asset("qdrant://knowledge_main")
             type="boolean",
             description="Allow deleting more than CTX_INGEST_MAX_DELETE_SHARE of the space.",
         ),
+        "spaces": Param(
+            [],
+            type="array",
+            items={"type": "string"},
+            description="Confluence space keys to sync from the site (empty: use export_path).",
+        ),
+        "confluence_url": Param(
+            None,
+            type=["null", "string"],
+            description="Site base URL; default: the host of the confluence_default connection.",
+        ),
     },
 )
 def knowledge_refresh() -> None:
@@ -86,15 +109,22 @@ def knowledge_refresh() -> None:
         """Parse, chunk, validate and diff; stage the plan on disk, return its path.
 
         A guard (no readable page, too many deletes) fails the task without retries: re-reading
-        the same wrong export cannot succeed.
+        the same wrong export cannot succeed. Skipped when the run syncs a Confluence site.
         """
-        from airflow.sdk.exceptions import AirflowFailException
+        from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
         from context_app.airflow_local import qdrant_url_from_connection
         from context_core.errors import EmptyExportError, MassDeleteError
         from context_core.ingest.pipeline import job_settings, stage_plan
 
         p = dict(params or {})
+        if p.get("spaces"):
+            raise AirflowSkipException("this run syncs Confluence spaces: see sync_space")
+        if p.get("confluence_url"):
+            raise AirflowFailException(
+                "confluence_url is set but spaces is empty: name the space keys to sync "
+                '(e.g. "spaces": ["OPS"]), or drop confluence_url to refresh from export_path'
+            )
         settings = job_settings(
             collection=p.get("collection"),
             model=p.get("model"),
@@ -144,7 +174,66 @@ def knowledge_refresh() -> None:
         keys = ("pages_seen", "pages_deleted", "chunks_written", "chunks_deleted", "run_id")
         return {k: summary[k] for k in keys}
 
+    @task
+    def spaces(params: dict[str, Any] | None = None) -> list[str]:
+        """The space keys to sync (none: the run refreshes from export_path)."""
+        return [str(k) for k in (params or {}).get("spaces") or []]
+
+    @task(max_active_tis_per_dag=1)
+    def sync_space(
+        space: str, params: dict[str, Any] | None = None, run_id: str | None = None
+    ) -> dict[str, Any]:
+        """Sync one space from the site; its summary goes to the log and XCom."""
+        import logging
+
+        from airflow.sdk.exceptions import AirflowFailException
+        from pydantic import SecretStr
+
+        from context_app.airflow_local import (
+            confluence_from_connection,
+            qdrant_url_from_connection,
+        )
+        from context_core.errors import ConfluenceAuthError, MassDeleteError
+        from context_core.ingest.pipeline import job_settings
+        from context_core.ingest.sync import sync_confluence
+
+        p = dict(params or {})
+        url, login, password = confluence_from_connection()
+        url = p.get("confluence_url") or url
+        if not url:
+            raise AirflowFailException(
+                "no Confluence site: add the confluence_default connection (HTTP; host = the "
+                "site's base URL) or pass the confluence_url param"
+            )
+        settings = job_settings(
+            collection=p.get("collection"),
+            model=p.get("model"),
+            qdrant_url=qdrant_url_from_connection(),
+        )
+        if password:  # the connection's credentials win over CTX_CONFLUENCE_*
+            settings = settings.model_copy(
+                update={"confluence_user": login, "confluence_token": SecretStr(password)}
+            )
+        try:
+            (result,) = sync_confluence(
+                settings,
+                url,
+                [space],
+                allow_deletes=bool(p.get("allow_deletes")),
+                run_id=f"{run_id or 'manual'}-{space}",
+            )
+        except ConfluenceAuthError as e:
+            raise AirflowFailException(
+                f"{e} (in Airflow: the login/password of the confluence_default connection)"
+            ) from e
+        except MassDeleteError as e:
+            raise AirflowFailException(str(e)) from e
+        out = result.to_dict()
+        logging.getLogger("airflow.task").info("confluence sync %s summary: %s", space, out)
+        return out
+
     report(embed_upsert(plan()))
+    sync_space.expand(space=spaces())
 
 
 knowledge_refresh()

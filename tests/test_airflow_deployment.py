@@ -243,7 +243,13 @@ def test_triggered_refresh_matches_ctx_ingest(deployed: Deployed) -> None:
     conf = {"export_path": str(sample_export_path()), "collection": TEST_COLLECTION}
     run = trigger_and_wait(api, "knowledge_refresh", conf, timeout=600)
     assert run.state == "success", run
-    assert run.tasks == {"plan": "success", "embed_upsert": "success", "report": "success"}
+    assert run.tasks == {
+        "plan": "success",
+        "embed_upsert": "success",
+        "report": "success",
+        "spaces": "success",
+        "sync_space": "skipped",  # no spaces given: the export path
+    }
     assert run.run["run_type"] == "manual"
     summary = api.xcom("knowledge_refresh", run.run_id, "embed_upsert")
     reported = api.xcom("knowledge_refresh", run.run_id, "report")
@@ -326,3 +332,59 @@ def test_processes_die_with_the_process_that_started_them(tmp_path: Path) -> Non
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_ctx_airflow_refresh_syncs_a_confluence_site(tmp_path: Path) -> None:
+    """`ctx airflow refresh --confluence-url URL --space KEY`: a temporary deployment of its
+    own, the confluence_default connection made from CTX_CONFLUENCE_*, one sync_space task,
+    its XCom printed; the token appears in no output and no file of the run."""
+    from confluence_server import ConfluenceState, FakePage, basic, serve
+
+    where = urlsplit(PG_URL)
+    try:
+        socket.create_connection((where.hostname, where.port or 5432), timeout=3).close()
+    except OSError as e:
+        pytest.skip(f"no PostgreSQL listening at {where.hostname}:{where.port or 5432}: {e}")
+    token = "ATATT-deploy-test-5e81c0"
+    st = ConfluenceState(cloud=True, auth=basic("ops@example.com", token))
+    home = FakePage("900", "Ops home", "OPS", "<p>Start here.</p>")
+    st.add_space("OPS", "77", home)
+    for i, topic in enumerate(("failover drills", "pager rotation", "backup checks")):
+        st.add(
+            FakePage(f"90{i + 1}", topic.title(), "OPS", f"<p>We run {topic}.</p>", parent="900")
+        )
+    env = {
+        **os.environ,
+        "CTX_DATA_DIR": str(tmp_path / "ctx"),
+        "CTX_REPORTS_DIR": str(tmp_path / "reports"),
+        "CTX_CONFLUENCE_USER": "ops@example.com",
+        "CTX_CONFLUENCE_TOKEN": token,
+        "COLUMNS": "200",
+    }
+    ctx = Path(sys.executable).with_name("ctx")
+    with serve(st) as url:
+        proc = subprocess.run(
+            [
+                str(ctx),
+                "airflow",
+                "refresh",
+                "--confluence-url",
+                url,
+                "--space",
+                "OPS",
+                "--pg-url",
+                PG_URL,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "sync of OPS" in out and re.search(r"pages_new\W+4\b", out), out[-3000:]
+    assert st.bodies_served() >= 1
+    assert token not in out
+    for path in (tmp_path / "ctx").rglob("*"):
+        if path.is_file() and path.stat().st_size < 20_000_000:
+            assert token.encode() not in path.read_bytes(), path

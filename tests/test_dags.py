@@ -57,6 +57,8 @@ def test_knowledge_refresh_runs_end_to_end(airflow_home: AirflowHome, tmp_path: 
         "plan": "success",
         "embed_upsert": "success",
         "report": "success",
+        "spaces": "success",
+        "sync_space": "skipped",  # no spaces: the export path
     }
     summary = json.loads((reports / "ingest_summary.json").read_text())
     assert summary["chunks_written"] > 0 and summary["pages_new"] > 0
@@ -149,3 +151,60 @@ def test_hot_knowledge_merge_runs_end_to_end(airflow_home: AirflowHome, tmp_path
         assert store.count(cfg.collection_hot) == 1  # the unconfirmed answer waits
         (merged,) = list(store.scroll(cfg.collection_main))
         assert "45 Nm" in merged.payload["text"]
+
+
+@pytest.mark.slow
+def test_knowledge_refresh_syncs_confluence_spaces_from_the_connection(
+    airflow_home: AirflowHome, tmp_path: Path
+) -> None:
+    """The Confluence source: one mapped task per space, credentials from confluence_default,
+    the summary in XCom and the log; bad credentials fail without retries, writing nothing."""
+    from confluence_server import ConfluenceState, FakePage, basic, serve
+
+    from context_core.knowledge.edge import EdgeStore
+
+    st = ConfluenceState(cloud=True, auth=basic("ops@example.com", "tok-airflow-3141"))
+    for key, sid, topic in (("OPS", "11", "blue-green deploys"), ("SEC", "12", "key rotation")):
+        home = FakePage(f"{sid}00", f"{key} home", key, "<p>Start here.</p>")
+        st.add_space(key, sid, home)
+        st.add(
+            FakePage(
+                f"{sid}01", f"About {topic}", key, f"<p>We practise {topic}.</p>", parent=home.id
+            )
+        )
+    data, reports = tmp_path / "ctx", tmp_path / "reports"
+    with serve(st) as url:
+        conn = {"conn_type": "http", "host": url, "login": "ops@example.com"}
+        env = {
+            "CTX_DATA_DIR": str(data),
+            "CTX_REPORTS_DIR": str(reports),
+            "AIRFLOW_CONN_CONFLUENCE_DEFAULT": json.dumps({**conn, "password": "wrong"}),
+        }
+        log = tmp_path / "bad.log"
+        bad = airflow_home.run(
+            "knowledge_refresh", conf={"spaces": ["OPS"]}, extra_env=env, log_path=log
+        )
+        assert bad["run"]["tasks"]["sync_space"] == "failed"
+        text = log.read_text()
+        assert "CTX_CONFLUENCE_TOKEN" in text and "confluence_default" in text
+        assert "up_for_retry" not in bad["run"]["tasks"].values()
+        assert (
+            not (data / "qdrant").exists()
+            or EdgeStore(data / "qdrant").info("knowledge_main") is None
+        )
+
+        env["AIRFLOW_CONN_CONFLUENCE_DEFAULT"] = json.dumps(
+            {**conn, "password": "tok-airflow-3141"}
+        )
+        log = tmp_path / "ok.log"
+        ok = airflow_home.run(
+            "knowledge_refresh", conf={"spaces": ["OPS", "SEC"]}, extra_env=env, log_path=log
+        )
+    assert ok["run"]["state"] == "success", ok["run"]
+    assert ok["run"]["tasks"]["plan"] == "skipped" and ok["run"]["tasks"]["sync_space"] == "success"
+    text = log.read_text()
+    assert "confluence sync OPS summary" in text and "confluence sync SEC summary" in text
+    assert "tok-airflow-3141" not in text
+    with EdgeStore(data / "qdrant") as store:
+        scopes = {r.payload["scope"] for r in store.scroll("knowledge_main")}
+    assert scopes == {f"{url}#OPS", f"{url}#SEC"}

@@ -191,6 +191,19 @@ def refresh(
         ),
     ] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the run.")] = 900,
+    confluence_url: Annotated[
+        str | None,
+        typer.Option(
+            help="Sync from this Confluence site instead of an export (with --space). The "
+            "run's confluence_default connection is made from CTX_CONFLUENCE_USER / "
+            "CTX_CONFLUENCE_TOKEN.",
+            show_default=False,
+        ),
+    ] = None,
+    space: Annotated[
+        list[str] | None,
+        typer.Option(help="Space key to sync with --confluence-url (repeat for several)."),
+    ] = None,
 ) -> None:
     """Run knowledge_refresh once under a temporary real deployment.
 
@@ -207,8 +220,12 @@ def refresh(
     from context_core.sample_data import sample_export_path
 
     console = Console()
+    if confluence_url is not None and (not space or export is not None or compare_dag_test):
+        raise _fail(
+            "--confluence-url needs --space KEY, and goes without --export and --compare-dag-test"
+        )
     source = (export or sample_export_path()).resolve()
-    if not source.exists():
+    if confluence_url is None and not source.exists():
         raise _fail(f"export {source} does not exist")
     env = _ctx_env()
     if home is None:
@@ -225,6 +242,14 @@ def refresh(
     conf: dict[str, Any] = {"export_path": str(source)}
     if collection:
         conf["collection"] = collection
+    if confluence_url is not None:
+        conf.update(spaces=list(space or []), confluence_url=confluence_url)
+        env.update(_confluence_connection_env(confluence_url))
+        run, summaries = _refresh_under_scheduler(
+            console, home, conf, env=env, pg_url=pg_url, keep_db=keep_db, timeout=timeout
+        )
+        _print_synced_spaces(console, run, summaries, home)
+        return
     run, summary = _refresh_under_scheduler(
         console, home, conf, env=env, pg_url=pg_url, keep_db=keep_db, timeout=timeout
     )
@@ -251,7 +276,8 @@ def _refresh_under_scheduler(
         trigger_and_wait,
     )
 
-    source = conf["export_path"]
+    spaces = conf.get("spaces") or []
+    source = conf.get("confluence_url") if spaces else conf["export_path"]
     console.print(f"starting Airflow in {home / 'deployment'} (process logs there: *.log)")
     try:
         with temporary_deployment(
@@ -264,12 +290,56 @@ def _refresh_under_scheduler(
             console.print(f"Airflow {dep.base_url} up, metadata DB {dep.db_name}")
             with console.status(f"knowledge_refresh on {source} under the scheduler"):
                 run = trigger_and_wait(api, "knowledge_refresh", conf, timeout=timeout)
-            summary = None
-            if run.state == "success":
+            summary: Any = None
+            if run.state == "success" and spaces:
+                summary = [
+                    api.xcom("knowledge_refresh", run.run_id, "sync_space", map_index=i)
+                    for i in range(len(spaces))
+                ]
+            elif run.state == "success":
                 summary = api.xcom("knowledge_refresh", run.run_id, "embed_upsert")
     except AirflowDeployError as e:
         raise _fail(str(e)) from e
     return run, summary
+
+
+def _confluence_connection_env(url: str) -> dict[str, str]:
+    """``AIRFLOW_CONN_CONFLUENCE_DEFAULT`` for the run, from ``CTX_CONFLUENCE_*`` (an
+    environment variable of the deployment's processes, never a command-line argument)."""
+    import json
+
+    from context_core.config import get_settings
+
+    s = get_settings()
+    if s.confluence_token is None:
+        return {}
+    conn = {
+        "conn_type": "http",
+        "host": url,
+        "login": s.confluence_user or "",
+        "password": s.confluence_token.get_secret_value(),
+    }
+    return {"AIRFLOW_CONN_CONFLUENCE_DEFAULT": json.dumps(conn)}
+
+
+def _print_synced_spaces(console: Console, run: ScheduledRun, summaries: Any, home: Path) -> None:
+    """Per space: the sync's counts from the sync_space XComs. Exit 1 unless the run
+    succeeded."""
+    from rich.table import Table
+
+    console.print(f"DAG run {run.run_id}: [bold]{run.state}[/]")
+    if run.state != "success" or not isinstance(summaries, list):
+        raise _fail(f"knowledge_refresh ended {run.state}; task logs under {home}/deployment/logs")
+    for out in summaries:
+        table = Table(title=f"sync of {out['space']} (XCom of sync_space)", show_header=False)
+        refresh = out["refresh"]
+        for key in ("pages_new", "pages_changed", "pages_unchanged", "pages_deleted"):
+            table.add_row(key, str(refresh.get(key)))
+        table.add_row("chunks_written", str(refresh.get("chunks_written")))
+        table.add_row("bodies_fetched", str(out["bodies_fetched"]))
+        table.add_row("requests", str(out["requests"]["requests"]))
+        console.print(table)
+    console.print(f"scheduler: trigger -> success {run.wall_seconds:.1f} s wall")
 
 
 def _print_scheduled_run(console: Console, run: ScheduledRun, summary: Any, home: Path) -> float:

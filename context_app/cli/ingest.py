@@ -20,13 +20,13 @@ def _fail(message: str) -> typer.Exit:
 
 def ingest(
     path: Annotated[
-        Path,
+        Path | None,
         typer.Argument(
             help="Confluence 'Export space -> HTML' output: the folder holding index.html, "
-            "or the .zip itself.",
+            "or the .zip itself. Leave out with --confluence-url.",
             show_default=False,
         ),
-    ],
+    ] = None,
     collection: Annotated[
         str | None,
         typer.Option(help="Target collection [default: CTX_COLLECTION_MAIN, knowledge_main]."),
@@ -37,8 +37,21 @@ def ingest(
     ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar per stage.")] = True,
     space: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Space key. With --confluence-url: a space to sync (repeat for several). "
+            "With an export: its key [default: 'Key' in index.html, else the name]."
+        ),
+    ] = None,
+    confluence_url: Annotated[
         str | None,
-        typer.Option(help="Space key of the export [default: 'Key' in index.html, else the name]."),
+        typer.Option(
+            help="Sync straight from this Confluence site instead of an export: "
+            "https://<site>.atlassian.net/wiki (Cloud) or https://host[/context] (Data "
+            "Center). Credentials come from CTX_CONFLUENCE_USER + CTX_CONFLUENCE_TOKEN "
+            "(Cloud) or CTX_CONFLUENCE_TOKEN alone (Data Center), never from the command line.",
+            show_default=False,
+        ),
     ] = None,
     source_id: Annotated[
         str | None,
@@ -69,6 +82,17 @@ def ingest(
     """
     from context_core.ingest.pipeline import job_settings, run_refresh
 
+    if confluence_url is not None:
+        if path is not None:
+            raise _fail("pass either an export path or --confluence-url, not both")
+        if source_id is not None:
+            raise _fail("--source-id is for exports; a site is named by its --confluence-url")
+        _sync(confluence_url, space or [], collection, model, allow_deletes)
+        return
+    if path is None:
+        raise _fail("pass an export path, or --confluence-url URL --space KEY to sync a site")
+    if space and len(space) > 1:
+        raise _fail("an export holds one space: pass --space once (or use --confluence-url)")
     if not path.exists():
         raise _fail(
             f"export {path} does not exist; pass the folder Confluence exported "
@@ -80,7 +104,7 @@ def ingest(
             path,
             settings=settings,
             progress=progress,
-            space=space,
+            space=space[0] if space else None,
             source_id=source_id,
             allow_deletes=allow_deletes,
         )
@@ -89,7 +113,42 @@ def ingest(
     _print_summary(summary, settings.reports_dir / "ingest_summary.json")
 
 
-def _print_summary(summary: RefreshSummary, summary_file: Path) -> None:
+def _sync(
+    url: str, spaces: list[str], collection: str | None, model: str | None, allow_deletes: bool
+) -> None:
+    """``ctx ingest --confluence-url``: sync the spaces, then one table per space."""
+    from context_core.ingest.pipeline import job_settings
+    from context_core.ingest.sync import sync_confluence
+
+    if not spaces:
+        raise _fail("--confluence-url needs at least one --space KEY")
+    try:
+        settings = job_settings(collection=collection, model=model)
+        results = sync_confluence(settings, url, spaces, allow_deletes=allow_deletes)
+    except ContextError as e:
+        raise _fail(str(e)) from e
+    for r in results:
+        skipped = ", ".join(f"{k} {v}" for k, v in r.attachments_skipped.items()) or "none"
+        _print_summary(
+            r.summary,
+            settings.reports_dir / "ingest_summary.json",
+            extra=(
+                ("pages listed", f"{r.pages_listed:,}"),
+                ("bodies fetched", f"{r.bodies_fetched:,}"),
+                ("attachments ingested", f"{r.attachments_ingested:,}"),
+                ("attachments unchanged", f"{r.attachments_unchanged:,}"),
+                ("attachments skipped", skipped),
+                ("HTTP requests (run)", f"{r.requests['requests']:,}"),
+                ("retries / throttled", f"{r.requests['retries']} / {r.requests['throttled']}"),
+            ),
+        )
+        typer.echo(f"cursor: {r.cursor_file}")
+    typer.echo(f"sync report: {settings.reports_dir / 'confluence_sync.json'}")
+
+
+def _print_summary(
+    summary: RefreshSummary, summary_file: Path, extra: tuple[tuple[str, str], ...] = ()
+) -> None:
     """The run's counts and stage times as a table, then where its reports are."""
     from rich.console import Console
     from rich.table import Table
@@ -113,13 +172,15 @@ def _print_summary(summary: RefreshSummary, summary_file: Path) -> None:
         ("chunks deleted", summary.chunks_deleted),
     ):
         table.add_row(label, f"{value:,}")
+    for label, text in extra:
+        table.add_row(label, text)
     for stage, secs in summary.seconds.items():
         table.add_row(f"{stage} s", f"{secs:.2f}")
     table.add_row("total s", f"{summary.total_seconds:.2f}")
     console = Console()
     console.print(table)
     console.print(f"summary: {summary_file}")
-    if not summary.complete:
+    if not summary.complete and summary.export_kind != "confluence":
         console.print(
             "partial export (no space index): pages missing from it were kept, none deleted"
         )

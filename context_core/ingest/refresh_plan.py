@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path, PurePath
@@ -54,6 +54,8 @@ __all__ = [
     "load_encoder_lazily",
     "new_run_id",
     "owner_space",
+    "page_point_id",
+    "plan_pages",
     "plan_refresh",
     "source_scope",
 ]
@@ -101,10 +103,25 @@ class ChunkPayload:
     space: str
     scope: str
     source_file: str  # the page's file name inside the export
+    # Confluence REST sync only (left out of the stored payload when empty): the page's or
+    # attachment's URL, and for an attachment's chunks the page it hangs on and its title.
+    url: str = ""
+    page: str = ""
+    attachment: str = ""
 
     @classmethod
-    def of(cls, page: Page, chunk: Chunk, *, n_chunks: int, model: str, scope: str) -> ChunkPayload:
-        """The payload of ``chunk`` of the (cleaned) ``page``."""
+    def of(
+        cls,
+        page: Page,
+        chunk: Chunk,
+        *,
+        n_chunks: int,
+        model: str,
+        scope: str,
+        cites: dict[str, str] | None = None,
+    ) -> ChunkPayload:
+        """The payload of ``chunk`` of the (cleaned) ``page``; ``cites`` sets the optional
+        ``url`` / ``page`` / ``attachment`` fields."""
         updated = page.updated_at
         if updated.tzinfo is None:  # readers promise tz-aware; never store a naive time
             updated = updated.replace(tzinfo=UTC)
@@ -124,6 +141,7 @@ class ChunkPayload:
             space=page.space,
             scope=scope,
             source_file=PurePath(page.source_path.split("!/")[-1]).name,
+            **(cites or {}),
         )
 
     @classmethod
@@ -134,7 +152,23 @@ class ChunkPayload:
         """The stored (JSON) form: ``heading_path`` as a list."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["heading_path"] = list(self.heading_path)
+        for name in _OPTIONAL_CITES:
+            if not out[name]:
+                del out[name]
         return out
+
+
+_OPTIONAL_CITES = ("url", "page", "attachment")
+
+
+def page_point_id(source: str, chunk_index: int, id_prefix: str = "") -> str:
+    """The point id of chunk ``chunk_index`` of page ``source``.
+
+    ``id_prefix`` is empty for exports (``point_id(page_id, i)``, as ever) and the site for
+    the REST sync (``point_id("<site>|<page id>", i)``): two Confluence sites with the same
+    page id never share a point.
+    """
+    return point_id(f"{id_prefix}|{source}" if id_prefix else source, chunk_index)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +183,21 @@ class PlannedPoint:
     payload: ChunkPayload
 
     @classmethod
-    def of(cls, page: Page, chunk: Chunk, *, n_chunks: int, model: str, scope: str) -> PlannedPoint:
-        payload = ChunkPayload.of(page, chunk, n_chunks=n_chunks, model=model, scope=scope)
-        return cls(id=point_id(page.page_id, chunk.chunk_index), payload=payload)
+    def of(
+        cls,
+        page: Page,
+        chunk: Chunk,
+        *,
+        n_chunks: int,
+        model: str,
+        scope: str,
+        id_prefix: str = "",
+        cites: dict[str, str] | None = None,
+    ) -> PlannedPoint:
+        payload = ChunkPayload.of(
+            page, chunk, n_chunks=n_chunks, model=model, scope=scope, cites=cites
+        )
+        return cls(id=page_point_id(page.page_id, chunk.chunk_index, id_prefix), payload=payload)
 
     @property
     def text(self) -> str:
@@ -353,9 +399,13 @@ def _guard_deletes(
     *,
     share: float,
     allow: bool,
-    export: Path,
+    export: Path | str,
+    fix: str = "if the export is incomplete, fix the export path.",
 ) -> None:
-    """Refuse a run that would delete more than ``share`` of any space's pages."""
+    """Refuse a run that would delete more than ``share`` of any space's pages.
+
+    ``export`` names what the pages are missing from; ``fix`` the advice when that source,
+    not the space, is at fault."""
     if allow or not gone:
         return
     for space in sorted({e.space for e in existing.values()}):
@@ -369,8 +419,7 @@ def _guard_deletes(
                 f"({len(doomed) / in_scope:.0%}) of space {space!r}: more than the allowed "
                 f"{share:.0%} (CTX_INGEST_MAX_DELETE_SHARE). They are missing from {export}: "
                 f"{sample}{more}. Nothing was written. If the pages really were removed, re-run "
-                "with --allow-deletes (DAG param allow_deletes=true); if the export is "
-                "incomplete, fix the export path.",
+                f"with --allow-deletes (DAG param allow_deletes=true); {fix}",
                 would_delete=len(doomed),
                 in_scope=in_scope,
             )
@@ -427,36 +476,158 @@ def plan_refresh(
         with timed(seconds, "parse"):
             seen = _read_run(export, settings, store, collection, space, source_id, bar)
         # Whole pages are deleted only when the export vouches for the whole space.
-        gone = seen.gone() if complete else []
-        _guard_deletes(
-            gone,
-            seen.existing,
-            share=settings.ingest_max_delete_share,
-            allow=allow_deletes,
-            export=export,
+        return _plan_seen(
+            seen,
+            gone=seen.gone() if complete else [],
+            settings=settings,
+            collection=collection,
+            source=str(export),
+            kind=kind,
+            complete=complete,
+            encoder=encoder,
+            gateway=gateway,
+            model=model,
+            encoder_factory=encoder_factory,
+            chunker=chunker,
+            allow_deletes=allow_deletes,
+            run_id=run_id,
+            seconds=seconds,
+            bar=bar,
         )
-        warnings = _date_warnings(seen.pages)  # before chunking drops pages with no text
-        todo = seen.changed(model)
-        if todo and encoder is None and chunker is None:
-            with timed(seconds, "load_model"):  # a per-process cost, kept out of "chunk"
-                encoder = encoder_factory() if encoder_factory else load_encoder_lazily(settings)
-            model = encoder.name
-        with timed(seconds, "chunk"):
-            chunk = chunker or _token_chunker(encoder, settings)
-            chunked = _chunk_pages(
-                todo, chunk, bar, gateway=gateway, model=model, scopes=seen.scopes
-            )
-            seen.quarantine_empty(chunked.empty)
-        with timed(seconds, "validate"):
-            _validate(chunked.points, chunked.source_paths, settings)
+
+
+def plan_pages(
+    items: Iterable[Page | Quarantined],
+    *,
+    space: str,
+    source_id: str,
+    kept: set[str],
+    settings: Settings,
+    store: VectorStore,
+    source: str,
+    encoder: Encoder | None = None,
+    gateway: Gateway | None = None,
+    collection: str | None = None,
+    encoder_factory: Callable[[], Encoder] | None = None,
+    allow_deletes: bool = False,
+    run_id: str | None = None,
+    cites: dict[str, dict[str, str]] | None = None,
+    seconds: dict[str, float] | None = None,
+) -> RefreshPlan:
+    """The plan of a live source (the Confluence REST sync): ``items`` are the pages it
+    re-read, ``kept`` the ids it knows are still there unchanged (not re-read). Writes nothing.
+
+    Every stored page of the scope that is neither in ``items`` nor in ``kept`` is gone and is
+    deleted, under the same mass-delete guard as an export (``source`` names the site and space
+    in its message). Point ids are site-scoped (:func:`page_point_id` with ``source_id``).
+    """
+    from context_core.gateway.sanitize import Gateway as _Gateway
+
+    collection = collection or settings.collection_main
+    gateway = gateway or _Gateway.from_settings(settings)
+    model = encoder.name if encoder is not None else _model_name(settings)
+    seconds = {s: 0.0 for s in ("parse", "chunk", "validate")} | (seconds or {})
+    pages: dict[str, Page] = {}
+    quarantined: list[dict[str, str]] = []
+    for item in items:
+        if isinstance(item, Quarantined):
+            quarantined.append({"source_path": item.source_path, "reason": item.reason})
+        else:
+            pages[item.page_id] = item
+    scopes = {space: source_scope(space, source_id)}
+    existing = _existing(store, collection, scopes)
+    seen = _Seen(
+        pages,
+        quarantined,
+        scopes,
+        existing,
+        n_seen=len(pages) + len(quarantined) + len(kept),
+        kept=set(kept),
+        id_prefix=source_id,
+    )
+    with StageProgress(False) as bar:
+        return _plan_seen(
+            seen,
+            gone=seen.gone(),
+            settings=settings,
+            collection=collection,
+            source=source,
+            kind="confluence",
+            complete=True,
+            encoder=encoder,
+            gateway=gateway,
+            model=model,
+            encoder_factory=encoder_factory,
+            chunker=None,
+            allow_deletes=allow_deletes,
+            run_id=run_id or new_run_id(),
+            seconds=seconds,
+            bar=bar,
+            cites=cites,
+            fix="if pages are missing because the syncing account lost access to them, "
+            "restore its permission on the space in Confluence.",
+        )
+
+
+def _plan_seen(
+    seen: _Seen,
+    *,
+    gone: list[str],
+    settings: Settings,
+    collection: str,
+    source: str,
+    kind: str,
+    complete: bool,
+    encoder: Encoder | None,
+    gateway: Gateway,
+    model: str,
+    encoder_factory: Callable[[], Encoder] | None,
+    chunker: Callable[[Page], list[Chunk]] | None,
+    allow_deletes: bool,
+    run_id: str,
+    seconds: dict[str, float],
+    bar: StageProgress,
+    cites: dict[str, dict[str, str]] | None = None,
+    fix: str | None = None,
+) -> RefreshPlan:
+    """Guard, chunk and validate what a run read; the plan (shared by exports and the sync)."""
+    _guard_deletes(
+        gone,
+        seen.existing,
+        share=settings.ingest_max_delete_share,
+        allow=allow_deletes,
+        export=source,
+        **({"fix": fix} if fix else {}),
+    )
+    warnings = _date_warnings(seen.pages)  # before chunking drops pages with no text
+    todo = seen.changed(model)
+    if todo and encoder is None and chunker is None:
+        with timed(seconds, "load_model"):  # a per-process cost, kept out of "chunk"
+            encoder = encoder_factory() if encoder_factory else load_encoder_lazily(settings)
+        model = encoder.name
+    with timed(seconds, "chunk"):
+        chunk = chunker or _token_chunker(encoder, settings)
+        chunked = _chunk_pages(
+            todo,
+            chunk,
+            bar,
+            gateway=gateway,
+            model=model,
+            scopes=seen.scopes,
+            id_prefix=seen.id_prefix,
+            cites=cites,
+        )
+        seen.quarantine_empty(chunked.empty)
+    with timed(seconds, "validate"):
+        _validate(chunked.points, chunked.source_paths, settings)
 
     return RefreshPlan(
-        export_path=str(export),
+        export_path=source,
         collection=collection,
         model=model,
         # Longest texts first: each embedding batch holds texts of similar length (less padding)
         points=sorted(chunked.points, key=lambda pt: -len(pt.text)),
-        delete_ids=chunked.stale_ids(seen.existing) + seen.gone_ids(gone),
+        delete_ids=chunked.stale_ids(seen.existing, seen.id_prefix) + seen.gone_ids(gone),
         quarantined=seen.quarantined,
         run_id=run_id,
         scopes=seen.scopes,
@@ -491,6 +662,8 @@ class _Seen:
     scopes: dict[str, str]  # space key -> scope
     existing: dict[str, StoredPage]  # source -> the stored page of the run's scopes
     n_seen: int  # page files read, quarantined ones included
+    kept: set[str] = field(default_factory=set)  # sources still there but not re-read (REST)
+    id_prefix: str = ""  # see page_point_id
 
     def gone(self) -> list[str]:
         """Stored pages the (complete) export no longer has; a page merely quarantined this
@@ -499,12 +672,16 @@ class _Seen:
         return [
             src
             for src, entry in self.existing.items()
-            if src not in self.pages and entry.file not in q_files
+            if src not in self.pages and src not in self.kept and entry.file not in q_files
         ]
 
     def gone_ids(self, gone: list[str]) -> list[str]:
         """Every stored chunk of the pages that left the export."""
-        return [point_id(src, i) for src in gone for i in sorted(self.existing[src].idx)]
+        return [
+            page_point_id(src, i, self.id_prefix)
+            for src in gone
+            for i in sorted(self.existing[src].idx)
+        ]
 
     def changed(self, model: str) -> list[Page]:
         """The pages to chunk: new, changed, or stored with another model or a torn write."""
@@ -529,7 +706,7 @@ class _Seen:
             "pages_seen": self.n_seen,
             "pages_new": n_new,
             "pages_changed": len(written) - n_new,
-            "pages_unchanged": len(self.pages) - len(written),
+            "pages_unchanged": len(self.pages) - len(written) + len(self.kept),
             "pages_deleted": len(gone),
         }
 
@@ -604,14 +781,16 @@ class _Chunked:
     n_chunks: dict[str, int] = field(default_factory=dict)  # page id -> its chunk count
     empty: list[Page] = field(default_factory=list)  # pages with no text left to chunk
 
-    def stale_ids(self, existing: dict[str, StoredPage]) -> list[str]:
+    def stale_ids(self, existing: dict[str, StoredPage], id_prefix: str = "") -> list[str]:
         """Chunk indexes a rewritten page no longer has."""
         out: list[str] = []
         for page in self.written:
             stored = existing.get(page.page_id)
             if stored:
                 n = self.n_chunks[page.page_id]
-                out += [point_id(page.page_id, i) for i in sorted(stored.idx) if i >= n]
+                out += [
+                    page_point_id(page.page_id, i, id_prefix) for i in sorted(stored.idx) if i >= n
+                ]
         return out
 
 
@@ -623,6 +802,8 @@ def _chunk_pages(
     gateway: Gateway,
     model: str,
     scopes: dict[str, str],
+    id_prefix: str = "",
+    cites: dict[str, dict[str, str]] | None = None,
 ) -> _Chunked:
     """Clean each new or changed page through the gateway and plan a point per chunk."""
     out = _Chunked()
@@ -639,7 +820,15 @@ def _chunk_pages(
         scope = scopes[page.space]
         for ch in chunks:
             out.points.append(
-                PlannedPoint.of(clean, ch, n_chunks=len(chunks), model=model, scope=scope)
+                PlannedPoint.of(
+                    clean,
+                    ch,
+                    n_chunks=len(chunks),
+                    model=model,
+                    scope=scope,
+                    id_prefix=id_prefix,
+                    cites=(cites or {}).get(page.page_id),
+                )
             )
             out.source_paths.append(page.source_path)
     bar.finish(task)

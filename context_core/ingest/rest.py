@@ -20,7 +20,7 @@ from context_core.errors import BackendUnavailableError, IngestError
 from context_core.ingest.model import Page, Quarantined
 from context_core.ingest.storage import parse_storage_page
 
-__all__ = ["ConfluenceRestSource"]
+__all__ = ["ConfluenceRestSource", "read_content"]
 
 log = logging.getLogger(__name__)
 
@@ -124,70 +124,108 @@ class ConfluenceRestSource:
 
     def _safe_page(self, item: Any, home: str | None) -> Page | Quarantined | None:
         """The result for one search hit (None: not a page); never raises for its content."""
-        where = f"{self.url}/pages/?"
-        try:
-            content = item.get("content", item)
-            if content.get("type", "page") != "page":
-                return None
-            where = f"{self.url}/pages/{content.get('id') or '?'}"
-            result = self._page(content, home)
-        except RecursionError:
-            result = Quarantined(
-                where,
-                "markup nested too deep to read (recursion limit hit under "
-                f"max_markup_depth={self.max_markup_depth}; lower CTX_MAX_MARKUP_DEPTH)",
-            )
-        except Exception as e:  # a malformed result is this page's problem, not the sync's
-            log.warning("quarantining %s: %s: %s", where, type(e).__name__, e)
-            result = Quarantined(where, f"unreadable API result ({type(e).__name__}: {e})")
-        return result
-
-    def _page(self, c: dict[str, Any], home: str | None) -> Page | Quarantined:
-        pid = str(c.get("id", ""))
-        where = f"{self.url}/pages/{pid or '?'}"
-        body = (((c.get("body") or {}).get("storage") or {}).get("value")) or ""
-        title = " ".join(str(c.get("title") or "").split())
-        if not pid or not title:
-            return Quarantined(where, "malformed API result: no page id or title")
-        size = len(body.encode("utf-8"))
-        if size > self.max_page_bytes:
-            return Quarantined(
-                where,
-                f"page is {size} bytes, over max_page_bytes={self.max_page_bytes} "
-                "(raise CTX_MAX_PAGE_BYTES to ingest it)",
-            )
-        version = c.get("version") or {}
-        when = version.get("when") or (c.get("history") or {}).get("lastUpdated", {}).get("when")
-        try:
-            updated = datetime.fromisoformat(str(when))
-            date_source = "api"
-        except (TypeError, ValueError):
-            log.warning("page %s has no parseable version.when (%r); using now", where, when)
-            updated, date_source = datetime.now(UTC), "mtime"
-        if updated.tzinfo is None:
-            updated = updated.replace(tzinfo=UTC)
-        ancestors = [a for a in c.get("ancestors") or [] if a.get("title")]
-        if ancestors and str(ancestors[0].get("id")) == home:
-            ancestors = ancestors[1:]
-        author = ((version.get("by") or {}).get("displayName")) or None
-        try:
-            page = parse_storage_page(
-                body,
-                page_id=pid,
-                title=title,
-                space=self.space,
-                ancestors=[" ".join(str(a["title"]).split()) for a in ancestors],
-                ancestor_ids=[str(a.get("id", "")) for a in ancestors],
-                author=author,
-                updated_at=updated,
-                source_path=where,
-                date_source=date_source,  # type: ignore[arg-type]
-                max_markup_depth=self.max_markup_depth,
-            )
-        except IngestError as e:
-            return Quarantined(where, str(e))
-        if self.last_modified is None or page.updated_at > self.last_modified:
+        page = read_content(
+            item,
+            base_url=self.url,
+            space=self.space,
+            home_id=home,
+            max_page_bytes=self.max_page_bytes,
+            max_markup_depth=self.max_markup_depth,
+        )
+        if isinstance(page, Page) and (
+            self.last_modified is None or page.updated_at > self.last_modified
+        ):
             self.last_modified = page.updated_at
-        if not page.sections:
-            return Quarantined(where, "empty body: storage body has no text")
         return page
+
+
+def read_content(
+    item: dict[str, Any],
+    *,
+    base_url: str,
+    space: str,
+    home_id: str | None,
+    max_page_bytes: int,
+    max_markup_depth: int,
+) -> Page | Quarantined | None:
+    """One v1 content result (``body.storage``, ``version``, ``ancestors`` expanded; a search
+    hit's ``content`` wrapper is unwrapped) as a :class:`Page`, a :class:`Quarantined` with
+    the reason, or None when it is not a page. Never raises for the result's content.
+    """
+    where = f"{base_url}/pages/?"
+    try:
+        content = item.get("content", item)
+        if content.get("type", "page") != "page":
+            return None
+        where = f"{base_url}/pages/{content.get('id') or '?'}"
+        result = _page(content, home_id, base_url, space, max_page_bytes, max_markup_depth)
+    except RecursionError:
+        result = Quarantined(
+            where,
+            "markup nested too deep to read (recursion limit hit under "
+            f"max_markup_depth={max_markup_depth}; lower CTX_MAX_MARKUP_DEPTH)",
+        )
+    except Exception as e:  # a malformed result is this page's problem, not the sync's
+        log.warning("quarantining %s: %s: %s", where, type(e).__name__, e)
+        result = Quarantined(where, f"unreadable API result ({type(e).__name__}: {e})")
+    return result
+
+
+def _page(
+    c: dict[str, Any],
+    home: str | None,
+    url: str,
+    space: str,
+    max_page_bytes: int,
+    max_markup_depth: int,
+) -> Page | Quarantined:
+    pid = str(c.get("id", ""))
+    where = f"{url}/pages/{pid or '?'}"
+    body = (((c.get("body") or {}).get("storage") or {}).get("value")) or ""
+    title = " ".join(str(c.get("title") or "").split())
+    if not pid or not title:
+        return Quarantined(where, "malformed API result: no page id or title")
+    size = len(body.encode("utf-8"))
+    if size > max_page_bytes:
+        return Quarantined(
+            where,
+            f"page is {size} bytes, over max_page_bytes={max_page_bytes} "
+            "(raise CTX_MAX_PAGE_BYTES to ingest it)",
+        )
+    version = c.get("version") or {}
+    when = (
+        version.get("when")
+        or version.get("createdAt")
+        or (c.get("history") or {}).get("lastUpdated", {}).get("when")
+    )
+    try:
+        updated = datetime.fromisoformat(str(when).replace("Z", "+00:00"))
+        date_source = "api"
+    except (TypeError, ValueError):
+        log.warning("page %s has no parseable version.when (%r); using now", where, when)
+        updated, date_source = datetime.now(UTC), "mtime"
+    if updated.tzinfo is None:
+        updated = updated.replace(tzinfo=UTC)
+    ancestors = [a for a in c.get("ancestors") or [] if a.get("title")]
+    if ancestors and str(ancestors[0].get("id")) == home:
+        ancestors = ancestors[1:]
+    author = ((version.get("by") or {}).get("displayName")) or None
+    try:
+        page = parse_storage_page(
+            body,
+            page_id=pid,
+            title=title,
+            space=space,
+            ancestors=[" ".join(str(a["title"]).split()) for a in ancestors],
+            ancestor_ids=[str(a.get("id", "")) for a in ancestors],
+            author=author,
+            updated_at=updated,
+            source_path=where,
+            date_source=date_source,  # type: ignore[arg-type]
+            max_markup_depth=max_markup_depth,
+        )
+    except IngestError as e:
+        return Quarantined(where, str(e))
+    if not page.sections:
+        return Quarantined(where, "empty body: storage body has no text")
+    return page

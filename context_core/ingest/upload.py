@@ -1,4 +1,4 @@
-"""User uploads (PDF, HTML, plain text, Markdown) into L3, scanned and cleaned before any write.
+"""User uploads (PDF, Word, HTML, plain text, Markdown) into L3, scanned and cleaned first.
 
 :func:`scan_and_ingest` runs, in this order, and writes nothing to L3 until every step passed:
 
@@ -9,7 +9,9 @@
    configured) is :class:`~context_core.ingest.clamd.ScannerUnavailableError` (503 +
    Retry-After), never "clean". A finding is quarantined and refused
    (:class:`UploadInfectedError`, 422 ``upload_infected`` naming the signature);
-3. **text extraction**: PDF with pypdf (one section per page), HTML with the ingest
+3. **text extraction**: PDF with pypdf (one section per page), Word ``.docx`` with
+   python-docx (``Heading N`` paragraphs as heading paths, tables row by row, the archive's
+   unpacked size checked first), HTML with the ingest
    renderer (:func:`context_core.ingest.render.render_sections`: heading-path sections, the
    same depth guard as Confluence pages), text and Markdown decoded by BOM, strict UTF-8, the
    HTML ``charset`` declaration, then charset detection (charset-normalizer), and as a last
@@ -99,6 +101,7 @@ __all__ = [
     "ALLOWED_TYPES",
     "MAX_TEXT_CHARS",
     "QUARANTINE_FILE",
+    "CheckedFile",
     "UnsupportedUploadTypeError",
     "UploadBlockedError",
     "UploadInfectedError",
@@ -106,6 +109,7 @@ __all__ = [
     "UploadResult",
     "UploadTooLargeError",
     "UploadUnreadableError",
+    "check_file",
     "decode_text",
     "extract_sections",
     "parse_keywords",
@@ -118,7 +122,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-UploadKind = Literal["pdf", "html", "text", "markdown"]
+UploadKind = Literal["pdf", "html", "text", "markdown", "docx"]
 
 #: The content types an upload may have, and how each is read.
 ALLOWED_TYPES: dict[str, UploadKind] = {
@@ -127,6 +131,7 @@ ALLOWED_TYPES: dict[str, UploadKind] = {
     "application/xhtml+xml": "html",
     "text/plain": "text",
     "text/markdown": "markdown",
+    "application/vnd.openxmlformats-officedocument.wordprocessingml.document": "docx",
 }
 _EXTENSIONS = {
     ".pdf": "application/pdf",
@@ -138,6 +143,7 @@ _EXTENSIONS = {
     ".log": "text/plain",
     ".md": "text/markdown",
     ".markdown": "text/markdown",
+    ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
 }
 #: Declared types that say nothing: the extension decides.
 _GENERIC_TYPES = frozenset({"", "application/octet-stream", "binary/octet-stream"})
@@ -411,6 +417,71 @@ def _pdf_sections(data: bytes, max_chars: int) -> tuple[str, list[Section]]:
     return title, sections
 
 
+_DOCX_MAX_INFLATE = 100  # a .docx may unpack to at most this many times its size
+
+
+def _docx_sections(data: bytes, max_chars: int) -> tuple[str, list[Section]]:
+    """Word (OOXML) with python-docx: ``Heading N`` paragraphs open sections with a heading
+    path, as HTML headings do; table cells are read row by row. The archive's unpacked size is
+    checked first, so a zip bomb is refused before it is inflated."""
+    import zipfile
+
+    from docx import Document
+
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            inflated = sum(i.file_size for i in zf.infolist())
+    except (zipfile.BadZipFile, ValueError):
+        raise UploadUnreadableError("not a Word .docx file (not a zip archive)") from None
+    if inflated > max(len(data) * _DOCX_MAX_INFLATE, 8 * 1024 * 1024):
+        raise UploadTooLargeError(f"the .docx unpacks to {inflated} bytes (an archive bomb?)")
+    try:
+        doc = Document(io.BytesIO(data))
+        sections: list[Section] = []
+        path: list[tuple[int, str]] = []
+        body: list[str] = []
+
+        def flush() -> None:
+            if body:
+                sections.append(Section(tuple(h for _, h in path), "\n".join(body)))
+            body.clear()
+
+        for para in doc.paragraphs:
+            text = normalise_line(para.text)
+            style = para.style.name if para.style is not None else ""
+            level = _heading_level(style or "")
+            if level and text:
+                flush()
+                while path and path[-1][0] >= level:
+                    path.pop()
+                path.append((level, text))
+            elif text:
+                body.append(text)
+        for table in doc.tables:
+            for row in table.rows:
+                cells = [normalise_line(c.text) for c in row.cells]
+                line = " | ".join(c for c in cells if c)
+                if line:
+                    body.append(line)
+        flush()
+        title = normalise_line(doc.core_properties.title or "")
+    except (UploadRefusedError, UploadTooLargeError):
+        raise
+    except Exception as e:  # a damaged or hostile archive may fail anywhere in the reader
+        raise UploadUnreadableError(f"not a readable Word file ({type(e).__name__})") from None
+    if sum(len(sec.text) for sec in sections) > max_chars:
+        raise UploadTooLargeError(f"the .docx yields more than {max_chars} characters of text")
+    return title, sections
+
+
+def _heading_level(style: str) -> int:
+    """1..9 for Word's built-in ``Heading N`` / ``Title`` styles, else 0."""
+    if style == "Title":
+        return 1
+    m = re.fullmatch(r"Heading ([1-9])", style)
+    return int(m.group(1)) if m else 0
+
+
 def extract_sections(
     data: bytes,
     kind: UploadKind,
@@ -425,6 +496,8 @@ def extract_sections(
     replaced = 0
     if kind == "pdf":
         title, sections = _pdf_sections(data, max_chars)
+    elif kind == "docx":
+        title, sections = _docx_sections(data, max_chars)
     else:
         declared = None
         if kind == "html":
@@ -593,6 +666,60 @@ def scan_and_ingest(
         encoding=encoding,
         decode_errors=decode_errors,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedFile:
+    """A file that passed the upload checks: its redacted title and sections (not chunked)."""
+
+    title: str
+    sections: list[Section]
+    content_type: str
+    sha256: str
+    redactions: dict[str, int]
+
+
+def check_file(
+    data: bytes,
+    filename: str,
+    content_type: str | None,
+    *,
+    scanner: Scanner | None,
+    gateway: Gateway,
+    settings: Settings,
+    source: str,
+    blocked_keywords: Sequence[str] = (),
+    quarantine_to: Path | None = None,
+    max_text_chars: int = MAX_TEXT_CHARS,
+    now: float | None = None,
+) -> CheckedFile:
+    """Steps 1-5 of :func:`scan_and_ingest` (size, type, scan, extraction, blocked keywords,
+    redaction) for a file that another job indexes: the Confluence sync's attachments.
+
+    Raises what :func:`scan_and_ingest` raises for those steps; a refused file is quarantined
+    under ``source`` in the same place and shape. Writes nothing to L3.
+    """
+    _check_size(data, settings.upload_max_bytes)
+    up = _Upload.open(
+        data,
+        filename,
+        content_type,
+        gateway=gateway,
+        agent_id=None,
+        qdir=quarantine_to if quarantine_to is not None else quarantine_dir(settings),
+        now=time.time() if now is None else now,
+    )
+    up.source = source
+    _scan(up, scanner)
+    try:
+        title, sections, _, _ = extract_sections(
+            data, up.kind, max_markup_depth=settings.max_markup_depth, max_chars=max_text_chars
+        )
+    except UploadRefusedError as e:
+        raise up.refuse(e) from None
+    _check_keywords(up, filename, title, sections, blocked_keywords)
+    title, sections = up.redact(title, sections)
+    return CheckedFile(title, sections, up.mime, up.sha256, dict(sorted(up.found.items())))
 
 
 # The steps of scan_and_ingest, in the order it runs them.

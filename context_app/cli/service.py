@@ -232,7 +232,12 @@ def loadtest(
     keys_file: str = typer.Option(
         None, "--keys-file", help="JSON {agent_id: raw API key} for --service-url."
     ),
-    fault: str = typer.Option(None, "--fault", help="Fault drill: slow-l3 or redis-restart."),
+    fault: str = typer.Option(
+        None,
+        "--fault",
+        help="Fault drill: slow-l3, redis-restart or short-ttl (TTLs too short: the "
+        "campaign must FAIL on premature_expirations).",
+    ),
     no_seed: bool = typer.Option(
         False, "--no-seed", help="Do not index the sample export for L3 first."
     ),

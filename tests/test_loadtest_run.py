@@ -93,7 +93,16 @@ def test_a_short_campaign_at_a_held_rate_passes_every_gate(
     assert gates["context_p99"]["achieved"] < 50
     assert gates["context_load_failures"]["achieved"] == 0
     assert gates["error_ratio"]["achieved"] == 0
+    # the expiry watch saw the step outputs expire (TTLs scaled with the sessions), and
+    # none of them while its session still needed it
+    assert gates["premature_expirations"]["achieved"] == 0
+    expiry = doc["expiry"]
+    assert expiry["watched"] and expiry["sessions"] > 0 and expiry["steps"] > 0
+    assert expiry["expired"] > 0 and expiry["expected"] > 0 and expiry["premature"] == 0
+    assert [f["name"] for f in doc["verdict"]["figures"]] == ["expired_keys_growth"]
     md = res.report.read_text(encoding="utf-8")
+    assert "## Expired keys: premature or expected" in md
+    assert "Reported, not gated: `expired_keys_growth`" in md
     assert "**Verdict: PASS** (Locust exit code 0)" in md
     assert "**Failed gates:**" not in md
     assert "| l3_search_p99 | < 100 ms |" in md
@@ -101,6 +110,35 @@ def test_a_short_campaign_at_a_held_rate_passes_every_gate(
     assert "TTLs scaled with the sessions" in md
     assert "## Target vs achieved rate over time" in md
     assert f"took {ref['before']:.0f} CPU-ms before the load" in md
+
+
+@pytest.mark.slow
+def test_ttls_too_short_fail_the_premature_expirations_gate(campaign_settings: Settings) -> None:
+    """The short-ttl drill: step outputs get 1 s TTLs while a step takes 3 s (time x2), so
+    they expire before the steps that depend on them; the campaign must fail naming the
+    gate, with the expired keys it caught."""
+    cfg = CampaignConfig(
+        profile="burst",
+        duration_s=30.0,
+        time_scale=2.0,
+        rate_scale=0.05,
+        fault="short-ttl",
+        seed_knowledge=False,
+    )
+    res = run_campaign(cfg, campaign_settings, say=lambda _m: None)
+    assert res.locust_exit == 1, res.notes
+    assert res.passed is False
+    assert "premature_expirations" in res.slo["failed"], res.slo["failed"]
+    gates = {r["name"]: r for r in res.slo["results"]}
+    assert gates["premature_expirations"]["achieved"] >= 5
+    assert "expired" in gates["premature_expirations"]["note"]
+    doc = json.loads(res.samples.read_text())
+    assert doc["plan"]["ttls"]["wm_min_ttl_s"] == 1
+    assert doc["expiry"]["premature"] >= 5 and doc["expiry"]["reasons"]["premature: step"] >= 5
+    md = res.report.read_text(encoding="utf-8")
+    assert "**Verdict: FAIL** (Locust exit code 1)" in md
+    assert "- **premature_expirations**:" in md
+    assert "before step" in md  # an example names the key and the step it was due for
 
 
 @pytest.mark.slow

@@ -329,6 +329,9 @@ def _print_campaign(console: Console, res: CampaignResult, profile: str, fault: 
         ok = "PASS" if r["passed"] else ("expected" if r["name"] in expected else "FAIL")
         ach = "-" if r["achieved"] is None else f"{r['achieved']:.4g}"
         table.add_row(r["name"], r["target"], ach, ok)
+    for r in res.slo.get("figures", []):  # reported next to the gates, never failing the run
+        ach = "-" if r["achieved"] is None else f"{r['achieved']:.4g}"
+        table.add_row(r["name"], r["target"], ach, "reported")
     for c in res.fault_checks:
         table.add_row(f"fault: {c.name}", c.expected, c.observed, "PASS" if c.passed else "FAIL")
     console.print(table)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks import loadtest_profiles as lp
 from benchmarks.loadtest_profiles import LADDERS, Step, climb, ladder_rows, peak_rps
 
 
@@ -42,3 +43,19 @@ def test_peak_rates_follow_the_profiles() -> None:
     assert peak_rps("long_sessions", 1.0, 30.0) == pytest.approx(100.0)
     assert peak_rps("burst", 0.1, 30.0) == pytest.approx(300.0, rel=0.01)
     assert set(LADDERS) == {"short_sessions", "long_sessions", "burst"}
+
+
+@pytest.mark.slow
+def test_one_real_step_and_drill_run_end_to_end(capsys: pytest.CaptureFixture[str]) -> None:
+    """The benchmark's own path on real campaigns: one burst step at a rate this machine
+    holds, and the slow-l3 drill with its degraded-bundle count (printed, not written)."""
+    lp.DRILLS = ("slow-l3",)  # the restart drill is in tests/test_loadtest_run.py's peers
+    try:
+        rc = lp.main(["--profiles", "burst", "--scales", "0.01", "--duration", "15", "--no-write"])
+    finally:
+        lp.DRILLS = ("slow-l3", "redis-restart")
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "burst x0.01 (peak 30 req/s): PASS" in out, out[-2000:]
+    assert "| burst | 30 | 0.01 | not reached | - | 0 |" in out, out[-2000:]
+    assert "drill slow-l3: PASS" in out, out[-2000:]

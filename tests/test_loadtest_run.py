@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,29 +116,31 @@ def test_a_short_campaign_at_a_held_rate_passes_every_gate(
 
 
 @pytest.mark.slow
-def test_ttls_too_short_fail_the_premature_expirations_gate(campaign_settings: Settings) -> None:
-    """The short-ttl drill: step outputs get 1 s TTLs while a step takes 3 s (time x2), so
-    they expire before the steps that depend on them; the campaign must fail naming the
-    gate, with the expired keys it caught."""
-    cfg = CampaignConfig(
-        profile="burst",
-        duration_s=30.0,
-        time_scale=2.0,
-        rate_scale=0.05,
-        fault="short-ttl",
-        seed_knowledge=False,
-    )
-    res = run_campaign(cfg, campaign_settings, say=lambda _m: None)
-    assert res.locust_exit == 1, res.notes
-    assert res.passed is False
-    assert "premature_expirations" in res.slo["failed"], res.slo["failed"]
-    gates = {r["name"]: r for r in res.slo["results"]}
+def test_ttls_too_short_fail_the_premature_expirations_gate(tmp_path: Path) -> None:
+    """The short-ttl drill, as a user runs it: step outputs get 1 s TTLs while a step takes
+    3 s (time x2), so they expire before the steps that depend on them; the command must
+    exit 1 naming the gate, with the expired keys it caught."""
+    ctx = Path(sys.executable).parent / "ctx"
+    env = {
+        **os.environ,
+        "CTX_DATA_DIR": str(tmp_path / "ctx"),
+        "CTX_REPORTS_DIR": str(tmp_path / "reports"),
+        "COLUMNS": "200",
+    }
+    env.pop("CTX_REDIS_URL", None)
+    cmd = [str(ctx), "loadtest", "burst", "--duration", "30s", "--time-scale", "2",
+           "--rate-scale", "0.05", "--fault", "short-ttl", "--no-seed"]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "premature_expirations" in proc.stdout and "FAIL" in proc.stdout, proc.stdout[-3000:]
+    run = tmp_path / "ctx" / "loadtest" / "loadtest_burst_fault-short-ttl"
+    doc = json.loads((run / "samples.json").read_text())
+    assert "premature_expirations" in doc["verdict"]["failed"], doc["verdict"]["failed"]
+    gates = {r["name"]: r for r in doc["verdict"]["results"]}
     assert gates["premature_expirations"]["achieved"] >= 5
-    assert "expired" in gates["premature_expirations"]["note"]
-    doc = json.loads(res.samples.read_text())
     assert doc["plan"]["ttls"]["wm_min_ttl_s"] == 1
     assert doc["expiry"]["premature"] >= 5 and doc["expiry"]["reasons"]["premature: step"] >= 5
-    md = res.report.read_text(encoding="utf-8")
+    md = (tmp_path / "reports" / "loadtest_burst_fault-short-ttl.md").read_text(encoding="utf-8")
     assert "**Verdict: FAIL** (Locust exit code 1)" in md
     assert "- **premature_expirations**:" in md
     assert "before step" in md  # an example names the key and the step it was due for

@@ -159,12 +159,12 @@ class RedisRestartDrill:
         """Stop Redis at ``at_s``, start it ``down_s`` later, probe until the service
         answers again.
 
-        The probe session is made just before the stop (a session made at the start of the
-        run is timed out by the idle sweep long before: with the campaign's compressed TTLs
-        it is idle after a few seconds, and its context loads then never succeed again, so
-        the drill used to report "never recovered" whatever the service did). Once Redis is
-        back, every probe opens a fresh session and loads its context: recovered = ready and
-        a new session served end to end.
+        The probe session is made just before the stop, and once Redis is back every probe
+        opens a fresh session and loads its context: recovered = ready and a new session
+        served end to end. (The drill used to reuse one probe session opened when the run
+        started; with the campaign's compressed TTLs it was long idle by the restart and its
+        context loads answered 409 ever after, so the drill reported "never recovered"
+        whatever the service did.)
         """
         t0 = time.monotonic()
         base = self.service_url.rstrip("/")

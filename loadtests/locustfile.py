@@ -22,6 +22,12 @@ message, answered by an immediate stats report tagged with the request's number)
 for all of them, so a sample's counters and histograms stop at the same instant on every
 worker; a sample some worker did not answer in time is marked ``stats_synced=False`` and
 never ends a gate's window (:func:`loadtests.slo.held_samples`).
+
+The premature-expiration gate (:mod:`loadtests.ledger`): the process holding the sampler also
+subscribes to the Redis expiry notifications; every process running users keeps a session
+ledger, and a worker sends its ledger to the master when it stops (the ``ctx_ledger`` custom
+message, before its ``client_stopped``), so the master joins every session with the expired
+keys before the verdict.
 """
 
 from __future__ import annotations

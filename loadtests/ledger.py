@@ -178,7 +178,8 @@ class ExpiryWatch:
         return self._ready.is_set()
 
     def _enable(self, client: Any) -> None:
-        raw = client.config_get("notify-keyspace-events").get(b"notify-keyspace-events", b"")
+        got = client.config_get("notify-keyspace-events")  # str keys, whatever the decoding
+        raw = got.get("notify-keyspace-events", got.get(b"notify-keyspace-events", ""))
         flags = raw.decode() if isinstance(raw, bytes) else str(raw)
         if self._old_flags is None:
             self._old_flags = flags

@@ -14,25 +14,29 @@ def _step(scale: float, ok: bool, failed: list[str] | None = None) -> Step:
     return Step(scale, scale * 1000, ok, failed or [], gates, 0.0, 1.0)
 
 
-def test_climb_stops_at_the_first_failure_and_reports_the_gate() -> None:
+def test_climb_retries_a_failure_once_and_stops_at_the_second() -> None:
     seen: list[float] = []
+    results = {0.5: [True], 1.0: [False, True], 1.5: [False, False]}  # 1.0: a noisy miss
 
     def run(scale: float) -> Step:
         seen.append(scale)
-        return _step(scale, scale < 1.5, [] if scale < 1.5 else ["request_p99"])
+        ok = results[scale].pop(0)
+        return _step(scale, ok, [] if ok else ["request_p99"])
 
     lad = climb("short_sessions", (0.5, 1.0, 1.5, 2.0), run)
-    assert seen == [0.5, 1.0, 1.5]  # 2.0 never ran
+    assert seen == [0.5, 1.0, 1.0, 1.5, 1.5]  # 2.0 never ran
     assert lad.best is not None and lad.best.scale == 1.0
     assert lad.first_failed is not None and lad.first_failed.scale == 1.5
     row = ladder_rows([lad])[0]
     assert row["best held (peak req/s)"] == "1,000"
     assert row["first failed (peak req/s)"] == "1,500"
     assert row["gates that failed there"] == "request_p99 (180, < 100 ms)"
+    assert climb("burst", (0.1,), lambda s: _step(s, False, ["x"]), tries=1).steps[0].scale == 0.1
 
 
 def test_a_ladder_that_never_holds_or_never_fails_says_so() -> None:
     never = climb("burst", (0.1, 0.2), lambda s: _step(s, False, ["achieved_rate"]))
+    assert [s.scale for s in never.steps] == [0.1, 0.1]
     assert never.best is None and ladder_rows([never])[0]["best held (peak req/s)"] == "none"
     always = climb("burst", (0.1, 0.2), lambda s: _step(s, True))
     assert ladder_rows([always])[0]["first failed (peak req/s)"] == "not reached"

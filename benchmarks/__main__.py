@@ -13,6 +13,7 @@ SCRIPTS = [
     "ingest_throughput",
     "ingest_zip_bomb",
     "service_capacity",
+    "loadtest_profiles",
     "redaction",
     "output_sanitizer",
 ]

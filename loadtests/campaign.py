@@ -38,6 +38,7 @@ from context_core.config import Settings
 from context_core.errors import ConfigError
 from loadtests.faults import (
     FAULTS,
+    SHORT_TTL_MIN_S,
     SLOW_L3_MS,
     FaultCheck,
     RedisRestartDrill,
@@ -282,6 +283,8 @@ def run_campaign(
         ttl_factor = run_plan.ttl_factor
         design = {k: float(getattr(settings, k)) for k in TTL_SETTINGS}
         ttls = scaled_ttls(design, ttl_factor, run_plan.mean_step_period())
+        if cfg.fault == "short-ttl":  # the drill: no floor under a step output's TTL
+            ttls["wm_min_ttl_s"] = SHORT_TTL_MIN_S
     else:
         notes.append(
             "TTLs not scaled (--service-url: the service keeps its own); expired-keys growth "
@@ -401,6 +404,7 @@ def run_campaign(
             "--redis-url", redis_url or "", "--samples-out", str(samples_path),
             "--fault", cfg.fault or "none", "--sample-every", str(cfg.sample_every_s),
             "--ttl-factor", repr(ttl_factor),
+            "--min-ttl-s", repr(float(ttls["wm_min_ttl_s"] if ttls else settings.wm_min_ttl_s)),
             "--loglevel", "WARNING", "--stop-timeout", "5", "--only-summary",
         ]  # fmt: skip
         if cfg.time_scale:

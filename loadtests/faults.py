@@ -7,6 +7,13 @@
   mid-run and started again on the same port from its append-only file. Expected: requests
   fail fast with 503 while it is down, the service is ready again within 5 s of Redis
   returning, and a canary session's task contract reads back with the same version and hash.
+* ``short-ttl``: TTLs deliberately too short, to show the ``premature_expirations`` gate can
+  fail. The service starts with ``CTX_WM_MIN_TTL_S=1`` (no floor under a step output's TTL)
+  and the agents state plans 20 times too optimistic (each step due at 5 % of its real
+  period, ``loadtests.user.SHORT_TTL_PLAN_SCALE``), so every step output gets a 1 s TTL.
+  Where a step takes longer than that (``--time-scale 2``: 3 s per step) the outputs expire
+  before the steps that depend on them, and the campaign must FAIL naming
+  ``premature_expirations``. No gate is expected to break: the drill fails by design.
 """
 
 from __future__ import annotations
@@ -22,13 +29,14 @@ from typing import Any
 __all__ = [
     "EXPECTED_BREACHES",
     "FAULTS",
+    "SHORT_TTL_MIN_S",
     "FaultCheck",
     "RedisRestartDrill",
     "canary_contract",
     "slow_l3_checks",
 ]
 
-FAULTS = ("slow-l3", "redis-restart")
+FAULTS = ("slow-l3", "redis-restart", "short-ttl")
 #: SLO gates a drill breaks on purpose; the verdict then rests on the drill's own checks.
 #: Gates each drill breaks on purpose. Every L3 call sleeping 400 ms makes context loads, and
 #: so the request tail, slower than their budgets; a Redis outage fails requests and stalls
@@ -40,6 +48,8 @@ EXPECTED_BREACHES: dict[str, frozenset[str]] = {
     ),
 }
 SLOW_L3_MS = 400.0
+#: ``short-ttl``: the service's floor under a plan-derived step TTL (``CTX_WM_MIN_TTL_S``).
+SHORT_TTL_MIN_S = 1
 RECOVERY_LIMIT_S = 5.0
 FAST_FAIL_LIMIT_S = 2.0
 
@@ -146,14 +156,24 @@ class RedisRestartDrill:
         return {"session_id": sid, "step_intent": "default", "state": doc["state"]}
 
     def _run(self) -> None:
+        """Stop Redis at ``at_s``, start it ``down_s`` later, probe until the service
+        answers again.
+
+        The probe session is made just before the stop, and once Redis is back every probe
+        opens a fresh session and loads its context: recovered = ready and a new session
+        served end to end. (The drill used to reuse one probe session opened when the run
+        started; with the campaign's compressed TTLs it was long idle by the restart and its
+        context loads answered 409 ever after, so the drill reported "never recovered"
+        whatever the service did.)
+        """
         t0 = time.monotonic()
         base = self.service_url.rstrip("/")
-        body = self._probe_body()
         while not self._stop.wait(0.05):
             if time.monotonic() - t0 >= self.at_s:
                 break
         if self._stop.is_set():
             return
+        body = self._probe_body()
         self.events.append({"t": time.monotonic() - t0, "event": "redis stopped"})
         self.server.stop()
         back_at: float | None = None
@@ -163,13 +183,12 @@ class RedisRestartDrill:
                 self.server.start(timeout=15.0)
                 back_at = time.monotonic() - t0
                 self.events.append({"t": back_at, "event": "redis started"})
-                body = body if body is not None else self._probe_body()
+            if back_at is not None:
+                body = self._probe_body()  # None while the service cannot open one yet
             st_ready, _, d_ready = _http("GET", f"{base}/readyz", timeout=5.0)
             st_ctx, d_ctx = 0, 0.0
             if body is not None:
                 st_ctx, _, d_ctx = _http("POST", f"{base}/v1/context", body, self.key, timeout=10)
-            elif back_at is not None:
-                body = self._probe_body()
             self.probes.append(
                 {
                     "t": round(now, 3),

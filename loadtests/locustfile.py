@@ -22,11 +22,18 @@ message, answered by an immediate stats report tagged with the request's number)
 for all of them, so a sample's counters and histograms stop at the same instant on every
 worker; a sample some worker did not answer in time is marked ``stats_synced=False`` and
 never ends a gate's window (:func:`loadtests.slo.held_samples`).
+
+The premature-expiration gate (:mod:`loadtests.ledger`): the process holding the sampler also
+subscribes to the Redis expiry notifications; every process running users keeps a session
+ledger, and a worker sends its ledger to the master when it stops (the ``ctx_ledger`` custom
+message, before its ``client_stopped``), so the master joins every session with the expired
+keys before the verdict.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -41,10 +48,11 @@ if __package__ in (None, ""):  # run as a file by locust: make `loadtests` impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loadtests.faults import EXPECTED_BREACHES, FAULTS
+from loadtests.ledger import classify, predicted_step_expirations, watch_redis
 from loadtests.sampler import Sampler
 from loadtests.shapes import PROFILES
 from loadtests.slo import GATES, evaluate
-from loadtests.user import RUN_STARTED, ContextAgent, plan_from_options
+from loadtests.user import LEDGER, RUN_STARTED, ContextAgent, plan_from_options
 
 __all__ = ["ContextAgent", "ProfileShape", "StatsFlush"]
 
@@ -55,6 +63,8 @@ _state: dict[str, Any] = {}
 FLUSH_MESSAGE = "ctx_flush_stats"
 #: Key of the report_to_master payload carrying the last flush request a worker received.
 FLUSH_SEQ = "ctx_flush_seq"
+#: Custom message worker -> master at the end of the test: the worker's session ledger.
+LEDGER_MESSAGE = "ctx_ledger"
 #: How long the master waits for every worker's flushed report before sampling anyway.
 FLUSH_TIMEOUT_S = 2.0
 
@@ -122,6 +132,13 @@ def _distributed(environment: Any, runner: Any = None, **_kwargs: Any) -> None:
         flush = StatsFlush(runner)
         _state["flush"] = flush
         environment.events.worker_report.add_listener(flush.on_report)
+        _state["ledgers"] = 0
+
+        def merge_ledger(environment: Any, msg: Any, **_kw: Any) -> None:
+            LEDGER.merge(msg.data)
+            _state["ledgers"] += 1
+
+        runner.register_message(LEDGER_MESSAGE, merge_ledger)
     elif isinstance(runner, WorkerRunner):
 
         def flush_now(environment: Any, msg: Any, **_kw: Any) -> None:
@@ -200,6 +217,14 @@ def _options(parser: Any, **_kwargs: Any) -> None:
         "scales them); the expired-keys gate counts per profile minute with it",
     )
     g.add_argument(
+        "--min-ttl-s",
+        type=float,
+        default=60.0,
+        env_var="LOCUST_MIN_TTL_S",
+        help="the service's CTX_WM_MIN_TTL_S (the floor of a step output's TTL), for the "
+        "step-output expirations the plan predicts (reported next to the expired keys)",
+    )
+    g.add_argument(
         "--sample-every",
         type=float,
         default=2.0,
@@ -219,6 +244,7 @@ class ProfileShape(LoadTestShape):
 @events.test_start.add_listener
 def _start_sampler(environment: Any, **_kwargs: Any) -> None:
     RUN_STARTED[:] = [time.perf_counter()]
+    LEDGER.clear()
     runner = environment.runner
     if isinstance(runner, WorkerRunner):
         # A worker holds a shape instance too (never ticked, its clock started when the
@@ -245,6 +271,44 @@ def _start_sampler(environment: Any, **_kwargs: Any) -> None:
     )
     _state["sampler"] = sampler
     _state["greenlet"] = gevent.spawn(sampler.run)
+    # the premature-expiration gate's server side: Redis keyspace notifications
+    _state["watches"] = watch_redis(opts.redis_url) if opts.redis_url else []
+    _state["watch_from"] = time.time()
+
+
+@events.test_stop.add_listener
+def _send_ledger(environment: Any, **_kwargs: Any) -> None:
+    """A worker hands its session ledger to the master (before its ``client_stopped``)."""
+    runner = environment.runner
+    if isinstance(runner, WorkerRunner):
+        try:
+            runner.send_message(LEDGER_MESSAGE, LEDGER.to_wire())
+        except Exception as e:  # the master is gone: its verdict lacks this worker's sessions
+            log.warning("session ledger not sent to the master: %s", e)
+
+
+def _expiry(opts: Any, run_plan: Any) -> Any:
+    """Stop the expiry watches and classify what they saw against the session ledger."""
+    watches = _state.get("watches", [])
+    for w in watches:
+        w.stop()
+    events_seen = sorted(e for w in watches for e in w.events)
+    watched = bool(watches) and all(w.subscribed for w in watches)
+    report = classify(events_seen, LEDGER.sessions, watched=watched)
+    period = run_plan.mean_step_period()
+    step_ttl = max(opts.min_ttl_s, float(math.ceil(2.0 * period)))
+    until = max((t for t, _ in events_seen), default=time.time())
+    extra = {
+        "watch_gaps": sum(w.gaps for w in watches),
+        "watch_errors": [w.error for w in watches if w.error],
+        "ledgers_from_workers": _state.get("ledgers"),
+        "step_ttl_s": step_ttl,
+        "predicted_step_keys_expired": predicted_step_expirations(
+            LEDGER.sessions, step_ttl_s=step_ttl, until=until
+        ),
+        "profile_abandon_share": run_plan.profile.abandon_share,
+    }
+    return report, extra
 
 
 @events.quitting.add_listener
@@ -260,12 +324,14 @@ def _verdict(environment: Any, **_kwargs: Any) -> None:
     opts = environment.parsed_options
     expected = EXPECTED_BREACHES.get(opts.fault, frozenset())
     run_plan = plan_from_options(opts)
+    expiry, expiry_extra = _expiry(opts, run_plan)
     verdict = evaluate(
         sampler.samples,
         expected_breaches=expected,
         baseline=sampler.baseline,
         run_s=run_plan.duration_s,
         ttl_factor=opts.ttl_factor,
+        expiry=expiry,
     )
     if opts.samples_out:
         sampler.dump(
@@ -290,6 +356,7 @@ def _verdict(environment: Any, **_kwargs: Any) -> None:
                 "locust_workers": sampler.max_workers,  # 0: one process
             },
             verdict=verdict.to_dict(),
+            expiry={**expiry.to_dict(), **expiry_extra},
         )
     for r in verdict.results:
         log.warning(
@@ -300,6 +367,8 @@ def _verdict(environment: Any, **_kwargs: Any) -> None:
             "PASS" if r.passed else "FAIL",
             r.note,
         )
+    for r in verdict.figures:
+        log.warning("reported %-17s %-26s achieved=%s %s", r.name, r.target, r.achieved, r.note)
     if verdict.passed:
         log.warning("SLO verdict: PASS (%d gates)", len(GATES))
     else:

@@ -53,9 +53,10 @@ from loadtests.http_client import (
     Response,
     service_endpoint,
 )
+from loadtests.ledger import SessionLedger
 from loadtests.shapes import RunPlan, plan
 
-__all__ = ["ContextAgent", "plan_from_options"]
+__all__ = ["LEDGER", "SHORT_TTL_PLAN_SCALE", "ContextAgent", "plan_from_options"]
 
 _ENCODE = msgspec.json.Encoder().encode
 _DECODE = msgspec.json.Decoder().decode
@@ -68,6 +69,13 @@ _key_cycle: itertools.cycle[tuple[str, str]] | None = None
 #: of their own, so they read the run time from here).
 RUN_STARTED: list[float] = []
 _plans: dict[tuple[Any, ...], RunPlan] = {}
+#: This process's sessions (:mod:`loadtests.ledger`): the premature-expiration gate's
+#: client-side evidence. A worker sends it to the master at the end of the test.
+LEDGER = SessionLedger()
+#: The ``short-ttl`` drill: the agents' plans say each step starts this share of its real
+#: period later (20 times too optimistic), so the service computes step-output TTLs that run
+#: out before the dependent step (with ``CTX_WM_MIN_TTL_S=1``, see :mod:`loadtests.faults`).
+SHORT_TTL_PLAN_SCALE = 0.05
 
 
 def plan_from_options(opts: Any) -> RunPlan:
@@ -180,9 +188,11 @@ class ContextAgent(User):
         """Close the session, or, for an abandoned one, just stop using it (its keys are
         left to the service's TTLs and idle sweep)."""
         if self.abandon:
+            LEDGER.ended(self.sid, "abandoned")
             self.state = None
         else:
             self._close()
+            LEDGER.ended(self.sid, "closed")
 
     def _call(
         self,
@@ -205,6 +215,8 @@ class ContextAgent(User):
         data: bytes | None = None if body is None else _ENCODE(body)
         headers = self._key_headers if body is None else self._json_headers
         start_time = time.time()
+        if self.sid:
+            LEDGER.sent(self.sid, start_time)
         t0 = time.perf_counter()
         resp: Response | None = None
         error: BaseException | None = None
@@ -239,6 +251,8 @@ class ContextAgent(User):
     ) -> tuple[Any, BaseException | None]:
         """(result, failure) of an answer that arrived."""
         if resp.status not in ok:
+            if resp.status == 409 and what.startswith("context"):
+                self._note_miss(resp)
             retry = resp.header("retry-after") if resp.status in (429, 503) else None
             if retry and retry.isdigit():
                 # shed by the service: a failure all the same, and the agent backs off as
@@ -259,8 +273,26 @@ class ContextAgent(User):
             return None, CatchResponseError(f"{what}: {problem}")
         return data, None
 
+    def _note_miss(self, resp: Response) -> None:
+        """A ``context_miss`` naming one of this session's step outputs is a *lost read*: the
+        session wrote that step (its event succeeded) and the read found it gone."""
+        try:
+            doc = _DECODE(resp.body)
+        except msgspec.DecodeError:
+            return
+        if not isinstance(doc, dict) or doc.get("error") != "context_miss":
+            return
+        key = str(doc.get("key", ""))
+        prefix = f"wm:{{{self.sid}}}:step:"
+        if key.startswith(prefix) and key[len(prefix) :].isdigit():
+            step = int(key[len(prefix) :])
+            rec = LEDGER.sessions.get(self.sid)
+            if rec is not None and step in rec.written:
+                LEDGER.lost_read(self.sid, key)
+
     def _create(self) -> bool:
         self.sid = f"lt-{self.rng.getrandbits(64):016x}"
+        LEDGER.opened(self.sid, time.time())
         self.device = self.rng.choice(DEVICES)
         self.abandon = self.rng.random() < self.plan.profile.abandon_share
         user = f"user-{self.rng.randint(1, 500)}"
@@ -277,6 +309,8 @@ class ContextAgent(User):
     def session_plan(self) -> dict[str, Any]:
         """The step plan (:func:`loadtests.agent_steps.plan_body`) at the current step rate."""
         rate = self.plan.user_step_rate_at(self._run_time())
+        if getattr(self.environment.parsed_options, "fault", "none") == "short-ttl":
+            rate /= SHORT_TTL_PLAN_SCALE  # a plan 20 times too optimistic
         return plan_body(int(self.plan.steps_per_session), rate)
 
     def _send_plan(self) -> bool:
@@ -288,6 +322,8 @@ class ContextAgent(User):
         rms = round(self.rng.uniform(2.0, 8.0), 2)
         self.rms = rms
         event = sensor_event(self.device, rms, time.time())
+        step_no = int(self.state.get("current_step", 0))  # the event writes step:<step_no>
+        LEDGER.step_started(self.sid, step_no, time.time())
         done = self._call(
             "POST",
             f"/v1/sessions/{self.sid}/events",
@@ -298,6 +334,7 @@ class ContextAgent(User):
         )
         if done is None:
             return False
+        LEDGER.wrote(self.sid, step_no)
         self.state = done["state"]
 
         intent = INTENT_CYCLE[self.steps_done % len(INTENT_CYCLE)]

@@ -116,6 +116,12 @@ COVERED: tuple[Covered, ...] = (
         "the benchmark's CPU phases and floors on a real service, not its campaign steps",
     ),
     Covered(
+        r"python -m benchmarks\.loadtest_profiles",
+        ("tests/test_bench_loadtest_profiles.py::test_one_real_step_and_drill_run_end_to_end",),
+        "lp.main(",
+        "one burst step and the slow-l3 drill on real campaigns, printed not written",
+    ),
+    Covered(
         r"make compose-check",
         ("tests/test_compose.py::test_docker_compose_config_accepts_the_file",),
         '"config"',

@@ -84,7 +84,12 @@ def test_two_locust_workers_hold_a_small_rate_and_the_master_gates_on_their_stat
     assert gates["context_p99"]["achieved"] < 50
     assert gates["error_ratio"]["achieved"] == 0
     assert gates["l3_search_p99"]["achieved"] is not None  # read by the master from /metrics
-    assert gates["expired_keys_growth"]["achieved"] is not None  # Redis INFO, also the master
+    figures = {r["name"]: r for r in doc["verdict"]["figures"]}
+    assert figures["expired_keys_growth"]["achieved"] is not None  # Redis INFO, the master
+    # the premature-expiration gate joined both workers' session ledgers on the master
+    assert gates["premature_expirations"]["achieved"] == 0
+    assert doc["expiry"]["ledgers_from_workers"] == 2
+    assert doc["expiry"]["sessions"] > 0 and doc["expiry"]["watched"]
     assert gates["memory_growth"]["achieved"] is not None
 
     # the workers' final reports reached the master before the verdict: its last sample and
@@ -188,7 +193,7 @@ def test_a_distributed_run_without_flushed_stats_fails_its_gates_and_says_why() 
     rows = [_sample(t, int(10 * t), synced=False) for t in (2.0, 4.0, 6.0, 8.0, 10.0, 20.0)]
     verdict = evaluate(rows, run_s=20.0)
     assert not verdict.passed
-    by_name = {r.name: r for r in verdict.results}
+    by_name = {r.name: r for r in (*verdict.results, *verdict.figures)}
     for gate in ("achieved_rate", "request_p99", "context_p99", "expired_keys_growth"):
         assert not by_name[gate].passed and by_name[gate].achieved is None
         assert "Locust workers' stats not flushed" in by_name[gate].note, by_name[gate]

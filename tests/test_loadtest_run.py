@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -93,7 +96,16 @@ def test_a_short_campaign_at_a_held_rate_passes_every_gate(
     assert gates["context_p99"]["achieved"] < 50
     assert gates["context_load_failures"]["achieved"] == 0
     assert gates["error_ratio"]["achieved"] == 0
+    # the expiry watch saw the step outputs expire (TTLs scaled with the sessions), and
+    # none of them while its session still needed it
+    assert gates["premature_expirations"]["achieved"] == 0
+    expiry = doc["expiry"]
+    assert expiry["watched"] and expiry["sessions"] > 0 and expiry["steps"] > 0
+    assert expiry["expired"] > 0 and expiry["expected"] > 0 and expiry["premature"] == 0
+    assert [f["name"] for f in doc["verdict"]["figures"]] == ["expired_keys_growth"]
     md = res.report.read_text(encoding="utf-8")
+    assert "## Expired keys: premature or expected" in md
+    assert "Reported, not gated: `expired_keys_growth`" in md
     assert "**Verdict: PASS** (Locust exit code 0)" in md
     assert "**Failed gates:**" not in md
     assert "| l3_search_p99 | < 100 ms |" in md
@@ -101,6 +113,37 @@ def test_a_short_campaign_at_a_held_rate_passes_every_gate(
     assert "TTLs scaled with the sessions" in md
     assert "## Target vs achieved rate over time" in md
     assert f"took {ref['before']:.0f} CPU-ms before the load" in md
+
+
+@pytest.mark.slow
+def test_ttls_too_short_fail_the_premature_expirations_gate(tmp_path: Path) -> None:
+    """The short-ttl drill, as a user runs it: step outputs get 1 s TTLs while a step takes
+    3 s (time x2), so they expire before the steps that depend on them; the command must
+    exit 1 naming the gate, with the expired keys it caught."""
+    ctx = Path(sys.executable).parent / "ctx"
+    env = {
+        **os.environ,
+        "CTX_DATA_DIR": str(tmp_path / "ctx"),
+        "CTX_REPORTS_DIR": str(tmp_path / "reports"),
+        "COLUMNS": "200",
+    }
+    env.pop("CTX_REDIS_URL", None)
+    cmd = [str(ctx), "loadtest", "burst", "--duration", "30s", "--time-scale", "2",
+           "--rate-scale", "0.05", "--fault", "short-ttl", "--no-seed"]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "premature_expirations" in proc.stdout and "FAIL" in proc.stdout, proc.stdout[-3000:]
+    run = tmp_path / "ctx" / "loadtest" / "loadtest_burst_fault-short-ttl"
+    doc = json.loads((run / "samples.json").read_text())
+    assert "premature_expirations" in doc["verdict"]["failed"], doc["verdict"]["failed"]
+    gates = {r["name"]: r for r in doc["verdict"]["results"]}
+    assert gates["premature_expirations"]["achieved"] >= 5
+    assert doc["plan"]["ttls"]["wm_min_ttl_s"] == 1
+    assert doc["expiry"]["premature"] >= 5 and doc["expiry"]["reasons"]["premature: step"] >= 5
+    md = (tmp_path / "reports" / "loadtest_burst_fault-short-ttl.md").read_text(encoding="utf-8")
+    assert "**Verdict: FAIL** (Locust exit code 1)" in md
+    assert "- **premature_expirations**:" in md
+    assert "before step" in md  # an example names the key and the step it was due for
 
 
 @pytest.mark.slow

@@ -585,6 +585,31 @@ def upload_point_id(scope: str, source: str, sha256: str, chunk_index: int) -> s
     return str(uuid.uuid5(_UPLOAD_NAMESPACE, f"{scope}\x00{source}\x00{sha256}\x00{chunk_index}"))
 
 
+def _checked_text(
+    up: _Upload,
+    data: bytes,
+    filename: str,
+    scanner: Scanner | None,
+    settings: Settings,
+    max_text_chars: int,
+    blocked_keywords: Sequence[str],
+) -> tuple[str, list[Section], str | None, int]:
+    """Steps 1-4 of every upload: the scan (before any parser sees the bytes; no verdict, no
+    upload), the text, the blocked keywords (on the text as extracted, before redaction, and
+    the name), and redaction through the gateway's DLP. Returns the redacted title and
+    sections, the encoding and the decode-error count; a refusal is quarantined."""
+    _scan(up, scanner)
+    try:
+        title, sections, encoding, decode_errors = extract_sections(
+            data, up.kind, max_markup_depth=settings.max_markup_depth, max_chars=max_text_chars
+        )
+    except UploadRefusedError as e:
+        raise up.refuse(e) from None
+    _check_keywords(up, filename, title, sections, blocked_keywords)
+    title, sections = up.redact(title, sections)
+    return title, sections, encoding, decode_errors
+
+
 def scan_and_ingest(
     data: bytes,
     filename: str,
@@ -630,19 +655,10 @@ def scan_and_ingest(
         qdir=quarantine_to if quarantine_to is not None else quarantine_dir(settings),
         now=t_now,
     )
-    # 1. the scan, before any parser sees the bytes; no verdict -> no upload
-    _scan(up, scanner)
-    # 2. text
-    try:
-        title, sections, encoding, decode_errors = extract_sections(
-            data, up.kind, max_markup_depth=settings.max_markup_depth, max_chars=max_text_chars
-        )
-    except UploadRefusedError as e:
-        raise up.refuse(e) from None
-    # 3. blocked keywords, on the text as extracted (before redaction) and the name
-    _check_keywords(up, filename, title, sections, blocked_keywords)
-    # 4. redaction through the gateway's DLP (its one rule table)
-    title, sections = up.redact(title, sections)
+    # 1-4. scan, text, blocked keywords, redaction
+    title, sections, encoding, decode_errors = _checked_text(
+        up, data, filename, scanner, settings, max_text_chars, blocked_keywords
+    )
     # 5. chunk, embed, write (the first write to L3 happens here)
     chunks = _chunk(up, title, sections, knowledge.encoder, settings)
     scope = resolve_hot_scope(agent_id, namespace, namespaces)
@@ -710,15 +726,9 @@ def check_file(
         now=time.time() if now is None else now,
     )
     up.source = source
-    _scan(up, scanner)
-    try:
-        title, sections, _, _ = extract_sections(
-            data, up.kind, max_markup_depth=settings.max_markup_depth, max_chars=max_text_chars
-        )
-    except UploadRefusedError as e:
-        raise up.refuse(e) from None
-    _check_keywords(up, filename, title, sections, blocked_keywords)
-    title, sections = up.redact(title, sections)
+    title, sections, _, _ = _checked_text(
+        up, data, filename, scanner, settings, max_text_chars, blocked_keywords
+    )
     return CheckedFile(title, sections, up.mime, up.sha256, dict(sorted(up.found.items())))
 
 

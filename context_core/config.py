@@ -106,14 +106,27 @@ class Settings(BaseSettings):
     postgres_url: str | None = Field(
         None,
         description="postgresql://role@host:port/db: compliance profiles in PostgreSQL with "
-        "row-level security per organisation; unset = in Redis with L2. The role must not be "
-        "a superuser or BYPASSRLS (refused: they ignore row-level security).",
+        "row-level security per organisation; unset = in Redis with L2. The serving role: it "
+        "must not be a superuser or BYPASSRLS (refused: they ignore row-level security), and "
+        "the schema must be migrated first (`ctx db upgrade`).",
     )
     postgres_schema: str = Field(
         D.POSTGRES_SCHEMA,
         pattern=r"^[a-z_][a-z0-9_]{0,62}$",
-        description="Schema of the compliance tables (created when missing; tables created "
-        "idempotently).",
+        description="Schema of the platform's PostgreSQL tables, created and changed only by "
+        "the migrations (`ctx db upgrade`); the service refuses to start when it is behind.",
+    )
+    postgres_owner_url: SecretStr | None = Field(
+        None,
+        description="postgresql://owner@host:port/db: the role that owns the schema and runs "
+        "the migrations (`ctx db upgrade`); never the serving role. Not used while serving.",
+    )
+    postgres_app_role: str | None = Field(
+        None,
+        pattern=r"^[a-z_][a-z0-9_]{0,62}$",
+        description="The serving role the migrations grant USAGE on the schema and "
+        "SELECT/INSERT/UPDATE/DELETE on its tables (never CREATE); unset = the user of "
+        "CTX_POSTGRES_URL.",
     )
 
     # --- L3 knowledge memory (Qdrant) ---------------------------------------------------

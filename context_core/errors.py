@@ -46,6 +46,7 @@ __all__ = [
     "SanitizeBudgetExceededError",
     "ScannerLimitError",
     "ScannerUnavailableError",
+    "SchemaBehindError",
     "SessionDataInKnowledgeError",
     "SessionExistsError",
     "StaleStateError",
@@ -80,6 +81,11 @@ class ConfigError(ContextError):
 
     http_status: ClassVar[int] = 500
     error_code: ClassVar[str] = "server_misconfigured"
+
+
+class SchemaBehindError(ConfigError):
+    """The PostgreSQL schema is not at the code's migration head (behind, never migrated,
+    or ahead of this code); the message names the command that fixes it."""
 
 
 class BackendUnavailableError(ContextError):

@@ -113,6 +113,9 @@ class Platform:
         """Build every part now (the router and the lifecycle pull in the rest) and pay the
         encoder's first-call cost; on any failure close what was opened and re-raise."""
         try:
+            # first: a PostgreSQL schema behind the code refuses (naming `ctx db upgrade`)
+            # before the model loads
+            _ = self.compliance
             _ = self.router
             _ = self.lifecycle
             if self.with_knowledge:

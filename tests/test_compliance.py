@@ -2,8 +2,9 @@
 
 Real servers only. The store contract runs on the three Redis kinds of ``any_redis`` (system
 Redis 7, embedded Valkey, a Redis Cluster) and on PostgreSQL at 127.0.0.1:5432 (db ``test``;
-``CTX_TEST_POSTGRES_URL`` overrides), as a dedicated non-superuser role created for this
-test session with its own schema (both dropped at the end); the PostgreSQL param skips,
+``CTX_TEST_POSTGRES_URL`` overrides), as a dedicated non-superuser serving role created for
+this test session, on a schema of its own created by the migrations (``ctx db upgrade``'s
+code, run by the superuser as the owner; both dropped at the end); the PostgreSQL param skips,
 saying why, only when the server does not answer. The HTTP part runs the real service
 (uvicorn, Redis, Qdrant Edge, the encoder) on the default Redis.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
 import time
 import uuid
@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import cleanup_keys, redis_client
+from postgres_env import Pg, pg_env
 
 from context_core.access.auth import hash_key, new_key
 from context_core.access.compliance import (
@@ -46,8 +47,8 @@ from context_core.errors import (
 )
 from context_core.gateway.sanitize import Gateway
 from context_core.platform import build_platform
+from context_core.postgres.schema import role_of
 
-PG_ADMIN_URL = os.environ.get("CTX_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 SECRET = "AKIAIOSFODNN7EXAMPLE"  # an AWS access key id shape: the gateway redacts it
 
 
@@ -55,68 +56,13 @@ def _org() -> str:
     return f"t-org-{uuid.uuid4().hex[:10]}"
 
 
-# --- PostgreSQL: a role and a schema of our own ------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Pg:
-    admin_url: str
-    app_url: str
-    schema: str
-    role: str
-
-    def admin(self) -> Any:
-        import psycopg2
-
-        conn = psycopg2.connect(self.admin_url)
-        conn.autocommit = True
-        return conn
-
-    def app(self) -> Any:
-        import psycopg2
-
-        return psycopg2.connect(self.app_url)
-
-
-def _pg_unreachable() -> str | None:
-    try:
-        import psycopg2
-    except ImportError as e:  # pragma: no cover - psycopg2-binary is a dependency
-        return f"psycopg2 is not installed ({e})"
-    try:
-        psycopg2.connect(PG_ADMIN_URL, connect_timeout=2).close()
-    except psycopg2.OperationalError as e:
-        return f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
-    return None
+# --- PostgreSQL: a serving role and a schema of our own, migrated like a deployment -------------
 
 
 @pytest.fixture(scope="session")
 def pg() -> Iterator[Pg]:
-    reason = _pg_unreachable()
-    if reason is not None:
-        pytest.skip(f"PostgreSQL at {PG_ADMIN_URL} is unreachable: {reason}")
-    suffix = uuid.uuid4().hex[:10]
-    role, schema = f"ctx_app_{suffix}", f"ctx_cmp_{suffix}"
-    admin_url = PG_ADMIN_URL
-    host = admin_url.split("@", 1)[1]
-    env = Pg(admin_url, f"postgresql://{role}@{host}", schema, role)
-    conn = env.admin()
-    try:
-        with conn.cursor() as cur:
-            cur.execute(f"CREATE ROLE {role} LOGIN NOSUPERUSER NOBYPASSRLS")
-            cur.execute(f"CREATE SCHEMA {schema} AUTHORIZATION {role}")
+    with pg_env() as env:
         yield env
-    finally:
-        with conn.cursor() as cur:
-            cur.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
-                (role,),
-            )
-            cur.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-            cur.execute(f"DROP ROLE IF EXISTS {role}")
-            cur.execute("SELECT count(*) FROM pg_roles WHERE rolname = %s", (role,))
-            assert cur.fetchone()[0] == 0
-        conn.close()
 
 
 REDIS_KINDS = {"redis7": "system_redis_url", "valkey": "embedded_valkey_url"}
@@ -341,11 +287,15 @@ def test_row_level_security_isolates_orgs_for_the_app_role(pg: Pg, tmp_path: Pat
                 (pg.schema,),
             )
             tables = {row[0]: row[1:] for row in cur.fetchall()}
-            # enabled and forced; owned by the app role, which FORCE subjects to the policy
+            # enabled and forced; owned by the owner role that ran the migrations, not the
+            # serving role (which gets DML only and is subject to the policy)
+            owner = role_of(pg.admin_url)
             assert tables == {
-                "compliance_profiles": (True, True, pg.role),
-                "compliance_audit": (True, True, pg.role),
+                "alembic_version": (False, False, owner),
+                "compliance_profiles": (True, True, owner),
+                "compliance_audit": (True, True, owner),
             }
+            assert owner != pg.role
             cur.execute(f"SELECT count(*) FROM {t} WHERE org_id = %s", (b,))
             assert cur.fetchone()[0] == 1  # B's row exists: what follows could see it
             cur.execute("SELECT rolsuper, rolbypassrls FROM pg_roles WHERE rolname = %s",
@@ -400,18 +350,6 @@ def test_row_level_security_isolates_orgs_for_the_app_role(pg: Pg, tmp_path: Pat
 def test_superuser_connection_is_refused(pg: Pg, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="superuser"):
         PostgresComplianceStore(pg.admin_url, Gateway(), schema=pg.schema)
-
-
-def test_schema_creation_is_idempotent(pg: Pg) -> None:
-    for _ in range(2):  # the tables (and policies) already exist: opening again is fine
-        PostgresComplianceStore(pg.app_url, Gateway(), schema=pg.schema).close()
-    admin = pg.admin()
-    try:
-        with admin.cursor() as cur:
-            cur.execute("SELECT count(*) FROM pg_policies WHERE schemaname = %s", (pg.schema,))
-            assert cur.fetchone()[0] == 2
-    finally:
-        admin.close()
 
 
 def test_platform_chooses_the_backend(pg: Pg, settings: Settings) -> None:

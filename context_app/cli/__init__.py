@@ -7,6 +7,7 @@ import logging
 import typer
 
 from context_app.cli import airflow_deploy as airflow_cmds
+from context_app.cli import db as db_cmds
 from context_app.cli import eval as eval_cmds
 from context_app.cli import ingest as ingest_cmds
 from context_app.cli import run as run_cmds
@@ -52,3 +53,4 @@ for module in (run_cmds, session_cmds, ingest_cmds, service_cmds):
     module.register(app)
 app.add_typer(eval_cmds.app, name="eval", help="Threshold calibration, CER and health reports.")
 app.add_typer(airflow_cmds.app, name="airflow", help="The DAGs under a real local Airflow 3.")
+app.add_typer(db_cmds.app, name="db", help="The PostgreSQL schema's migrations (owner role).")

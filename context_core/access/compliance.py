@@ -30,7 +30,10 @@ are one Lua script in one Redis Cluster slot) and :class:`PostgresComplianceStor
 forced, policy ``org_id = current_setting('ctx.org_id', true)``), each transaction setting
 ``ctx.org_id`` with ``SET LOCAL`` semantics (``set_config(..., true)``). The role of
 ``CTX_POSTGRES_URL`` must not be a superuser or have BYPASSRLS (both ignore row-level
-security): the store refuses to open on such a role.
+security): the store refuses to open on such a role. The tables, their policies and the
+serving role's grants come from the migrations (:mod:`context_core.postgres`, ``ctx db
+upgrade`` run by the owner role); the store runs no DDL and refuses to open on a schema
+behind the code's head revision.
 
 **Session snapshot**: ``session_start`` reads the effective profile once and stores it in
 L2 (``wm:{<sid>}:compliance:profile``, the session's hash tag, the default L2 TTL);
@@ -719,56 +722,16 @@ class RedisComplianceStore(_StoreBase):
 
 _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
-_MIGRATION = """
-CREATE TABLE IF NOT EXISTS {s}.compliance_profiles (
-    org_id      text        NOT NULL,
-    user_id     text        NOT NULL DEFAULT '',
-    version     integer     NOT NULL CHECK (version > 0),
-    profile     jsonb       NOT NULL,
-    sha256      text        NOT NULL,
-    updated_at  timestamptz NOT NULL,
-    updated_by  text        NOT NULL,
-    PRIMARY KEY (org_id, user_id)
-);
-CREATE TABLE IF NOT EXISTS {s}.compliance_audit (
-    id        bigserial   PRIMARY KEY,
-    org_id    text        NOT NULL,
-    user_id   text        NOT NULL DEFAULT '',
-    version   integer     NOT NULL,
-    operator  text        NOT NULL,
-    at        timestamptz NOT NULL,
-    sha256    text        NOT NULL,
-    changed   text[]      NOT NULL,
-    UNIQUE (org_id, user_id, version)
-);
-ALTER TABLE {s}.compliance_profiles ENABLE ROW LEVEL SECURITY;
-ALTER TABLE {s}.compliance_profiles FORCE ROW LEVEL SECURITY;
-ALTER TABLE {s}.compliance_audit ENABLE ROW LEVEL SECURITY;
-ALTER TABLE {s}.compliance_audit FORCE ROW LEVEL SECURITY;
-DO $$
-DECLARE t text;
-BEGIN
-    FOREACH t IN ARRAY ARRAY['compliance_profiles', 'compliance_audit'] LOOP
-        IF NOT EXISTS (SELECT 1 FROM pg_policies
-                       WHERE schemaname = '{s}' AND tablename = t
-                         AND policyname = 'ctx_org_isolation') THEN
-            EXECUTE format(
-                'CREATE POLICY ctx_org_isolation ON {s}.%I '
-                'USING (org_id = current_setting(''ctx.org_id'', true)) '
-                'WITH CHECK (org_id = current_setting(''ctx.org_id'', true))', t);
-        END IF;
-    END LOOP;
-END $$;
-"""
-
 
 class PostgresComplianceStore(_StoreBase):
     """Profiles in PostgreSQL under row-level security per organisation (see the module doc).
 
-    ``dsn`` is ``CTX_POSTGRES_URL``; ``schema`` (``CTX_POSTGRES_SCHEMA``) holds the two
-    tables, created when missing (idempotent; the schema itself is created only when absent,
-    which needs CREATE on the database: an operator may create it beforehand, owned by the
-    app role). Every transaction first sets ``ctx.org_id`` for itself only."""
+    ``dsn`` is ``CTX_POSTGRES_URL`` (the serving role); ``schema`` (``CTX_POSTGRES_SCHEMA``)
+    holds the two tables, created by the migrations (:mod:`context_core.postgres`, ``ctx db
+    upgrade`` as the owner role): the store runs no DDL and refuses to open
+    (:class:`~context_core.errors.SchemaBehindError`, naming the command) on a schema that is
+    not at the code's head revision. Every transaction first sets ``ctx.org_id`` for itself
+    only."""
 
     backend = "postgres"
 
@@ -807,7 +770,7 @@ class PostgresComplianceStore(_StoreBase):
             ) from e
         try:
             self._check_role()
-            self._migrate()
+            self._check_schema()
         except BaseException:
             self.close()
             raise
@@ -861,18 +824,15 @@ class PostgresComplianceStore(_StoreBase):
                 f"CTX_POSTGRES_URL connects as {role!r}, a "
                 f"{'superuser' if superuser else 'BYPASSRLS role'}: row-level security would "
                 "not isolate organisations. Connect as a dedicated role without SUPERUSER and "
-                "BYPASSRLS (e.g. CREATE ROLE ctx_app LOGIN; CREATE SCHEMA ctx_compliance "
-                "AUTHORIZATION ctx_app)"
+                "BYPASSRLS (e.g. CREATE ROLE ctx_app LOGIN), and migrate the schema as its owner "
+                "with `ctx db upgrade`"
             )
 
-    def _migrate(self) -> None:
-        s = self.schema
+    def _check_schema(self) -> None:
+        from context_core.postgres import check_revision
+
         with self._conn() as conn, conn.cursor() as cur:
-            cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"ctx-migrate-{s}",))
-            cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (s,))
-            if cur.fetchone() is None:
-                cur.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
-            cur.execute(_MIGRATION.format(s=s))
+            check_revision(cur, self.schema)
 
     def _select(self, cur: Any, org_id: str, user_id: str | None, lock: bool) -> StoredProfile:
         cur.execute(

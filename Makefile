@@ -66,6 +66,7 @@ docs: $(STAMP)  ## the documentation site (mkdocs.yml, docs/) into site/; --stri
 
 compose-check:  ## validate docker-compose.yml (throwaway secrets: the real ones come from your env)
 	POSTGRES_PASSWORD=$${POSTGRES_PASSWORD:-check-only} AIRFLOW_JWT_SECRET=$${AIRFLOW_JWT_SECRET:-check-only} \
+	  PG_CTX_OWNER_PASSWORD=$${PG_CTX_OWNER_PASSWORD:-check-only} PG_CTX_APP_PASSWORD=$${PG_CTX_APP_PASSWORD:-check-only} \
 	  docker-compose -f docker-compose.yml config --quiet && echo "docker-compose.yml is valid"
 
 clean:

@@ -4,8 +4,10 @@ What ``dag.test()`` (:mod:`context_app.airflow_local`) does not exercise: the me
 PostgreSQL, the LocalExecutor, and the three long-running processes of an Airflow 3 install,
 each started on its own (``airflow api-server`` on a free loopback port, ``airflow scheduler``,
 ``airflow dag-processor``), with a private ``AIRFLOW_HOME`` migrated first (``airflow db
-migrate``). Runs are triggered and read back through the public REST API (``/api/v2``) with a
-JWT from the simple auth manager's ``/auth/token``, as an operator or another service would.
+migrate``), and the platform's PostgreSQL schema migrated too (``ctx db upgrade``, when
+``CTX_POSTGRES_OWNER_URL`` is set). Runs are triggered and read back through the public REST
+API (``/api/v2``) with a JWT from the simple auth manager's ``/auth/token``, as an operator or
+another service would.
 
 Each process runs in its own process group with its output in ``AIRFLOW_HOME/<name>.log``;
 :meth:`AirflowDeployment.stop` ends the groups (and any task process that left them) and every
@@ -282,7 +284,39 @@ class AirflowDeployment:
             raise AirflowDeployError(
                 f"`airflow db migrate` failed (exit {rc}); log: {log}\n{_tail(log)}"
             )
+        self.migrate_platform_schema(timeout=timeout)
         return self
+
+    def migrate_platform_schema(self, *, timeout: float = 120) -> str | None:
+        """The platform's own PostgreSQL schema, before any task runs: ``ctx db upgrade``
+        (as the owner role) when the processes' environment has ``CTX_POSTGRES_OWNER_URL``,
+        else ``ctx db check`` when it has ``CTX_POSTGRES_URL`` (a schema behind fails here,
+        naming the command, instead of in every task); nothing when the platform keeps its
+        profiles in Redis. Returns the command run (None: none), output in
+        ``AIRFLOW_HOME/db-upgrade.log``."""
+        env = self.env
+        if env.get("CTX_POSTGRES_OWNER_URL"):
+            verb = "upgrade"
+        elif env.get("CTX_POSTGRES_URL"):
+            verb = "check"
+        else:
+            return None
+        log = self.home / "db-upgrade.log"
+        with log.open("wb") as out:
+            rc = subprocess.run(
+                [sys.executable, "-m", "context_app.cli", "db", verb],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.home,
+                timeout=timeout,
+                check=False,
+            ).returncode
+        if rc != 0:
+            raise AirflowDeployError(
+                f"`ctx db {verb}` failed (exit {rc}); log: {log}\n{_tail(log)}"
+            )
+        return f"ctx db {verb}"
 
     @property
     def password(self) -> str:

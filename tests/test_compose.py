@@ -26,6 +26,7 @@ EXPECTED = {
     "airflow-scheduler",
     "airflow-dag-processor",
     "ctx-keys",
+    "ctx-db-upgrade",
     "context-service",
     "locust-master",
     "locust-worker",
@@ -38,7 +39,13 @@ EXPECTED = {
 CLUSTER_PROFILE = "qdrant-cluster"
 CLUSTER = {"qdrant-node-1", "qdrant-node-2", "qdrant-node-3", "context-service-cluster"}
 LOCUSTFILE = "/app/loadtests/locustfile.py"
-ONE_SHOT = {"airflow-init", "ctx-keys"}
+ONE_SHOT = {"airflow-init", "ctx-keys", "ctx-db-upgrade"}
+SECRETS = (
+    "POSTGRES_PASSWORD",
+    "AIRFLOW_JWT_SECRET",
+    "PG_CTX_OWNER_PASSWORD",
+    "PG_CTX_APP_PASSWORD",
+)
 # Long-running services may go without a healthcheck only if nothing waits on them.
 NO_HEALTHCHECK_OK = {"locust-worker"}
 
@@ -182,7 +189,7 @@ def test_named_volumes_are_declared(compose: dict[str, Any]) -> None:
 
 def test_no_secret_is_written_in_the_file() -> None:
     text = COMPOSE.read_text(encoding="utf-8")
-    for var in ("POSTGRES_PASSWORD", "AIRFLOW_JWT_SECRET"):
+    for var in SECRETS:
         assert f"${{{var}:?" in text, f"{var} must come from the environment, required"
 
 
@@ -195,11 +202,7 @@ def _compose_bin() -> str:
 
 def test_docker_compose_config_accepts_the_file() -> None:
     exe = _compose_bin()
-    env = {
-        **os.environ,
-        "POSTGRES_PASSWORD": secrets.token_urlsafe(16),
-        "AIRFLOW_JWT_SECRET": secrets.token_urlsafe(32),
-    }
+    env = {**os.environ, **{var: secrets.token_urlsafe(16) for var in SECRETS}}
     out = subprocess.run(
         [exe, "-f", str(COMPOSE), "config"], env=env, capture_output=True, text=True, timeout=60
     )
@@ -225,7 +228,7 @@ def test_docker_compose_config_accepts_the_file() -> None:
 def test_docker_compose_config_names_a_missing_secret() -> None:
     exe = _compose_bin()
     env = {k: v for k, v in os.environ.items() if k not in {"POSTGRES_PASSWORD"}}
-    env["AIRFLOW_JWT_SECRET"] = secrets.token_urlsafe(32)
+    env.update({var: secrets.token_urlsafe(16) for var in SECRETS if var != "POSTGRES_PASSWORD"})
     out = subprocess.run(
         [exe, "-f", str(COMPOSE), "config", "--quiet"],
         env=env,
@@ -236,3 +239,33 @@ def test_docker_compose_config_names_a_missing_secret() -> None:
     )
     assert out.returncode != 0
     assert "POSTGRES_PASSWORD" in out.stderr
+
+
+def test_the_schema_is_migrated_by_its_owner_before_anything_serves(
+    compose: dict[str, Any],
+) -> None:
+    services = compose["services"]
+    job = services["ctx-db-upgrade"]
+    assert job["command"] == ["ctx", "db", "upgrade"]
+    env = _env(job)
+    owner_url = env["CTX_POSTGRES_OWNER_URL"]
+    assert owner_url.startswith("postgresql://ctx_owner:${PG_CTX_OWNER_PASSWORD:?")
+    assert env["CTX_POSTGRES_APP_ROLE"] == "ctx_app"
+    Settings(**{k[4:].lower(): v for k, v in env.items()})  # the values parse
+    # everything that reads the schema waits for the job, and serves as the app role only
+    for name in ("context-service", "context-service-cluster", "airflow-scheduler"):
+        svc = services[name]
+        assert svc["depends_on"]["ctx-db-upgrade"]["condition"] == (
+            "service_completed_successfully"
+        ), name
+        app_url = _env(svc)["CTX_POSTGRES_URL"]
+        assert app_url.startswith("postgresql://ctx_app:") and app_url.endswith(
+            "@postgres:5432/ctx"
+        )
+        assert "CTX_POSTGRES_OWNER_URL" not in _env(svc), f"{name} must not hold the owner DSN"
+    init = "./deploy/postgres-init:/docker-entrypoint-initdb.d:ro"
+    assert init in services["postgres"]["volumes"]
+    script = (ROOT / "deploy" / "postgres-init" / "10-ctx-roles.sh").read_text(encoding="utf-8")
+    for role in ("ctx_owner", "ctx_app"):
+        assert f"CREATE ROLE {role} LOGIN NOSUPERUSER NOBYPASSRLS" in script
+    assert "CREATE DATABASE ctx OWNER ctx_owner" in script

@@ -418,3 +418,25 @@ def test_ctx_db_commands(fresh: Pg, owner: str) -> None:
         cli, ["db", "upgrade", "--dsn", "postgresql://u:hunter2secret@127.0.0.1:1/x"], env=env
     )
     assert res.exit_code == 3 and "hunter2secret" not in res.output and "***" in res.output
+
+
+def test_the_airflow_deployment_migrates_the_platform_schema(
+    fresh: Pg, owner: str, tmp_path: Path
+) -> None:
+    from context_app.airflow_deploy import AirflowDeployError, AirflowDeployment
+
+    home = tmp_path / "airflow"
+    home.mkdir()
+    base = {"CTX_POSTGRES_URL": fresh.app_url, "CTX_POSTGRES_SCHEMA": fresh.schema}
+    dep = AirflowDeployment(home=home, db_name="unused", extra_env=base)
+    with pytest.raises(AirflowDeployError, match=r"`ctx db check` failed \(exit 1\)"):
+        dep.migrate_platform_schema()  # no owner URL: checked, and behind
+    assert "behind: run `ctx db upgrade`" in (home / "db-upgrade.log").read_text()
+    dep.extra_env["CTX_POSTGRES_OWNER_URL"] = url_as(owner)
+    assert dep.migrate_platform_schema() == "ctx db upgrade"
+    assert status(fresh.target()).current == head_revision()
+    assert _privileges(fresh) == SERVING_PRIVILEGES
+    del dep.extra_env["CTX_POSTGRES_OWNER_URL"]
+    assert dep.migrate_platform_schema() == "ctx db check"
+    bare = AirflowDeployment(home=home, db_name="unused", extra_env={"CTX_POSTGRES_URL": ""})
+    assert bare.migrate_platform_schema() is None  # profiles in Redis: nothing to migrate

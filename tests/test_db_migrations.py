@@ -397,8 +397,13 @@ def test_ctx_db_commands(fresh: Pg, owner: str) -> None:
     res = runner.invoke(cli, ["db", "upgrade"], env=env)
     assert res.exit_code == 0, res.output
     assert f"upgraded schema {fresh.schema} from (none) to 0002 as role {owner}" in res.output
-    assert f"serving role {fresh.role}: USAGE on schema" in res.output
+    assert f"serving role {fresh.role} holds (read back from the catalog):" in res.output
+    assert "  schema: USAGE\n" in res.output  # and not CREATE
+    assert "  compliance_profiles: SELECT, INSERT, UPDATE, DELETE\n" in res.output
+    assert "  alembic_version: SELECT\n" in res.output
     assert _privileges(fresh) == SERVING_PRIVILEGES
+    res = runner.invoke(cli, ["db", "upgrade"], env=env)  # again: nothing to run
+    assert res.exit_code == 0 and f"schema {fresh.schema} already at 0002" in res.output
     res = runner.invoke(cli, ["db", "current"], env=env)
     assert res.exit_code == 0
     assert f"schema {fresh.schema}: revision 0002, head 0002 (up to date)" in res.output
@@ -410,6 +415,26 @@ def test_ctx_db_commands(fresh: Pg, owner: str) -> None:
     assert res.exit_code == 0 and "revision 0001, head 0002" in res.output
     res = runner.invoke(cli, ["db", "history"])
     assert res.exit_code == 0 and res.output.splitlines()[0].startswith("0001  Compliance")
+    # a second serving role, named on the command line, is granted by the next upgrade
+    admin = connect(PG_ADMIN_URL)
+    try:
+        with admin.cursor() as cur:
+            other = create_role(cur, "ctx_app2")
+        res = runner.invoke(
+            cli,
+            ["db", "upgrade", "--dsn", url_as(owner), "--schema", fresh.schema,
+             "--app-role", other],
+            env={},
+        )  # fmt: skip
+        assert res.exit_code == 0, res.output
+        assert f"serving role {other} holds" in res.output and "  schema: USAGE\n" in res.output
+        assert _privileges(Pg(PG_ADMIN_URL, url_as(other), fresh.schema, other)) == (
+            SERVING_PRIVILEGES
+        )
+    finally:
+        with admin.cursor() as cur:
+            drop_roles(cur, other)
+        admin.close()
     # no owner DSN: the error names the variable
     res = runner.invoke(cli, ["db", "upgrade"], env={"CTX_POSTGRES_SCHEMA": fresh.schema})
     assert res.exit_code == 2 and "CTX_POSTGRES_OWNER_URL" in res.output

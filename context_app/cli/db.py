@@ -51,17 +51,20 @@ AppRole = Annotated[
 def _target(
     dsn: str | None, schema: str | None, app_role: str | None, *, for_reading: bool
 ) -> MigrationTarget:
-    import logging
-
     from context_core.config import get_settings
     from context_core.postgres import MigrationTarget
-
-    # Alembic announces each plugin it loads at INFO; its "Running upgrade ..." lines stay
-    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
 
     return MigrationTarget.from_settings(
         get_settings(), dsn=dsn, schema=schema, app_role=app_role, for_reading=for_reading
     )
+
+
+@app.callback()
+def _quiet_alembic() -> None:
+    """Alembic announces each plugin it loads at INFO; its "Running upgrade ..." lines stay."""
+    import logging
+
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
 
 
 def _fail(e: Exception) -> typer.Exit:
@@ -82,7 +85,7 @@ def upgrade(
 ) -> None:
     """Migrate the schema up as the owner role and grant the serving role (idempotent)."""
     from context_core.errors import ContextError
-    from context_core.postgres import hide_password, status, upgrade
+    from context_core.postgres import hide_password, serving_privileges, status, upgrade
 
     try:
         target = _target(dsn, schema, app_role, for_reading=False)
@@ -90,16 +93,24 @@ def upgrade(
         after = upgrade(target, revision)
     except ContextError as e:
         raise _fail(e) from e
-    typer.echo(
-        f"upgraded schema {after.schema} from {before.current or '(none)'} to {after.current} "
-        f"as role {after.role} on {hide_password(target.dsn).rsplit('@', 1)[-1]}"
-    )
-    typer.echo(
-        f"serving role {target.app_role}: USAGE on schema, SELECT/INSERT/UPDATE/DELETE on "
-        "tables, USAGE on sequences, no CREATE"
-        if target.app_role
-        else "no serving role to grant (set CTX_POSTGRES_APP_ROLE or CTX_POSTGRES_URL)"
-    )
+    where = f"as role {after.role} on {hide_password(target.dsn).rsplit('@', 1)[-1]}"
+    if before.current == after.current:
+        typer.echo(f"schema {after.schema} already at {after.current}, nothing to run ({where})")
+    else:
+        typer.echo(
+            f"upgraded schema {after.schema} from {before.current or '(none)'} to "
+            f"{after.current} {where}"
+        )
+    if target.app_role is None:
+        typer.echo("no serving role to grant (set CTX_POSTGRES_APP_ROLE or CTX_POSTGRES_URL)")
+    else:
+        try:
+            held = serving_privileges(target)
+        except ContextError as e:
+            raise _fail(e) from e
+        typer.echo(f"serving role {target.app_role} holds (read back from the catalog):")
+        for what, privileges in held.items():
+            typer.echo(f"  {what}: {', '.join(privileges) or '-'}")
     typer.echo(after.describe())
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -41,10 +41,13 @@ __all__ = [
     "SchemaStatus",
     "check_revision",
     "downgrade",
+    "grant_serving_role",
+    "grant_sql",
     "head_revision",
     "hide_password",
     "revision_log",
     "revisions",
+    "serving_privileges",
     "status",
     "upgrade",
 ]
@@ -236,8 +239,71 @@ def _guard(target: MigrationTarget, what: str) -> Iterator[None]:
         ) from e
 
 
+def grant_sql(schema: str, role: str, tables: Sequence[str]) -> str:
+    """What the serving role gets: USAGE on the schema (never CREATE), DML on ``tables``,
+    USAGE on the schema's sequences, SELECT on ``alembic_version``. Idempotent."""
+    _name(schema, "CTX_POSTGRES_SCHEMA")
+    _name(role, "CTX_POSTGRES_APP_ROLE")
+    lines = [
+        f"REVOKE CREATE ON SCHEMA {schema} FROM {role};",
+        f"GRANT USAGE ON SCHEMA {schema} TO {role};",
+        f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {role};",
+        f"GRANT SELECT ON {schema}.alembic_version TO {role};",
+    ]
+    if tables:
+        names = ", ".join(f"{schema}.{_name(t, 'table')}" for t in tables)
+        lines.append(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {names} TO {role};")
+    return "\n".join(lines)
+
+
+def _tables(cur: Any, schema: str) -> list[str]:
+    cur.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND c.relname <> 'alembic_version' "
+        "ORDER BY 1",
+        (schema,),
+    )
+    return [str(r[0]) for r in cur.fetchall()]
+
+
+def grant_serving_role(target: MigrationTarget) -> dict[str, list[str]]:
+    """Grant (again) the serving role what it needs on every table of the schema, as the
+    owner, and return what it then holds (:func:`serving_privileges`). :func:`upgrade` calls
+    it, so a renamed serving role is granted by the next ``ctx db upgrade``."""
+    if target.app_role is None:
+        raise ConfigError("no serving role: set CTX_POSTGRES_APP_ROLE or CTX_POSTGRES_URL")
+    with _connect(target) as conn, conn.cursor() as cur:
+        cur.execute(grant_sql(target.schema, target.app_role, _tables(cur, target.schema)))
+    return serving_privileges(target)
+
+
+def serving_privileges(target: MigrationTarget) -> dict[str, list[str]]:
+    """What the serving role may do: ``{"schema": [...], "<table>": [...]}`` (privilege
+    names as PostgreSQL checks them), read from the catalog."""
+    role = target.app_role
+    if role is None:
+        return {}
+    out: dict[str, list[str]] = {}
+    with _connect(target) as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT p FROM unnest(ARRAY['USAGE', 'CREATE']) p "
+            "WHERE has_schema_privilege(%s, %s, p)",
+            (role, target.schema),
+        )
+        out["schema"] = [str(r[0]) for r in cur.fetchall()]
+        for table in [*_tables(cur, target.schema), "alembic_version"]:
+            cur.execute(
+                "SELECT p FROM unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE', "
+                "'TRUNCATE', 'REFERENCES', 'TRIGGER']) p WHERE has_table_privilege(%s, %s, p)",
+                (role, f"{target.schema}.{table}"),
+            )
+            out[table] = [str(r[0]) for r in cur.fetchall()]
+    return out
+
+
 def upgrade(target: MigrationTarget, revision: str = "head") -> SchemaStatus:
-    """Migrate ``target.schema`` up to ``revision`` as the owner role; its new status."""
+    """Migrate ``target.schema`` up to ``revision`` as the owner role, then grant the serving
+    role (:func:`grant_serving_role`); the schema's new status."""
     from alembic import command
 
     owner = role_of(target.dsn)
@@ -249,6 +315,18 @@ def upgrade(target: MigrationTarget, revision: str = "head") -> SchemaStatus:
         )
     with _guard(target, "upgrade"):
         command.upgrade(_config(target), revision)
+    if target.app_role is not None:
+        with _guard(target, "grant"):
+            import psycopg2
+
+            try:
+                grant_serving_role(target)
+            except psycopg2.ProgrammingError as e:
+                raise ConfigError(
+                    f"granting the serving role {target.app_role!r} on schema {target.schema} "
+                    f"failed: {str(e).strip().splitlines()[0]}; create the role first "
+                    f"(CREATE ROLE {target.app_role} LOGIN) or fix CTX_POSTGRES_APP_ROLE"
+                ) from e
     return status(target)
 
 
@@ -262,8 +340,9 @@ def downgrade(target: MigrationTarget, revision: str) -> SchemaStatus:
     return status(target)
 
 
-def status(target: MigrationTarget) -> SchemaStatus:
-    """The schema's revision, read over the target's DSN."""
+@contextmanager
+def _connect(target: MigrationTarget) -> Iterator[Any]:
+    """A psycopg2 connection over the target's DSN, one transaction, closed after."""
     import psycopg2
 
     try:
@@ -274,12 +353,18 @@ def status(target: MigrationTarget) -> SchemaStatus:
             f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
         ) from e
     try:
-        with conn, conn.cursor() as cur:
-            current = read_revision(cur, target.schema)
-            cur.execute("SELECT current_user")
-            role = str(cur.fetchone()[0])
+        with conn:
+            yield conn
     finally:
         conn.close()
+
+
+def status(target: MigrationTarget) -> SchemaStatus:
+    """The schema's revision, read over the target's DSN."""
+    with _connect(target) as conn, conn.cursor() as cur:
+        current = read_revision(cur, target.schema)
+        cur.execute("SELECT current_user")
+        role = str(cur.fetchone()[0])
     return SchemaStatus(target.schema, current, head_revision(), role)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from alembic import op
 
-from context_core.postgres.schema import target_of
+from context_core.postgres.schema import grant_sql, target_of
 
 revision = "0001"
 down_revision = None
@@ -92,15 +92,6 @@ REVOKE ALL ON SCHEMA {s} FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA {s} FROM PUBLIC;
 """
 
-# what serving needs, and no CREATE (an adopted schema's serving role had it as its owner)
-_GRANTS = """
-REVOKE CREATE ON SCHEMA {s} FROM {r};
-GRANT USAGE ON SCHEMA {s} TO {r};
-GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.compliance_profiles, {s}.compliance_audit TO {r};
-GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} TO {r};
-GRANT SELECT ON {s}.alembic_version TO {r};
-"""
-
 
 def upgrade() -> None:
     target = target_of(op.get_context().config)
@@ -108,8 +99,8 @@ def upgrade() -> None:
     op.execute(_TABLES.format(s=s))
     op.execute(_ADOPT.format(s=s))
     op.execute(_RLS.format(s=s))
-    if target.app_role is not None:
-        op.execute(_GRANTS.format(s=s, r=target.app_role))
+    if target.app_role is not None:  # what serving needs, and no CREATE (an adopted
+        op.execute(grant_sql(s, target.app_role, TABLES))  # schema's serving role owned it)
 
 
 def downgrade() -> None:

@@ -1,5 +1,7 @@
-"""An index on the audit trail by organisation and time: retention and bounded history delete
-an organisation's entries older than a cut-off without reading the whole table.
+"""An index on the audit trail by organisation and time.
+
+Retention and bounded history delete an organisation's entries older than a cut-off without
+reading the whole table.
 
 Revision ID: 0002
 Revises: 0001

@@ -370,7 +370,14 @@ def test_the_service_refuses_to_start_when_behind(
             "postgres_schema": pg_migrated.schema,
         }
     )
-    app = create_app(s)
+    res = CliRunner().invoke(
+        cli,
+        ["serve", "--port", "1"],  # refused before uvicorn binds anything
+        env={"CTX_POSTGRES_URL": pg_migrated.app_url, "CTX_POSTGRES_SCHEMA": pg_migrated.schema},
+    )
+    assert res.exit_code == 2
+    assert "ctx serve: PostgreSQL schema" in res.output and "run `ctx db upgrade`" in res.output
+    app = create_app(s)  # `uvicorn --factory` skips the command: the lifespan refuses too
     with pytest.raises(SchemaBehindError) as info, TestClient(app):
         pass  # pragma: no cover - the lifespan raises before this
     msg = str(info.value)

@@ -44,7 +44,9 @@ def _configure(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     # Third-party chatter drowns the progress bars at INFO.
-    for noisy in ("httpx", "sentence_transformers", "great_expectations", "urllib3"):
+    # (Alembic announces each plugin it loads; its "Running upgrade ..." lines stay)
+    noisy_loggers = ("httpx", "sentence_transformers", "great_expectations", "urllib3")
+    for noisy in (*noisy_loggers, "alembic.runtime.plugins"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     install_log_redaction(Gateway.from_settings(settings))
 

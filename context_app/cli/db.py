@@ -59,14 +59,6 @@ def _target(
     )
 
 
-@app.callback()
-def _quiet_alembic() -> None:
-    """Alembic announces each plugin it loads at INFO; its "Running upgrade ..." lines stay."""
-    import logging
-
-    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
-
-
 def _fail(e: Exception) -> typer.Exit:
     from context_core.errors import BackendUnavailableError
 

@@ -146,6 +146,15 @@ def serve(
     from context_core.redis.connection import RedisProvider
 
     settings = get_settings()
+    if settings.postgres_url:  # refuse before any worker starts: the schema must be at head
+        from context_core.errors import ContextError
+        from context_core.postgres import require_head
+
+        try:
+            require_head(settings.postgres_url, settings.postgres_schema)
+        except ContextError as e:
+            typer.secho(f"ctx serve: {e}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2) from e
     host = host or settings.service_host
     port = port or settings.service_port
     app_ref = f"{__name__}:serve_app"

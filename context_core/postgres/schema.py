@@ -45,6 +45,7 @@ __all__ = [
     "grant_sql",
     "head_revision",
     "hide_password",
+    "require_head",
     "revision_log",
     "revisions",
     "serving_privileges",
@@ -377,6 +378,13 @@ def read_revision(cur: Any, schema: str) -> str | None:
     cur.execute(f"SELECT version_num FROM {schema}.alembic_version")
     rows = cur.fetchall()
     return str(rows[0][0]) if rows else None
+
+
+def require_head(dsn: str, schema: str) -> str:
+    """Connect over ``dsn`` (the serving role) and :func:`check_revision`: what ``ctx serve``
+    runs before it starts any worker."""
+    with _connect(MigrationTarget(dsn, schema)) as conn, conn.cursor() as cur:
+        return check_revision(cur, schema)
 
 
 def check_revision(cur: Any, schema: str) -> str:

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
+    from context_core.config import Settings
+
 __all__ = [
     "LOCK_TIMEOUT_S",
     "MigrationTarget",
@@ -76,7 +78,9 @@ def hide_password(dsn: str) -> str:
     return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
 
 
-def _sqlalchemy_url(dsn: str) -> str:
+def sqlalchemy_url(dsn: str) -> str:
+    """``dsn`` (``postgres://``/``postgresql://``) as SQLAlchemy's psycopg2 URL; a DSN of
+    another form is a :class:`ConfigError` naming the expected shape."""
     if not re.match(r"^postgres(ql)?(\+psycopg2)?://", dsn):
         raise ConfigError(
             f"PostgreSQL DSN {hide_password(dsn)!r}: give a URL "
@@ -89,7 +93,7 @@ def role_of(dsn: str) -> str | None:
     """The role a URL DSN connects as (None when it names none: libpq's default)."""
     from sqlalchemy.engine import make_url
 
-    return make_url(_sqlalchemy_url(dsn)).username or None
+    return make_url(sqlalchemy_url(dsn)).username or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +109,7 @@ class MigrationTarget:
     app_role: str | None = None
 
     def __post_init__(self) -> None:
-        _sqlalchemy_url(self.dsn)
+        sqlalchemy_url(self.dsn)
         _name(self.schema, "CTX_POSTGRES_SCHEMA")
         if self.app_role is not None:
             _name(self.app_role, "CTX_POSTGRES_APP_ROLE")
@@ -113,7 +117,7 @@ class MigrationTarget:
     @classmethod
     def from_settings(
         cls,
-        settings: Any,
+        settings: Settings,
         *,
         dsn: str | None = None,
         schema: str | None = None,

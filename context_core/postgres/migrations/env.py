@@ -12,7 +12,7 @@ from sqlalchemy import create_engine, pool, text
 from context_core.postgres.schema import (
     CONNECT_TIMEOUT_S,
     LOCK_TIMEOUT_S,
-    _sqlalchemy_url,
+    sqlalchemy_url,
     target_of,
 )
 
@@ -23,7 +23,7 @@ def run() -> None:
     target = target_of(context.config)
     schema = target.schema
     engine = create_engine(
-        _sqlalchemy_url(target.dsn),
+        sqlalchemy_url(target.dsn),
         poolclass=pool.NullPool,
         connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
     )

@@ -472,3 +472,32 @@ def test_the_airflow_deployment_migrates_the_platform_schema(
     assert dep.migrate_platform_schema() == "ctx db check"
     bare = AirflowDeployment(home=home, db_name="unused", extra_env={"CTX_POSTGRES_URL": ""})
     assert bare.migrate_platform_schema() is None  # profiles in Redis: nothing to migrate
+
+
+def test_concurrent_upgrades_run_one_after_the_other(fresh: Pg) -> None:
+    """Three deployments starting at once on an empty schema (three processes, as in a
+    rollout): the advisory lock serialises them, the later ones find nothing to do, all end at
+    head with one version row; threads of one process take turns too."""
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    cmd = [sys.executable, "-m", "context_app.cli", "db", "upgrade", "--dsn", fresh.admin_url,
+           "--schema", fresh.schema, "--app-role", fresh.role]  # fmt: skip
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(3)
+    ]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    assert sum(f"from (none) to {head_revision()}" in o for o in outs) == 1, outs
+    assert sum("already at" in o for o in outs) == 2, outs
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda _: upgrade(fresh.target()), range(2)))
+    assert [r.current for r in results] == [head_revision()] * 2
+    conn = fresh.admin()
+    try:
+        assert _one(conn, f"SELECT count(*) FROM {fresh.schema}.alembic_version") == 1
+    finally:
+        conn.close()
+    assert len(_catalog(fresh)["policies"]) == 2

@@ -77,20 +77,19 @@ def upgrade(
 ) -> None:
     """Migrate the schema up as the owner role and grant the serving role (idempotent)."""
     from context_core.errors import ContextError
-    from context_core.postgres import hide_password, serving_privileges, status, upgrade
+    from context_core.postgres import hide_password, serving_privileges, upgrade
 
     try:
         target = _target(dsn, schema, app_role, for_reading=False)
-        before = status(target)
         after = upgrade(target, revision)
     except ContextError as e:
         raise _fail(e) from e
     where = f"as role {after.role} on {hide_password(target.dsn).rsplit('@', 1)[-1]}"
-    if before.current == after.current:
+    if not after.changed:
         typer.echo(f"schema {after.schema} already at {after.current}, nothing to run ({where})")
     else:
         typer.echo(
-            f"upgraded schema {after.schema} from {before.current or '(none)'} to "
+            f"upgraded schema {after.schema} from {after.previous or '(none)'} to "
             f"{after.current} {where}"
         )
     if target.app_role is None:

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from context_core import defaults
@@ -43,7 +44,6 @@ __all__ = [
     "SchemaStatus",
     "check_revision",
     "downgrade",
-    "grant_serving_role",
     "grant_sql",
     "head_revision",
     "hide_password",
@@ -63,6 +63,10 @@ SCRIPT_LOCATION = "context_core.postgres:migrations"
 UPGRADE_COMMAND = "ctx db upgrade"
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _TARGET_KEY = "ctx_target"
+_FROM_KEY = "ctx_from"  # env.py records the revision it found, under the advisory lock
+# Alembic's `context` proxy is one module global: one migration per process at a time (other
+# processes wait on the database's advisory lock instead)
+_RUNNING = threading.Lock()
 
 
 def _name(value: str, what: str) -> str:
@@ -152,6 +156,14 @@ class SchemaStatus:
     current: str | None  # None: never migrated
     head: str
     role: str  # the role that looked
+    #: after :func:`upgrade`/:func:`downgrade`: the revision found when the migration began
+    #: (under the lock), else ``current``
+    previous: str | None = None
+
+    @property
+    def changed(self) -> bool:
+        """True when the migration this status reports moved the revision."""
+        return self.previous != self.current
 
     @property
     def up_to_date(self) -> bool:
@@ -261,25 +273,16 @@ def grant_sql(schema: str, role: str, tables: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+TABLES_SQL = (
+    "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE n.nspname = %(s)s AND c.relkind IN ('r', 'p') AND c.relname <> 'alembic_version' "
+    "ORDER BY 1"
+)
+
+
 def _tables(cur: Any, schema: str) -> list[str]:
-    cur.execute(
-        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND c.relname <> 'alembic_version' "
-        "ORDER BY 1",
-        (schema,),
-    )
+    cur.execute(TABLES_SQL, {"s": schema})
     return [str(r[0]) for r in cur.fetchall()]
-
-
-def grant_serving_role(target: MigrationTarget) -> dict[str, list[str]]:
-    """Grant (again) the serving role what it needs on every table of the schema, as the
-    owner, and return what it then holds (:func:`serving_privileges`). :func:`upgrade` calls
-    it, so a renamed serving role is granted by the next ``ctx db upgrade``."""
-    if target.app_role is None:
-        raise ConfigError("no serving role: set CTX_POSTGRES_APP_ROLE or CTX_POSTGRES_URL")
-    with _connect(target) as conn, conn.cursor() as cur:
-        cur.execute(grant_sql(target.schema, target.app_role, _tables(cur, target.schema)))
-    return serving_privileges(target)
 
 
 def serving_privileges(target: MigrationTarget) -> dict[str, list[str]]:
@@ -307,8 +310,10 @@ def serving_privileges(target: MigrationTarget) -> dict[str, list[str]]:
 
 
 def upgrade(target: MigrationTarget, revision: str = "head") -> SchemaStatus:
-    """Migrate ``target.schema`` up to ``revision`` as the owner role, then grant the serving
-    role (:func:`grant_serving_role`); the schema's new status."""
+    """Migrate ``target.schema`` up to ``revision`` as the owner role and (re)grant the serving
+    role on every table of the schema, in the same transaction and under the same advisory
+    lock (``env.py``: a renamed serving role is granted by the next upgrade); the schema's new
+    status."""
     from alembic import command
 
     owner = role_of(target.dsn)
@@ -318,21 +323,10 @@ def upgrade(target: MigrationTarget, revision: str = "head") -> SchemaStatus:
             "the user of CTX_POSTGRES_URL): it would keep CREATE on the schema. Run the "
             "migrations as a separate owner role (CTX_POSTGRES_OWNER_URL)"
         )
-    with _guard(target, "upgrade"):
-        command.upgrade(_config(target), revision)
-    if target.app_role is not None:
-        with _guard(target, "grant"):
-            import psycopg2
-
-            try:
-                grant_serving_role(target)
-            except psycopg2.ProgrammingError as e:
-                raise ConfigError(
-                    f"granting the serving role {target.app_role!r} on schema {target.schema} "
-                    f"failed: {str(e).strip().splitlines()[0]}; create the role first "
-                    f"(CREATE ROLE {target.app_role} LOGIN) or fix CTX_POSTGRES_APP_ROLE"
-                ) from e
-    return status(target)
+    cfg = _config(target)
+    with _RUNNING, _guard(target, "upgrade"):
+        command.upgrade(cfg, revision)
+    return _after(target, cfg)
 
 
 def downgrade(target: MigrationTarget, revision: str) -> SchemaStatus:
@@ -340,9 +334,22 @@ def downgrade(target: MigrationTarget, revision: str) -> SchemaStatus:
     **and their data**)."""
     from alembic import command
 
-    with _guard(target, "downgrade"):
-        command.downgrade(_config(target), revision)
-    return status(target)
+    cfg = _config(target)
+    with _RUNNING, _guard(target, "downgrade"):
+        command.downgrade(cfg, revision)
+    return _after(target, cfg)
+
+
+def _after(target: MigrationTarget, cfg: Config) -> SchemaStatus:
+    now = status(target)
+    return replace(now, previous=cfg.attributes.get(_FROM_KEY, now.current))
+
+
+def record_start(config: Config | None, revision: str | None) -> None:
+    """``env.py``: the revision found once the advisory lock is held (what this run started
+    from, whatever other deployments did before)."""
+    if config is not None:
+        config.attributes[_FROM_KEY] = revision
 
 
 @contextmanager
@@ -370,7 +377,7 @@ def status(target: MigrationTarget) -> SchemaStatus:
         current = read_revision(cur, target.schema)
         cur.execute("SELECT current_user")
         role = str(cur.fetchone()[0])
-    return SchemaStatus(target.schema, current, head_revision(), role)
+    return SchemaStatus(target.schema, current, head_revision(), role, current)
 
 
 def read_revision(cur: Any, schema: str) -> str | None:

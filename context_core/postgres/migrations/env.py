@@ -12,6 +12,9 @@ from sqlalchemy import create_engine, pool, text
 from context_core.postgres.schema import (
     CONNECT_TIMEOUT_S,
     LOCK_TIMEOUT_S,
+    TABLES_SQL,
+    grant_sql,
+    record_start,
     sqlalchemy_url,
     target_of,
 )
@@ -44,8 +47,13 @@ def run() -> None:
                 version_table_schema=schema,
                 transaction_per_migration=False,
             )
+            record_start(context.config, context.get_context().get_current_revision())
             with context.begin_transaction():
                 context.run_migrations()
+                if target.app_role is not None:  # (again): what serving needs, no CREATE
+                    sql = TABLES_SQL.replace("%(s)s", ":s")
+                    tables = [r[0] for r in conn.execute(text(sql), {"s": schema})]
+                    conn.exec_driver_sql(grant_sql(schema, target.app_role, tables))
             conn.commit()
         finally:
             conn.rollback()

@@ -515,6 +515,17 @@ class ComplianceStore(Protocol):
 
     def effective(self, org_id: str, user_id: str) -> EffectiveProfile: ...
 
+    def user_key_ids(self, org_id: str) -> set[str]:
+        """The key ids (:func:`~context_core.working_memory.keys.user_key_id`) of every user
+        of ``org_id`` with a profile or audit entries (erasure and its replay find by them)."""
+        ...
+
+    def erase_user_key(self, org_id: str, key_id: str) -> int:
+        """Delete the profile and the audit entries stored under ``key_id`` (an erasure
+        request); returns how many records went. The fact of the erasure is kept by the
+        caller, in the audit log, under a keyed hash."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -712,6 +723,22 @@ class RedisComplianceStore(_StoreBase):
         org = self._record(org_id, None, org_h)
         user = self._record(org_id, user_id, user_h)
         return EffectiveProfile(org_id, org.version, user.version, merge(org.profile, user.profile))
+
+    def user_key_ids(self, org_id: str) -> set[str]:
+        base = f"cmp:{{org:{check_org(org_id)}}}:"
+        out: set[str] = set()
+        with self._guard(f"SCAN {base}*"):
+            for pattern in (base + "user:*", base + "audit:user:*"):
+                for k in self._r.scan_iter(match=pattern, count=1000):
+                    out.add(str(k).rsplit(":", 1)[1])
+        return out
+
+    def erase_user_key(self, org_id: str, key_id: str) -> int:
+        key, audit = self.user_keys(org_id, key_id)
+        with self._guard(f"erase {key}"):
+            found = ok(execute(self._r, [cmd("EXISTS", key), cmd("LLEN", audit)]))
+            self._r.delete(key, audit)  # same hash tag: one slot
+        return int(found[0]) + int(found[1])
 
     def close(self) -> None:
         """The Redis client belongs to the platform."""
@@ -958,6 +985,27 @@ class PostgresComplianceStore(_StoreBase):
             org = self._select(cur, org_id, None, lock=False)
             user = self._select(cur, org_id, user_id, lock=False)
         return EffectiveProfile(org_id, org.version, user.version, merge(org.profile, user.profile))
+
+    def user_key_ids(self, org_id: str) -> set[str]:
+        with self._tx(org_id) as cur:
+            cur.execute(
+                f"SELECT user_id FROM {self.schema}.compliance_profiles WHERE org_id = %s "
+                f"UNION SELECT user_id FROM {self.schema}.compliance_audit WHERE org_id = %s",
+                (org_id, org_id),
+            )
+            return {str(u) for (u,) in cur.fetchall() if u}
+
+    def erase_user_key(self, org_id: str, key_id: str) -> int:
+        uid = key_id
+        with self._tx(org_id) as cur:
+            n = 0
+            for table in ("compliance_profiles", "compliance_audit"):
+                cur.execute(
+                    f"DELETE FROM {self.schema}.{table} WHERE org_id = %s AND user_id = %s",
+                    (org_id, uid),
+                )
+                n += max(cur.rowcount, 0)
+        return n
 
     def close(self) -> None:
         with self._lock:

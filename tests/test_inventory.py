@@ -62,9 +62,13 @@ def _docstrings(tree: ast.AST) -> set[int]:
     ids = set()
     for n in ast.walk(tree):
         body = getattr(n, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
-            if isinstance(body[0].value, ast.Constant):
-                ids.add(id(body[0].value))
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+        ):
+            ids.add(id(body[0].value))
     return ids
 
 
@@ -153,9 +157,12 @@ def payload_fields(root: Path) -> set[str]:
                 target, value = n.target, n.value
             elif isinstance(n, ast.Assign) and len(n.targets) == 1:
                 target, value = n.targets[0], n.value
-            if isinstance(target, ast.Name) and target.id == "payload":
-                if isinstance(value, ast.Dict):
-                    out |= {k.value for k in value.keys if isinstance(k, ast.Constant)}
+            if (
+                isinstance(target, ast.Name)
+                and target.id == "payload"
+                and isinstance(value, ast.Dict)
+            ):
+                out |= {k.value for k in value.keys if isinstance(k, ast.Constant)}
             if (
                 isinstance(target, ast.Subscript)
                 and isinstance(target.value, ast.Name)

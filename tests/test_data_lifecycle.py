@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 import string
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from context_core.access.subjects import subject_id, subject_key
 from context_core.config import Settings, get_settings
 from context_core.governance.erasure import ErasureTarget, replay_ledger
 from context_core.governance.inventory import INVENTORY
+from context_core.governance.retention import enforce_retention
 from context_core.ingest.hot import merge_hot
 
 ORGS = ("alpha", "bravo")
@@ -342,6 +344,53 @@ def test_replay_reapplies_an_erasure_to_restored_data(world: World) -> None:
     assert _where(w, _scan(w), "bravo", "u-one")["redis"]  # the other org's user untouched
 
 
+def test_retention_removes_exactly_the_expired_org(world: World) -> None:
+    """alpha keeps data 1 day, bravo 365: two days later (an injected clock, no sleep) alpha's
+    traces, L3 points and preferences are gone, its TTL'd L2 keys are left to expire, and
+    bravo's data is intact. Runs after the erasure tests: checks alpha's u-two only."""
+    w = world
+    svc = w.app.state.services
+    for o, days in (("alpha", 1), ("bravo", 365)):
+        with w.client(o) as c:
+            path = f"/v1/compliance/orgs/{w.orgs[o]}"
+            v = c.get(path).json()["version"]
+            body = {"expected_version": v, "profile": {"data_retention_policy": days}}
+            assert c.put(path, json=body).status_code == 200
+    later = time.time() + 2 * 86_400
+    target = ErasureTarget.from_settings(
+        w.settings,
+        redis=svc.redis,
+        compliance=svc.compliance,
+        store=svc.store,
+        agent_orgs={a.agent_id: a.org for a in svc.keys.agents},
+        clock=lambda: later,
+    )
+    before = _scan(w)
+    dry = enforce_retention(target, dry_run=True)
+    assert dry.counts["trace_lines"] >= 1 and dry.counts["l3_points"] == 1
+    assert dry.counts["l2_preferences"] == 1
+    assert set(dry.cutoffs) == {w.orgs["alpha"], w.orgs["bravo"]}
+    during = _scan(w)  # a dry run deletes nothing (it appends its receipt to the audit log)
+    assert {k: during[k] for k in ("redis", "qdrant", "postgres")} == {
+        k: before[k] for k in ("redis", "qdrant", "postgres")
+    }
+    assert _where(w, during, "alpha", "u-two") == _where(w, before, "alpha", "u-two")
+
+    real = enforce_retention(target)
+    assert real.counts == dry.counts
+    after = _scan(w)
+    held = _where(w, after, "alpha", "u-two")
+    assert "pref" not in held["redis"] and not held["qdrant"] and not held["files"], held
+    assert {"query", "result"} <= set(held["redis"])  # L2 session keys: their own TTL
+    for u in USERS:
+        assert _where(w, after, "bravo", u) == _where(w, before, "bravo", u)
+    assert set(enforce_retention(target).counts.values()) == {0}  # idempotent
+    audit = (w.settings.data_dir / "audit" / "audit.jsonl").read_text().splitlines()
+    runs = [json.loads(x) for x in audit if '"kind":"retention"' in x]
+    assert [r["dry_run"] for r in runs] == [True, False, False]
+    assert runs[1]["counts"] == real.counts and "u-two" not in "".join(audit)
+
+
 def test_ctx_erase_and_replay(
     tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -391,6 +440,18 @@ def test_ctx_erase_and_replay(
         assert all("u-cli" not in k for k in held())
         r = runner.invoke(app, ["erase", "--org", org])
         assert r.exit_code == 2 and "--user" in r.output
+        keys = tmp_path / "keys.json"
+        keys.write_text(json.dumps({"cli-agent": {"key_sha256": "0" * 64, "org": org}}))
+        monkeypatch.setenv("CTX_API_KEYS_FILE", str(keys))
+        with build_platform(get_settings(), with_knowledge=False) as p:
+            p.compliance.put(org, {"data_retention_policy": 30}, expected_version=0, operator="t")
+        for args in (["retention", "enforce", "--dry-run"], ["retention", "enforce"]):
+            r = runner.invoke(app, args)
+            assert r.exit_code == 0, r.output
+            out = json.loads(r.output)
+            assert out["dry_run"] == (args[-1] == "--dry-run") and list(out["cutoffs"]) == [org]
+            assert out["counts"]["l2_preferences"] == 0  # u-keep's preference is minutes old
+        assert any("u-keep" in k for k in held())
     finally:
         cleanup_keys(redis_url, f"pref:{{{org}:*")
         cleanup_keys(redis_url, f"cmp:{{org:{org}}}:*")

@@ -199,14 +199,14 @@ def _apply(
     return counts
 
 
-def _scan(r: RedisClient, pattern: str) -> list[str]:
+def scan_keys(r: RedisClient, pattern: str) -> list[str]:
     return [str(k) for k in r.scan_iter(match=pattern, count=_SCAN_COUNT)]
 
 
 def _erase_preferences(t: ErasureTarget, org: str, subjects: set[str]) -> int:
     n = 0
     prefix = f"pref:{{{org}:"
-    for k in _scan(t.redis, prefix + "*"):
+    for k in scan_keys(t.redis, prefix + "*"):
         key_id = k[len(prefix) :].split("}", 1)[0]
         if subject_of_key_id(t.key, org, key_id) in subjects:
             n += int(t.redis.delete(k))
@@ -223,7 +223,7 @@ def _erase_compliance(t: ErasureTarget, org: str, subjects: set[str]) -> int:
 
 def _find_sessions(t: ErasureTarget, org: str, subjects: set[str]) -> list[str]:
     found: list[str] = []
-    for k in _scan(t.redis, "svc:{*}:state"):
+    for k in scan_keys(t.redis, "svc:{*}:state"):
         m = _STATE_KEY.match(k)
         if m is None:
             continue
@@ -247,7 +247,7 @@ def _erase_sessions(t: ErasureTarget, sids: Iterable[str]) -> int:
     for sid in sids:
         check_sid(sid)
         for pattern in (f"wm:{{{sid}}}:*", f"svc:{{{sid}}}:*"):
-            for k in _scan(t.redis, pattern):
+            for k in scan_keys(t.redis, pattern):
                 n += int(t.redis.delete(k))
         t.redis.zrem(ACTIVITY_KEY, sid)
     return n
@@ -257,12 +257,12 @@ def _erase_trace_lines(t: ErasureTarget, digests: set[str]) -> int:
     if not digests or not t.traces_dir.is_dir():
         return 0
     return sum(
-        _filter_file(path, lambda rec: session_digest(t.key, str(rec.get("session_id"))) in digests)
+        filter_jsonl(path, lambda rec: session_digest(t.key, str(rec.get("session_id"))) in digests)
         for path in sorted(t.traces_dir.glob("traces-*.jsonl"))
     )
 
 
-def _filter_file(path: Path, drop: Callable[[dict[str, Any]], bool]) -> int:
+def filter_jsonl(path: Path, drop: Callable[[dict[str, Any]], bool]) -> int:
     """Rewrite a JSON-lines file without the records ``drop`` selects; returns how many went.
 
     A writer may be appending to the file (today's traces): after copying, the bytes appended

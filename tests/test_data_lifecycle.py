@@ -8,6 +8,7 @@ erasure of ``u-one`` in org A must leave ``u-one`` of org B intact.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import random
 import string
@@ -451,6 +452,11 @@ def test_ctx_erase_and_replay(
             out = json.loads(r.output)
             assert out["dry_run"] == (args[-1] == "--dry-run") and list(out["cutoffs"]) == [org]
             assert out["counts"]["l2_preferences"] == 0  # u-keep's preference is minutes old
+        in_60_days = (dt.datetime.now(dt.UTC) + dt.timedelta(days=60)).isoformat()
+        r = runner.invoke(app, ["retention", "enforce", "--dry-run", "--as-of", in_60_days])
+        assert json.loads(r.output)["counts"]["l2_preferences"] == 1, r.output  # u-keep's
+        r = runner.invoke(app, ["retention", "enforce", "--as-of", in_60_days])
+        assert r.exit_code == 2 and "--dry-run" in r.output
         assert any("u-keep" in k for k in held())
     finally:
         cleanup_keys(redis_url, f"pref:{{{org}:*")

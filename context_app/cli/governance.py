@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import typer
 
@@ -18,43 +17,42 @@ def register(app: typer.Typer) -> None:
     app.add_typer(retention_app, name="retention")
 
 
-def _target(settings: Any, platform: Any) -> Any:
-    from context_core.access.auth import DEV_AGENT, KeyStore
-    from context_core.gateway.identity import DEFAULT_ORG
-    from context_core.governance.erasure import ErasureTarget
-
-    if settings.api_keys_file is not None:
-        agent_orgs = {a.agent_id: a.org for a in KeyStore.load(settings.api_keys_file).agents}
-    else:  # the service's dev key acts for the default org
-        agent_orgs = {DEV_AGENT: DEFAULT_ORG}
-    return ErasureTarget.from_settings(
-        settings,
-        redis=platform.redis,
-        compliance=platform.compliance,
-        store=platform.store,
-        agent_orgs=agent_orgs,
-    )
-
-
 def retention_enforce(
     dry_run: bool = typer.Option(False, "--dry-run", help="Count what would go; delete nothing."),
+    as_of: str = typer.Option(
+        None,
+        "--as-of",
+        help="With --dry-run only: count what would go at this ISO-8601 time (e.g. "
+        "2026-12-31T00:00:00+00:00) instead of now.",
+    ),
 ) -> None:
     """Delete route-trace lines, L3 points and preferences older than their organisation's
     data_retention_policy (orgs of CTX_API_KEYS_FILE); print the receipt (JSON: cut-offs and
     counts per store, no values), also appended to the audit log. Idempotent."""
+    from context_app.governance import run_retention
     from context_core.config import get_settings
     from context_core.errors import ContextError
-    from context_core.governance.retention import enforce_retention
-    from context_core.platform import build_platform
 
+    at = None
+    if as_of is not None:
+        import datetime as dt
+
+        if not dry_run:
+            typer.secho("--as-of needs --dry-run: deletes use the real clock", fg="red", err=True)
+            raise typer.Exit(2)
+        try:
+            when = dt.datetime.fromisoformat(as_of)
+        except ValueError as e:
+            typer.secho(f"--as-of {as_of!r}: not an ISO-8601 time ({e})", fg="red", err=True)
+            raise typer.Exit(2) from e
+        at = (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
     settings = get_settings()
     try:
-        with build_platform(settings, with_knowledge=False) as platform:
-            receipt = enforce_retention(_target(settings, platform), dry_run=dry_run)
+        receipt = run_retention(settings, dry_run=dry_run, at=at)
     except ContextError as e:
         typer.secho(str(e), fg="red", err=True)
         raise typer.Exit(2) from e
-    typer.echo(json.dumps(receipt.to_dict(), indent=2))
+    typer.echo(json.dumps(receipt, indent=2))
 
 
 def erase(
@@ -71,6 +69,7 @@ def erase(
     counts per store and the user's keyed hash, never values). The erasure is recorded in the
     ledger (<CTX_DATA_DIR>/erasure/ledger.jsonl) first and its receipt appended to the audit
     log. Sessions are attributed to the org through CTX_API_KEYS_FILE (the owner agent's org)."""
+    from context_app.governance import erasure_target
     from context_core.config import get_settings
     from context_core.errors import ContextError
     from context_core.governance.erasure import erase_user, replay_ledger
@@ -82,7 +81,7 @@ def erase(
     settings = get_settings()
     try:
         with build_platform(settings, with_knowledge=False) as platform:
-            target = _target(settings, platform)
+            target = erasure_target(settings, platform)
             receipt = replay_ledger(target) if replay else erase_user(target, org, user)
     except ContextError as e:
         typer.secho(str(e), fg="red", err=True)

@@ -133,7 +133,7 @@ INVENTORY: tuple[StoreEntry, ...] = (
         "no TTL: until erased",
         "SCAN `pref:{<org>:*`, the key id's subject digest",
         "deleted",
-        "erasure only (a preference is the user's standing wish)",
+        "the org's retention, by `last_updated` (`ctx retention enforce`)",
         writers=(
             "context_core.working_memory.preferences",
             "context_core.access.user_keys_migration",
@@ -189,7 +189,7 @@ INVENTORY: tuple[StoreEntry, ...] = (
         "until the page leaves its space; merged answers forever",
         "filter `subject` = the user's digest",
         "merged answers of the user deleted",
-        "ingest's deletes by space",
+        "ingest's deletes by space; merged answers: the writing agent's org's retention",
         writers=(
             "context_core.ingest.pipeline",
             "context_core.ingest.hot",
@@ -215,7 +215,7 @@ INVENTORY: tuple[StoreEntry, ...] = (
         "72 h (`expires_at`), swept by the daily merge",
         "filter `subject`; uploads by `written_by`",
         "the user's answers deleted",
-        "`expires_at` sweep",
+        "`expires_at` sweep; the writing agent's org's retention",
         writers=("context_core.knowledge.memory", "context_core.ingest.upload"),
         collections=("hot",),
         fields=(*_CHUNK_FIELDS, *_HOT_FIELDS),
@@ -243,7 +243,7 @@ INVENTORY: tuple[StoreEntry, ...] = (
         "until deleted",
         "lines by `session_id`",
         "lines of the user's service sessions removed",
-        "by file date (not yet enforced)",
+        "the org's retention, by `ts` and the agent's org (`ctx retention enforce`)",
         writers=("context_core.traces",),
     ),
     StoreEntry(

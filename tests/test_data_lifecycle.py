@@ -17,20 +17,22 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
 from conftest import cleanup_keys
 from redis_cluster import redis_client
-from test_compliance import Pg, pg  # noqa: F401  (the PostgreSQL fixture)
+from test_compliance import Pg, pg, store  # noqa: F401  (fixtures: PostgreSQL, each backend)
 from test_ops_hardening import run_app
 
 from context_core.access.auth import hash_key, new_key
+from context_core.access.compliance import ComplianceStore
 from context_core.access.subjects import subject_id, subject_key
 from context_core.config import Settings, get_settings
 from context_core.governance.erasure import ErasureTarget, replay_ledger
 from context_core.governance.inventory import INVENTORY
+from context_core.governance.ledger import ErasureLedger
 from context_core.governance.retention import enforce_retention
 from context_core.ingest.hot import merge_hot
 
@@ -247,7 +249,7 @@ def _where(w: World, scan: dict[str, bytes], org: str, user: str) -> dict[str, l
     """Which planted tokens (and the session id) of (org, user) each store holds."""
     out: dict[str, list[str]] = {}
     sid = w.sessions[(org, user)].encode()
-    for store, data in scan.items():
+    for where, data in scan.items():
         hits = [
             what
             for what in ("query", "result", "pref", "keyword", "answer")
@@ -255,7 +257,7 @@ def _where(w: World, scan: dict[str, bytes], org: str, user: str) -> dict[str, l
         ]
         if sid in data:
             hits.append("session_id")
-        out[store] = hits
+        out[where] = hits
     return out
 
 
@@ -390,6 +392,48 @@ def test_retention_removes_exactly_the_expired_org(world: World) -> None:
     runs = [json.loads(x) for x in audit if '"kind":"retention"' in x]
     assert [r["dry_run"] for r in runs] == [True, False, False]
     assert runs[1]["counts"] == real.counts and "u-two" not in "".join(audit)
+
+
+def test_compliance_history_is_bounded_and_archived_as_digests(
+    store: ComplianceStore,  # noqa: F811  (the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    """With 2 versions kept, older audit entries of the org's and a user's profile leave the
+    store for the audit log, as digests (the user as its subject digest, no value)."""
+    org = f"t-org-{uuid.uuid4().hex[:8]}"
+    for v in range(5):
+        store.put(org, {"language": f"de-X{v}"}, expected_version=v, operator="ops")
+    for v in range(3):
+        store.put(org, {"timezone": "UTC"}, expected_version=v, operator="ops", user_id="U-Hist")
+    target = ErasureTarget(
+        redis=cast("Any", None),  # not reached: no retention is set
+        compliance=store,
+        traces_dir=tmp_path / "traces",
+        audit_path=tmp_path / "audit.jsonl",
+        ledger=ErasureLedger(tmp_path / "ledger.jsonl"),
+        key=b"k" * 32,
+        agent_orgs={"ops": org},
+        history_versions=2,
+    )
+    dry = enforce_retention(target, dry_run=True)
+    assert dry.counts["compliance_history_archived"] == 3 + 1
+    assert len(store.history(org)) == 5
+    real = enforce_retention(target)
+    assert real.counts["compliance_history_archived"] == 4
+    assert [e.version for e in store.history(org)] == [4, 5]
+    assert [e.version for e in store.history(org, "u-hist")] == [2, 3]
+    assert store.get(org).version == 5  # the profile itself is untouched
+    lines = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    archived = [x for x in lines if x["kind"] == "compliance_history_archive"]
+    assert [[e["version"] for e in x["entries"]] for x in archived] == [[1, 2, 3], [1]]
+    assert archived[0]["subject"] is None and archived[1]["subject"].startswith("s~")
+    text = json.dumps(archived)
+    assert (
+        "u-hist" not in text
+        and "de-X" not in text
+        and len(archived[0]["entries"][0]["sha256"]) == 64
+    )
+    assert enforce_retention(target).counts["compliance_history_archived"] == 0
 
 
 def test_ctx_erase_and_replay(

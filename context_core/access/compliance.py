@@ -520,6 +520,16 @@ class ComplianceStore(Protocol):
         of ``org_id`` with a profile or audit entries (erasure and its replay find by them)."""
         ...
 
+    def history_length(self, org_id: str, key_id: str | None) -> int:
+        """How many audit entries the org's record (``key_id`` None) or a user's holds."""
+        ...
+
+    def trim_history(self, org_id: str, key_id: str | None, keep: int) -> list[AuditEntry]:
+        """Drop all but the newest ``keep`` audit entries of the org's record (``key_id``
+        None) or a user's (by key id); returns the dropped ones, oldest first, for the caller
+        to archive in digest form. Atomic against concurrent writes."""
+        ...
+
     def erase_user_key(self, org_id: str, key_id: str) -> int:
         """Delete the profile and the audit entries stored under ``key_id`` (an erasure
         request); returns how many records went. The fact of the erasure is kept by the
@@ -733,6 +743,20 @@ class RedisComplianceStore(_StoreBase):
                     out.add(str(k).rsplit(":", 1)[1])
         return out
 
+    def history_length(self, org_id: str, key_id: str | None) -> int:
+        audit = self.keys(org_id)[1] if key_id is None else self.user_keys(org_id, key_id)[1]
+        with self._guard(f"LLEN {audit}"):
+            return int(self._r.llen(audit))
+
+    def trim_history(self, org_id: str, key_id: str | None, keep: int) -> list[AuditEntry]:
+        if key_id is None:
+            _, audit = self.keys(org_id)
+        else:
+            _, audit = self.user_keys(org_id, key_id)
+        with self._guard(f"trim {audit}"):
+            rows = self._r.register_script(_TRIM_LUA)(keys=[audit], args=[max(int(keep), 0)])
+        return [_entry(json.loads(raw)) for raw in rows]
+
     def erase_user_key(self, org_id: str, key_id: str) -> int:
         key, audit = self.user_keys(org_id, key_id)
         with self._guard(f"erase {key}"):
@@ -742,6 +766,29 @@ class RedisComplianceStore(_StoreBase):
 
     def close(self) -> None:
         """The Redis client belongs to the platform."""
+
+
+# KEYS: 1 audit list.  ARGV: 1 entries to keep.  Returns the dropped (oldest) entries.
+_TRIM_LUA = """
+local n = redis.call('LLEN', KEYS[1])
+local keep = tonumber(ARGV[1])
+if n <= keep then return {} end
+local old = redis.call('LRANGE', KEYS[1], 0, n - keep - 1)
+if keep == 0 then redis.call('DEL', KEYS[1]) else redis.call('LTRIM', KEYS[1], n - keep, -1) end
+return old
+"""
+
+
+def _entry(d: Mapping[str, Any]) -> AuditEntry:
+    return AuditEntry(
+        d["org_id"],
+        d["user_id"],
+        int(d["version"]),
+        d["operator"],
+        float(d["at"]),
+        d["sha256"],
+        tuple(d["changed"]),
+    )
 
 
 _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -994,6 +1041,35 @@ class PostgresComplianceStore(_StoreBase):
                 (org_id, org_id),
             )
             return {str(u) for (u,) in cur.fetchall() if u}
+
+    def history_length(self, org_id: str, key_id: str | None) -> int:
+        with self._tx(org_id) as cur:
+            cur.execute(
+                f"SELECT count(*) FROM {self.schema}.compliance_audit "
+                "WHERE org_id = %s AND user_id = %s",
+                (org_id, key_id or ""),
+            )
+            return int(cur.fetchone()[0])
+
+    def trim_history(self, org_id: str, key_id: str | None, keep: int) -> list[AuditEntry]:
+        uid = key_id or ""
+        t = self.schema
+        with self._tx(org_id) as cur:
+            cur.execute(
+                f"DELETE FROM {t}.compliance_audit WHERE org_id = %s AND user_id = %s AND "
+                f"version <= (SELECT max(version) FROM {t}.compliance_audit WHERE org_id = %s "
+                "AND user_id = %s) - %s RETURNING org_id, user_id, version, operator, "
+                "extract(epoch FROM at)::float8, sha256, changed",
+                (org_id, uid, org_id, uid, max(int(keep), 0)),
+            )
+            rows = cur.fetchall()
+        return sorted(
+            (
+                AuditEntry(o, u or None, int(v), op, float(at), sha, tuple(ch))
+                for o, u, v, op, at, sha, ch in rows
+            ),
+            key=lambda e: e.version,
+        )
 
     def erase_user_key(self, org_id: str, key_id: str) -> int:
         uid = key_id

@@ -81,6 +81,8 @@ class ErasureTarget:
     collections: tuple[str, ...] = ()
     agent_orgs: Mapping[str, str] = field(default_factory=dict)
     clock: Callable[[], float] = time.time
+    #: audit entries kept per compliance profile by retention (None: all)
+    history_versions: int | None = None
 
     @classmethod
     def from_settings(
@@ -106,6 +108,7 @@ class ErasureTarget:
             collections=(settings.collection_hot, settings.collection_main),
             agent_orgs=dict(agent_orgs),
             clock=clock,
+            history_versions=settings.compliance_history_versions,
         )
 
 

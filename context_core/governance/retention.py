@@ -9,7 +9,12 @@ deleted by age) for every org of the API keys file, and deletes what is older th
   route lines' agent);
 * L3 points its agents wrote (``written_by``; hot answers, uploads, merged copies) whose
   ``updated_at_ts`` is older;
-* L2 preferences of its users whose ``last_updated`` is older.
+* L2 preferences of its users whose ``last_updated`` is older;
+
+and, with ``CTX_COMPLIANCE_HISTORY_VERSIONS`` set, trims every compliance profile's audit
+entries (the org's and each user's) to that many, appending the dropped ones to the audit log
+in digest form (version, time, operator, SHA-256, changed field names; the user as its subject
+digest).
 
 L2 session keys, service records, the activity index and shared namespaces expire by their own
 TTL: they are not rewritten. Stores not covered yet are listed in docs/data-lifecycle.md.
@@ -30,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from context_core.access.subjects import subject_of_key_id
 from context_core.governance.erasure import ErasureTarget, append_audit, filter_jsonl, scan_keys
 
 __all__ = ["RetentionReceipt", "enforce_retention"]
@@ -66,6 +72,7 @@ def enforce_retention(t: ErasureTarget, *, dry_run: bool = False) -> RetentionRe
         "trace_lines": _traces(t, cutoff, dry_run),
         "l3_points": _points(t, cutoff, dry_run),
         "l2_preferences": _preferences(t, cutoff, dry_run),
+        "compliance_history_archived": _history(t, now, dry_run),
     }
     receipt = RetentionReceipt(
         "ret-" + uuid.uuid4().hex[:16],
@@ -164,4 +171,42 @@ def _preferences(t: ErasureTarget, cutoff: dict[str, float], dry_run: bool) -> i
                 head, _, pref_type = k.rpartition(":")
                 t.redis.delete(k)
                 t.redis.srem(f"{head}:_index", pref_type)
+    return n
+
+
+def _history(t: ErasureTarget, now: float, dry_run: bool) -> int:
+    keep = t.history_versions
+    if keep is None:
+        return 0
+    n = 0
+    for org in sorted(set(t.agent_orgs.values())):
+        records: list[str | None] = [None, *sorted(t.compliance.user_key_ids(org))]
+        for key_id in records:
+            if dry_run:
+                n += max(0, t.compliance.history_length(org, key_id) - keep)
+                continue
+            dropped = t.compliance.trim_history(org, key_id, keep)
+            if not dropped:
+                continue
+            n += len(dropped)
+            subject = None if key_id is None else subject_of_key_id(t.key, org, key_id)
+            append_audit(
+                t.audit_path,
+                {
+                    "ts": now,
+                    "kind": "compliance_history_archive",
+                    "org": org,
+                    "subject": subject,
+                    "entries": [
+                        {
+                            "version": e.version,
+                            "at": e.at,
+                            "operator": e.operator,
+                            "sha256": e.sha256,
+                            "changed": list(e.changed),
+                        }
+                        for e in dropped
+                    ],
+                },
+            )
     return n

@@ -11,13 +11,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
+import shutil
 import string
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 import pytest
@@ -35,6 +36,9 @@ from context_core.governance.inventory import INVENTORY
 from context_core.governance.ledger import ErasureLedger
 from context_core.governance.retention import enforce_retention
 from context_core.ingest.hot import merge_hot
+
+if TYPE_CHECKING:
+    from context_core.knowledge.embedding import Encoder
 
 ORGS = ("alpha", "bravo")
 USERS = ("u-one", "u-two")
@@ -318,6 +322,9 @@ def test_replay_reapplies_an_erasure_to_restored_data(world: World) -> None:
     w = world
     svc = w.app.state.services
     sid = w.sessions[("alpha", "u-one")]
+    with w.client("alpha") as c:  # erased already when the test above ran; idempotent
+        erased = c.post(f"/v1/compliance/orgs/{w.orgs['alpha']}/users/u-one/erasure")
+        assert erased.status_code == 200, erased.text
     # restore: the preference hash and the compliance profile come back as they were
     pref_key = f"pref:{{{w.orgs['alpha']}:u-one}}:units"
     svc.redis.hset(pref_key, mapping={"value": w.token("alpha", "u-one", "pref")})
@@ -353,6 +360,8 @@ def test_retention_removes_exactly_the_expired_org(world: World) -> None:
     bravo's data is intact. Runs after the erasure tests: checks alpha's u-two only."""
     w = world
     svc = w.app.state.services
+    with w.client("alpha") as c:  # as after the tests above (idempotent): alpha's u-one gone
+        assert c.post(f"/v1/compliance/orgs/{w.orgs['alpha']}/users/u-one/erasure").is_success
     for o, days in (("alpha", 1), ("bravo", 365)):
         with w.client(o) as c:
             path = f"/v1/compliance/orgs/{w.orgs[o]}"
@@ -505,3 +514,68 @@ def test_ctx_erase_and_replay(
     finally:
         cleanup_keys(redis_url, f"pref:{{{org}:*")
         cleanup_keys(redis_url, f"cmp:{{org:{org}}}:*")
+
+
+def test_restore_from_rdb_and_edge_copy_then_replay(tmp_path: Path, encoder: Encoder) -> None:
+    """Backups that respect erasure: L2 from an RDB file (SAVE on a private Redis 7), L3 from a
+    copy of the Qdrant Edge shard directory taken with the store closed. Both restored after
+    an erasure bring the user's data back; replaying the ledger removes it again and leaves
+    the other user alone."""
+    from test_ops_hardening import PrivateRedis
+
+    from context_core.gateway.sanitize import Gateway
+    from context_core.governance.erasure import erase_user
+    from context_core.knowledge.memory import KnowledgeMemory
+    from context_core.platform import build_platform
+
+    server = PrivateRedis(tmp_path / "redis")
+    server.start()
+    try:
+        settings = get_settings(data_dir=tmp_path / "ctx", redis_url=server.url)
+        org, backup = "bk-org", tmp_path / "backup"
+        key = subject_key(settings)
+
+        def target(p: Any) -> ErasureTarget:
+            return ErasureTarget.from_settings(
+                settings, redis=p.redis, compliance=p.compliance, store=p.store, agent_orgs={}
+            )
+
+        def held(p: Any, user: str) -> dict[str, int]:
+            pref = p.wm.preferences(org, user).all()
+            points = p.store.count(
+                settings.collection_hot, filter={"subject": subject_id(key, org, user)}
+            )
+            return {"pref": len(pref), "profile": p.compliance.get(org, user).version, "l3": points}
+
+        with build_platform(settings, with_knowledge=False) as p:
+            km = KnowledgeMemory(p.store, encoder, settings, Gateway())
+            km.ensure_collections()
+            for user, text in (("u-gone", "Gasket size 42 fits"), ("u-kept", "Oil ISO VG 68")):
+                p.wm.preferences(org, user).set("units", "metric")
+                p.compliance.put(
+                    org, {"language": "de"}, expected_version=0, operator="t", user_id=user
+                )
+                km.upsert_hot(text, section="PUMP", subject=subject_id(key, org, user))
+            assert held(p, "u-gone") == {"pref": 1, "profile": 1, "l3": 1}
+            assert p.redis.save()  # the RDB backup: dump.rdb in the server's --dir
+        backup.mkdir()
+        shutil.copy2(server.workdir / "dump.rdb", backup / "dump.rdb")
+        shutil.copytree(settings.qdrant_dir, backup / "qdrant")  # store closed: a clean copy
+
+        with build_platform(settings, with_knowledge=False) as p:
+            erase_user(target(p), org, "u-gone")
+            assert held(p, "u-gone") == {"pref": 0, "profile": 0, "l3": 0}
+
+        server.stop()  # restore both stores from the backup taken before the erasure
+        shutil.copy2(backup / "dump.rdb", server.workdir / "dump.rdb")
+        shutil.rmtree(settings.qdrant_dir)
+        shutil.copytree(backup / "qdrant", settings.qdrant_dir)
+        server.start()
+        with build_platform(settings, with_knowledge=False) as p:
+            assert held(p, "u-gone") == {"pref": 1, "profile": 1, "l3": 1}  # back from backup
+            receipt = replay_ledger(target(p))
+            assert receipt.counts["l2_preferences"] == 2 and receipt.counts["l3_points"] == 1
+            assert held(p, "u-gone") == {"pref": 0, "profile": 0, "l3": 0}
+            assert held(p, "u-kept") == {"pref": 1, "profile": 1, "l3": 1}
+    finally:
+        server.stop()

@@ -399,6 +399,12 @@ class Settings(BaseSettings):
     audit_hmac_key: SecretStr | None = Field(
         None, description="Key for HMAC-SHA256 audit hashes; unset = plain SHA-256."
     )
+    compliance_history_versions: int | None = Field(
+        None,
+        ge=1,
+        description="Audit entries kept per compliance profile (org or user); older ones are "
+        "moved to the audit log in digest form by `ctx retention enforce`. Unset = all kept.",
+    )
 
     # --- service ------------------------------------------------------------------------
     service_host: str = Field("127.0.0.1", description="Address `ctx serve` binds.")

@@ -41,6 +41,51 @@ def test_every_dag_has_tags_retries_and_schedule(parsed: dict) -> None:
 def test_our_schedules(parsed: dict) -> None:
     assert "0 2 * * 0" in parsed["dags"]["knowledge_refresh"]["schedule"]
     assert "0 3 * * *" in parsed["dags"]["hot_knowledge_merge"]["schedule"]
+    assert "30 3 * * *" in parsed["dags"]["data_retention"]["schedule"]
+
+
+@pytest.mark.slow
+def test_data_retention_runs_end_to_end(
+    airflow_home: AirflowHome, tmp_path: Path, redis_url: str
+) -> None:
+    """The DAG enforces an org's retention and writes its receipt to the audit log: a fresh
+    preference stays (1-day retention), nothing is deleted twice."""
+    import uuid
+
+    from conftest import cleanup_keys
+
+    from context_core.config import get_settings
+    from context_core.platform import build_platform
+
+    org = f"dag-ret-{uuid.uuid4().hex[:8]}"
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"ret-agent": {"key_sha256": "0" * 64, "org": org}}))
+    cfg = get_settings(
+        data_dir=tmp_path / "ctx", reports_dir=tmp_path / "reports", redis_url=redis_url
+    )
+    try:
+        with build_platform(cfg, with_knowledge=False) as p:
+            p.compliance.put(org, {"data_retention_policy": 1}, expected_version=0, operator="t")
+            p.wm.preferences(org, "u-1").set("units", "metric")
+        out = airflow_home.run(
+            "data_retention",
+            extra_env={
+                "CTX_DATA_DIR": str(cfg.data_dir),
+                "CTX_REPORTS_DIR": str(cfg.reports_dir),
+                "CTX_REDIS_URL": redis_url,
+                "CTX_API_KEYS_FILE": str(keys),
+            },
+        )
+        assert out["run"]["state"] == "success", out["run"]
+        audit = (cfg.data_dir / "audit" / "audit.jsonl").read_text().splitlines()
+        (receipt,) = [json.loads(x) for x in audit if '"kind":"retention"' in x]
+        assert list(receipt["cutoffs"]) == [org] and receipt["dry_run"] is False
+        assert receipt["counts"]["l2_preferences"] == 0
+        with build_platform(cfg, with_knowledge=False) as p:
+            assert p.wm.preferences(org, "u-1").get("units").value == "metric"
+    finally:
+        cleanup_keys(redis_url, f"pref:{{{org}:*")
+        cleanup_keys(redis_url, f"cmp:{{org:{org}}}:*")
 
 
 @pytest.mark.slow

@@ -337,6 +337,17 @@ CMP_ORG = "/v1/compliance/orgs/default"
 CMP_USER = CMP_ORG + "/users/u-1"
 
 
+def case_erasure(e: Env) -> Answers:
+    path = CMP_ORG + "/users/u-erase/erasure"
+    with e.client("cmp-admin") as admin, e.client() as agent:
+        return [
+            admin.post(path),
+            agent.post(path),  # no compliance_admin purpose: 403
+            admin.post(path.replace("/orgs/default", "/orgs/other-org")),
+            admin.post(path.replace("/orgs/default", "/orgs/bad%20org")),
+        ]
+
+
 UPLOAD_MAX = 128 * 1024
 
 
@@ -399,6 +410,7 @@ CASES: dict[tuple[str, str], Callable[[Env], Answers]] = {
     ("GET", "/v1/compliance/orgs/{org_id}/users/{user_id}/history"): _compliance_get(
         CMP_USER + "/history", "cmp-admin"
     ),
+    ("POST", "/v1/compliance/orgs/{org_id}/users/{user_id}/erasure"): case_erasure,
 }
 
 #: FastAPI's own pages: not in the schema they serve; checked for their content type.

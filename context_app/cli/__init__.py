@@ -9,6 +9,7 @@ import typer
 from context_app.cli import airflow_deploy as airflow_cmds
 from context_app.cli import db as db_cmds
 from context_app.cli import eval as eval_cmds
+from context_app.cli import governance as governance_cmds
 from context_app.cli import ingest as ingest_cmds
 from context_app.cli import run as run_cmds
 from context_app.cli import service as service_cmds
@@ -51,7 +52,7 @@ def _configure(
     install_log_redaction(Gateway.from_settings(settings))
 
 
-for module in (run_cmds, session_cmds, ingest_cmds, service_cmds):
+for module in (run_cmds, session_cmds, ingest_cmds, service_cmds, governance_cmds):
     module.register(app)
 app.add_typer(eval_cmds.app, name="eval", help="Threshold calibration, CER and health reports.")
 app.add_typer(airflow_cmds.app, name="airflow", help="The DAGs under a real local Airflow 3.")

@@ -518,6 +518,27 @@ class ComplianceStore(Protocol):
 
     def effective(self, org_id: str, user_id: str) -> EffectiveProfile: ...
 
+    def user_key_ids(self, org_id: str) -> set[str]:
+        """The key ids (:func:`~context_core.working_memory.keys.user_key_id`) of every user
+        of ``org_id`` with a profile or audit entries (erasure and its replay find by them)."""
+        ...
+
+    def history_length(self, org_id: str, key_id: str | None) -> int:
+        """How many audit entries the org's record (``key_id`` None) or a user's holds."""
+        ...
+
+    def trim_history(self, org_id: str, key_id: str | None, keep: int) -> list[AuditEntry]:
+        """Drop all but the newest ``keep`` audit entries of the org's record (``key_id``
+        None) or a user's (by key id); returns the dropped ones, oldest first, for the caller
+        to archive in digest form. Atomic against concurrent writes."""
+        ...
+
+    def erase_user_key(self, org_id: str, key_id: str) -> int:
+        """Delete the profile and the audit entries stored under ``key_id`` (an erasure
+        request); returns how many records went. The fact of the erasure is kept by the
+        caller, in the audit log, under a keyed hash."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -716,8 +737,61 @@ class RedisComplianceStore(_StoreBase):
         user = self._record(org_id, user_id, user_h)
         return EffectiveProfile(org_id, org.version, user.version, merge(org.profile, user.profile))
 
+    def user_key_ids(self, org_id: str) -> set[str]:
+        base = f"cmp:{{org:{check_org(org_id)}}}:"
+        out: set[str] = set()
+        with self._guard(f"SCAN {base}*"):
+            for pattern in (base + "user:*", base + "audit:user:*"):
+                for k in self._r.scan_iter(match=pattern, count=1000):
+                    out.add(str(k).rsplit(":", 1)[1])
+        return out
+
+    def history_length(self, org_id: str, key_id: str | None) -> int:
+        audit = self.keys(org_id)[1] if key_id is None else self.user_keys(org_id, key_id)[1]
+        with self._guard(f"LLEN {audit}"):
+            return int(self._r.llen(audit))
+
+    def trim_history(self, org_id: str, key_id: str | None, keep: int) -> list[AuditEntry]:
+        if key_id is None:
+            _, audit = self.keys(org_id)
+        else:
+            _, audit = self.user_keys(org_id, key_id)
+        with self._guard(f"trim {audit}"):
+            rows = self._r.register_script(_TRIM_LUA)(keys=[audit], args=[max(int(keep), 0)])
+        return [_entry(json.loads(raw)) for raw in rows]
+
+    def erase_user_key(self, org_id: str, key_id: str) -> int:
+        key, audit = self.user_keys(org_id, key_id)
+        with self._guard(f"erase {key}"):
+            found = ok(execute(self._r, [cmd("EXISTS", key), cmd("LLEN", audit)]))
+            self._r.delete(key, audit)  # same hash tag: one slot
+        return int(found[0]) + int(found[1])
+
     def close(self) -> None:
         """The Redis client belongs to the platform."""
+
+
+# KEYS: 1 audit list.  ARGV: 1 entries to keep.  Returns the dropped (oldest) entries.
+_TRIM_LUA = """
+local n = redis.call('LLEN', KEYS[1])
+local keep = tonumber(ARGV[1])
+if n <= keep then return {} end
+local old = redis.call('LRANGE', KEYS[1], 0, n - keep - 1)
+if keep == 0 then redis.call('DEL', KEYS[1]) else redis.call('LTRIM', KEYS[1], n - keep, -1) end
+return old
+"""
+
+
+def _entry(d: Mapping[str, Any]) -> AuditEntry:
+    return AuditEntry(
+        d["org_id"],
+        d["user_id"],
+        int(d["version"]),
+        d["operator"],
+        float(d["at"]),
+        d["sha256"],
+        tuple(d["changed"]),
+    )
 
 
 _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -918,6 +992,56 @@ class PostgresComplianceStore(_StoreBase):
             org = self._select(cur, org_id, None, lock=False)
             user = self._select(cur, org_id, user_id, lock=False)
         return EffectiveProfile(org_id, org.version, user.version, merge(org.profile, user.profile))
+
+    def user_key_ids(self, org_id: str) -> set[str]:
+        with self._tx(org_id) as cur:
+            cur.execute(
+                f"SELECT user_id FROM {self.schema}.compliance_profiles WHERE org_id = %s "
+                f"UNION SELECT user_id FROM {self.schema}.compliance_audit WHERE org_id = %s",
+                (org_id, org_id),
+            )
+            return {str(u) for (u,) in cur.fetchall() if u}
+
+    def history_length(self, org_id: str, key_id: str | None) -> int:
+        with self._tx(org_id) as cur:
+            cur.execute(
+                f"SELECT count(*) FROM {self.schema}.compliance_audit "
+                "WHERE org_id = %s AND user_id = %s",
+                (org_id, key_id or ""),
+            )
+            return int(cur.fetchone()[0])
+
+    def trim_history(self, org_id: str, key_id: str | None, keep: int) -> list[AuditEntry]:
+        uid = key_id or ""
+        t = self.schema
+        with self._tx(org_id) as cur:
+            cur.execute(
+                f"DELETE FROM {t}.compliance_audit WHERE org_id = %s AND user_id = %s AND "
+                f"version <= (SELECT max(version) FROM {t}.compliance_audit WHERE org_id = %s "
+                "AND user_id = %s) - %s RETURNING org_id, user_id, version, operator, "
+                "extract(epoch FROM at)::float8, sha256, changed",
+                (org_id, uid, org_id, uid, max(int(keep), 0)),
+            )
+            rows = cur.fetchall()
+        return sorted(
+            (
+                AuditEntry(o, u or None, int(v), op, float(at), sha, tuple(ch))
+                for o, u, v, op, at, sha, ch in rows
+            ),
+            key=lambda e: e.version,
+        )
+
+    def erase_user_key(self, org_id: str, key_id: str) -> int:
+        uid = key_id
+        with self._tx(org_id) as cur:
+            n = 0
+            for table in ("compliance_profiles", "compliance_audit"):
+                cur.execute(
+                    f"DELETE FROM {self.schema}.{table} WHERE org_id = %s AND user_id = %s",
+                    (org_id, uid),
+                )
+                n += max(cur.rowcount, 0)
+        return n
 
     def close(self) -> None:
         with self._lock:

@@ -136,7 +136,7 @@ SYSTEM_SCOPE = "system:local"
 UNREVIEWED = "unreviewed"
 # Payload fields only this module writes on a hot point; a caller's ``extra`` cannot set them.
 _SERVER_FIELDS = frozenset(
-    {"written_by", "namespace", "trust", "claimed_source", "merged_from", "merged_at"}
+    {"written_by", "namespace", "trust", "claimed_source", "merged_from", "merged_at", "subject"}
 )
 
 
@@ -453,6 +453,7 @@ class KnowledgeMemory:
         namespace: str | None = None,
         namespaces: AclSource | None = None,
         key: str | None = None,
+        subject: str | None = None,
     ) -> str:
         """Store an answer confirmed during a session for ``CTX_HOT_TTL_HOURS`` (72 h).
 
@@ -465,6 +466,9 @@ class KnowledgeMemory:
         ``source`` is :func:`hot_source` of that scope and ``key`` (default: ``source``);
         ``source`` itself is the caller's claim, stored as the inert ``claimed_source``. The
         point id covers scope, key and text: another scope can never overwrite this point.
+        ``subject`` is the keyed hash of the user whose session confirmed the answer
+        (:func:`context_core.access.subjects.subject_id`), stored as ``subject`` so an
+        erasure of that user finds the point (and, after the merge, its copy in main).
         """
         if not text.strip():
             raise InvalidStoreRequestError("upsert_hot needs non-empty text")
@@ -499,6 +503,8 @@ class KnowledgeMemory:
         payload.update(
             written_by=written_by or None, namespace=scope, trust=UNREVIEWED, source=stored_source
         )
+        if subject:
+            payload["subject"] = subject
         refuse_session_data(payload, where=f"hot upsert for source {source!r}")
         pid = hot_point_id(stored_source, content_hash)
         vector = self.encoder.encode([clean_text])[0]

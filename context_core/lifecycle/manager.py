@@ -73,6 +73,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from context_core import defaults
+from context_core.access.subjects import subject_id
+from context_core.access.subjects import subject_key as load_subject_key
 from context_core.errors import (
     ConfigError,
     ContextError,
@@ -242,6 +244,7 @@ class LifecycleManager:
         max_trace_tokens: int = defaults.L1_MAX_TRACE_TOKENS,
         correction_min_confidence: float = DEFAULT_MIN_CONFIDENCE,
         compliance: ComplianceStore | None = None,
+        subject_key: bytes | None = None,
     ) -> None:
         for name, v in (
             ("overflow_keep_pairs", overflow_keep_pairs),
@@ -265,6 +268,8 @@ class LifecycleManager:
         self.gateway = gateway
         self.knowledge = knowledge
         self.namespaces = namespaces
+        # names the user of a confirmed answer in L3 by a keyed hash (erasure finds it)
+        self.subject_key = subject_key
         self.compliance = compliance
         self.overflow_keep_pairs = overflow_keep_pairs
         self.low_priority_ttl_s = low_priority_ttl_s
@@ -309,6 +314,7 @@ class LifecycleManager:
             max_trace_tokens=settings.l1_max_trace_tokens,
             correction_min_confidence=settings.correction_min_confidence,
             compliance=compliance,
+            subject_key=load_subject_key(settings),
         )
 
     # --- dispatch ---------------------------------------------------------------------
@@ -619,6 +625,10 @@ class LifecycleManager:
                 for f in ("text", "title"):
                     check_text(snap, str(a.get(f) or ""), ("answers", i, f))
         writer = self._writer(state)
+        subject = None
+        if self.subject_key is not None and answers:
+            org = org_id or state.auth_context.org
+            subject = subject_id(self.subject_key, org, state.user_id)
         out: list[dict[str, str]] = []
         for a in answers:
             assert self.knowledge is not None
@@ -634,6 +644,7 @@ class LifecycleManager:
                 written_by=writer,
                 namespace=shared,
                 namespaces=self.namespaces,
+                subject=subject,
             )
             out.append({"id": point_id, "scope": scope})
         return out

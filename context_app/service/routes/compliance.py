@@ -34,6 +34,7 @@ __all__ = [
     "ComplianceHistoryResponse",
     "ComplianceProfileResponse",
     "CompliancePutRequest",
+    "ErasureReceiptResponse",
     "router",
 ]
 
@@ -95,6 +96,16 @@ class ComplianceHistoryResponse(_Model):
     entries: list[ComplianceAuditOut]
 
 
+class ErasureReceiptResponse(_Model):
+    erasure_id: str = Field(description="the erasure's id in the ledger and the audit log")
+    at: str = Field(description="when it was recorded (ISO-8601 UTC)")
+    org: str
+    subject: str = Field(
+        description="the user's keyed hash (HMAC-SHA-256; the audit log and ledger hold only it)"
+    )
+    counts: dict[str, int] = Field(description="records removed per store (no values)")
+
+
 @router.get(ORG_PATH, tags=TAGS, response_model=ComplianceProfileResponse, responses=READ_ERRORS)
 def get_org_profile(org_id: PathOrg, svc: Svc, who: Who) -> Response:
     """The org's compliance profile (any agent of the org)."""
@@ -149,6 +160,30 @@ def put_user_profile(
 def get_user_history(org_id: PathOrg, user_id: PathUser, svc: Svc, who: Who) -> Response:
     """A user's audit entries, oldest first (``compliance_admin``)."""
     return _history(svc, who, org_id, user_id)
+
+
+@router.post(
+    USER_PATH + "/erasure",
+    tags=TAGS,
+    response_model=ErasureReceiptResponse,
+    responses=error_responses(401, 403, 422, 503),
+)
+def post_user_erasure(org_id: PathOrg, user_id: PathUser, svc: Svc, who: Who) -> Response:
+    """Erase everything of this user in the org (``compliance_admin``): preferences,
+    compliance profile and history, the user's service sessions with their L2 keys and trace
+    lines, hot answers and their merged copies. Answers the receipt: counts per store, the
+    user's keyed hash, never values (``ctx erase`` does the same; docs/data-lifecycle.md)."""
+    _admin(who, org_id)
+    from context_core.governance.erasure import ErasureTarget, erase_user
+
+    target = ErasureTarget.from_settings(
+        svc.settings,
+        redis=svc.redis,
+        compliance=svc.compliance,
+        store=svc.store,
+        agent_orgs={a.agent_id: a.org for a in svc.keys.agents},
+    )
+    return wire_response(erase_user(target, org_id, user_id).to_dict())
 
 
 def _get(svc: Services, who: AgentKey, org_id: str, user_id: str | None) -> Response:

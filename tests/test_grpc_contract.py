@@ -7,8 +7,15 @@ protobuf runtime and grpcio-status to read the error details)."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -49,7 +56,13 @@ def both(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[d
     with running_service(settings) as url:
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         grpc.channel_ready_future(channel).result(timeout=30)
-        yield {"url": url, "keys": raw, "channel": channel, "settings": settings}
+        yield {
+            "url": url,
+            "keys": raw,
+            "channel": channel,
+            "settings": settings,
+            "target": f"127.0.0.1:{port}",
+        }
         channel.close()
     cleanup_service_keys(redis_url)
 
@@ -423,3 +436,61 @@ def test_health_reflection_and_metrics(both: dict[str, Any]) -> None:
     text = httpx.get(both["url"] + "/metrics", timeout=10).text
     assert 'ctx_rpc_server_call_duration_seconds_count{rpc_grpc_status_code="OK"' in text
     assert "ctx_http_request_seconds" in text  # one registry, one scrape
+
+
+@pytest.mark.slow
+def test_ctx_serve_grpc_alone(tmp_path: Path) -> None:
+    """`ctx serve --grpc-port N --no-http`: gRPC with the printed dev key, no HTTP port,
+    health SERVING, a clean stop on SIGTERM."""
+    port, http_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k not in {"CTX_REDIS_URL", "CTX_API_KEYS_FILE"}}
+    env.update(CTX_DATA_DIR=str(tmp_path / "ctx"), HF_HUB_OFFLINE="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from context_app.cli import app; app()", "serve",
+         "--port", str(http_port), "--grpc-port", str(port), "--no-http"],
+        env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        key = None
+        deadline = time.monotonic() + 120
+        for line in proc.stderr:
+            m = re.search(r"X-API-Key: (\S+)", line)
+            if m:
+                key = m.group(1)
+                break
+            assert time.monotonic() < deadline, "no dev key printed within 120 s"
+        assert key is not None
+        threading.Thread(target=proc.stderr.read, daemon=True).start()
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=60)
+            health = health_pb2_grpc.HealthStub(channel)
+            answer = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING
+            stub = pb_grpc.ContextServiceStub(channel)
+            reply = stub.CreateSession(
+                pb.CreateSessionRequest(user_id="u", user_query="hello"),
+                metadata=(("authorization", f"Bearer {key}"),),
+                timeout=30,
+            )
+            assert json.loads(reply.state)["user_query"] == "hello"
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"http://127.0.0.1:{http_port}/healthz", timeout=2)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
+def test_the_docs_python_example_prints_what_the_page_shows(both: dict[str, Any]) -> None:
+    """docs/grpc.md's example, run as it is against the test server."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "grpc.md").read_text()
+    section = page.split("## From Python", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    shown = re.search(r"```text\n(.*?)```", section, re.S)
+    assert code and shown
+    env = {**os.environ, "CTX_API_KEY": both["keys"]["agent-a"], "CTX_GRPC_TARGET": both["target"]}
+    run = subprocess.run(
+        [sys.executable, "-c", code.group(1)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == shown.group(1)

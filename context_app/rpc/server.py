@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -28,8 +29,11 @@ from context_app.rpc.servicer import SERVICE, ContextServicer
 from context_app.rpc.v1 import context_pb2, context_pb2_grpc
 from context_app.service.deps import Services
 from context_app.service.middleware import LoadGauge
+from context_core.config import Settings
 
-__all__ = ["GrpcServer", "start_grpc"]
+__all__ = ["GrpcServer", "serve_grpc_only", "start_grpc"]
+
+log = logging.getLogger(__name__)
 
 
 class GrpcServer:
@@ -77,5 +81,19 @@ async def start_grpc(svc: Services, gauge: LoadGauge, host: str, port: int) -> G
     return GrpcServer(server, health_servicer, bound)
 
 
-async def wait_forever() -> None:  # pragma: no cover - ended by a signal
-    await asyncio.Event().wait()
+async def serve_grpc_only(settings: Settings) -> None:
+    """The HTTP app's lifespan (services, background jobs, the gRPC server) with no HTTP
+    listener, until SIGINT or SIGTERM: ``ctx serve --grpc-port N --no-http``."""
+    import signal
+
+    from context_app.service.app import create_app
+
+    app = create_app(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with app.router.lifespan_context(app):
+        rpc: GrpcServer = app.state.grpc
+        log.info("gRPC context service on %s:%d (no HTTP)", settings.service_host, rpc.port)
+        await stop.wait()

@@ -414,6 +414,32 @@ def test_errors_map_to_status_codes_naming_the_field(both: dict[str, Any], sessi
     assert err["violations"] == [d["field"] for d in r.json()["detail"]]
     assert err["violations"] == ["event.tool_call.name"]
 
+    # a stream of no steps, and one whose second step names an unknown intent: the first
+    # delta arrives, then the stream ends with the field's error
+    code, err = _grpc_error(
+        lambda: list(
+            a.call(
+                "StreamContext",
+                pb.ContextStreamRequest(session_id=a.sid["grpc"], state=a.state["grpc"]),
+            )
+        )
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and err["violations"] == ["steps"]
+    got: list[Any] = []
+    steps = [pb.ContextStep(step_intent="call_api"), pb.ContextStep(step_intent="nope")]
+    code, err = _grpc_error(
+        lambda: got.extend(
+            a.call(
+                "StreamContext",
+                pb.ContextStreamRequest(
+                    session_id=a.sid["grpc"], state=a.state["grpc"], steps=steps
+                ),
+            )
+        )
+    )
+    assert len(got) == 1 and got[0].full and got[0].intent == "call_api"
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and err["violations"] == ["step_intent"]
+
     # a state that is not the service's
     code, err = _grpc_error(
         a.call,
@@ -494,3 +520,24 @@ def test_the_docs_python_example_prints_what_the_page_shows(both: dict[str, Any]
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout == shown.group(1)
+
+
+def test_grpc_calls_count_for_degradation_like_http_requests(
+    tmp_path: Path, redis_url: str, session_id: str
+) -> None:
+    """One load gauge for both protocols: with CTX_DEGRADE_INFLIGHT=1 a call counts itself,
+    so over gRPC as over HTTP the bundle skips L3 and says degraded."""
+    port = free_port()
+    settings, raw = service_settings(tmp_path, redis_url, degrade_inflight=1, grpc_port=port)
+    try:
+        with running_service(settings) as url, grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            both = {"url": url, "keys": raw, "channel": ch}
+            p = Pair(both, "agent-a", session_id)
+            _start(p, device_id=DEVICE)
+            series = {f"{DEVICE}.vibration": [[time.time(), 4.1]]}
+            _event(p, *_tool("sensors/vibration", {}, {"rms_mm_s": 4.1}, series=series))
+            answer = _context(p, "compare_vibration")  # equal over both, checked inside
+            assert answer["degraded"] is True
+            assert not [f for f in answer["fragments"] if f["layer"] == "L3"]
+    finally:
+        cleanup_service_keys(redis_url)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ def both(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[d
     port = free_port()
     settings, raw = service_settings(tmp, redis_url, max_body_bytes=64 * 1024, grpc_port=port)
     with running_service(settings) as url:
+        _seed_knowledge(url, raw["agent-a"])
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         grpc.channel_ready_future(channel).result(timeout=30)
         yield {
@@ -65,6 +67,21 @@ def both(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[d
         }
         channel.close()
     cleanup_service_keys(redis_url)
+
+
+SEEDED = "PUMP-0042 vibration above the 4.5 mm/s alarm: replace the drive-end bearing."
+
+
+def _seed_knowledge(url: str, key: str) -> None:
+    """A confirmed answer in L3 (hot knowledge of agent-a), so bundles hold L3 fragments."""
+    with httpx.Client(base_url=url, headers={"X-API-Key": key}, timeout=60) as c:
+        sid = f"t-seed-{uuid.uuid4().hex[:8]}"
+        body = {"session_id": sid, "user_id": "u-0", "user_query": "pump vibration"}
+        state = c.post("/v1/sessions", json=body).json()["state"]
+        answer = {"text": SEEDED, "source": "seed", "section": "PUMP"}  # PUMP-0042's section
+        event = {"type": "goal_achieved", "answers": [answer]}
+        r = c.post(f"/v1/sessions/{sid}/events", json={"state": state, "event": event})
+        assert r.status_code == 200, r.text
 
 
 class Pair:
@@ -262,6 +279,10 @@ def test_readme_session_gives_the_same_answers_over_http_and_grpc(
     assert info["event"] == "user_correction"
     report = _context(p, "generate_report")
     assert report["step"] == 3
+    # beyond the README: a step whose bundle holds L3 knowledge (the seeded answer)
+    lookup = _context(p, "default", query=SEEDED)
+    l3 = [f for f in lookup["fragments"] if f["layer"] == "L3"]
+    assert l3 and l3[0]["content"]["text"] == SEEDED
 
     # the step's output, sanitized the same way (a fake secret removed from both)
     text = "Replace the bearing. token sk_live_" + "b" * 24

@@ -250,6 +250,7 @@ def main(argv: list[str]) -> int:
                 "value": f"{load_before:.1f} / {load_after:.1f}",
             },
         ]
+        http.delete(f"/v1/sessions/{sid}").raise_for_status()  # nothing left in Redis
         print_table("context latency: in-process vs HTTP vs gRPC (same run, round-robin)", rows)
         print_table("facts", facts)
         channel.close()

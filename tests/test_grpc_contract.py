@@ -562,3 +562,21 @@ def test_grpc_calls_count_for_degradation_like_http_requests(
             assert not [f for f in answer["fragments"] if f["layer"] == "L3"]
     finally:
         cleanup_service_keys(redis_url)
+
+
+def test_ctx_serve_refuses_grpc_with_workers_and_no_http_without_a_port(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from context_app.cli import app
+
+    for name in ("CTX_GRPC_PORT", "CTX_SERVICE_HOST"):  # the command sets them: restored after
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CTX_DATA_DIR", str(tmp_path))
+    runner = CliRunner()
+    r = runner.invoke(app, ["serve", "--grpc-port", "50051", "--workers", "2"])
+    assert r.exit_code == 2 and "--no-http" in r.output
+    monkeypatch.delenv("CTX_GRPC_PORT", raising=False)
+    r = runner.invoke(app, ["serve", "--no-http"])
+    assert r.exit_code == 2 and "give --grpc-port" in r.output

@@ -18,7 +18,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test test-fast lint format typecheck bench serve loadtest compose-check docs clean
+.PHONY: install run test test-fast lint format typecheck bench serve loadtest compose-check docs clean proto
 
 install: $(STAMP)
 
@@ -54,6 +54,9 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)  ## benchmarks/*: prints tables and writes reports/benchmarks.md
 	$(BIN)/python -m benchmarks
+
+proto: $(STAMP)  ## regenerate the gRPC stubs in context_app/rpc/v1 from context.proto
+	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. context_app/rpc/v1/context.proto
 
 serve: $(STAMP)
 	$(BIN)/ctx serve

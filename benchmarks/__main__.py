@@ -10,6 +10,7 @@ SCRIPTS = [
     "l3_search",
     "route_latency",
     "delta_recall",
+    "grpc_context",
     "ingest_throughput",
     "ingest_zip_bomb",
     "service_capacity",

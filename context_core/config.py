@@ -409,6 +409,19 @@ class Settings(BaseSettings):
     # --- service ------------------------------------------------------------------------
     service_host: str = Field("127.0.0.1", description="Address `ctx serve` binds.")
     service_port: int = Field(8080, gt=0, lt=65536, description="Port `ctx serve` listens on.")
+    grpc_port: int = Field(
+        0,
+        ge=0,
+        lt=65536,
+        description="Port of the gRPC context service (`ctx serve --grpc-port`, "
+        "docs/grpc.md), on `CTX_SERVICE_HOST`; 0: no gRPC.",
+    )
+    grpc_max_concurrent_rpcs: int = Field(
+        256,
+        gt=0,
+        description="gRPC calls one process runs at once; beyond, RESOURCE_EXHAUSTED at once "
+        "(the HTTP shedding threshold CTX_SHED_INFLIGHT counts them too).",
+    )
     api_keys_file: Path | None = Field(
         None, description="JSON {agent_id: {key_sha256, namespaces, purposes}}"
     )

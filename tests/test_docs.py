@@ -122,6 +122,12 @@ COVERED: tuple[Covered, ...] = (
         "one burst step and the slow-l3 drill on real campaigns, printed not written",
     ),
     Covered(
+        r"make proto",
+        ("tests/test_grpc_stubs.py::test_committed_stubs_match_the_proto",),
+        "--grpc_python_out",
+        "the same grpc_tools.protoc run on the same .proto, into a temp dir, compared",
+    ),
+    Covered(
         r"make compose-check",
         ("tests/test_compose.py::test_docker_compose_config_accepts_the_file",),
         '"config"',

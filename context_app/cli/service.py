@@ -130,6 +130,16 @@ def serve(
     host: str = typer.Option(None, "--host", help="Bind address (default CTX_SERVICE_HOST)."),
     port: int = typer.Option(None, "--port", help="Port (default CTX_SERVICE_PORT, 8080)."),
     workers: int = typer.Option(1, "--workers", min=1, help="uvicorn worker processes."),
+    grpc_port: int = typer.Option(
+        None,
+        "--grpc-port",
+        min=1,
+        max=65535,
+        help="Also serve gRPC (context.v1, docs/grpc.md) on this port (default CTX_GRPC_PORT).",
+    ),
+    no_http: bool = typer.Option(
+        False, "--no-http", help="gRPC alone: no HTTP listener (needs --grpc-port)."
+    ),
 ) -> None:
     """Start the context service (FastAPI on uvicorn).
 
@@ -139,12 +149,19 @@ def serve(
     With --workers > 1 the workers share one Redis (an embedded Valkey unless CTX_REDIS_URL),
     one edge server owns the Qdrant Edge shards (unless CTX_QDRANT_URL) and metrics are
     aggregated across workers through PROMETHEUS_MULTIPROC_DIR.
+    With --grpc-port the same process also serves gRPC over the same services (one worker);
+    --no-http serves gRPC alone (metrics then come from the HTTP /metrics of a process that
+    has both).
     """
     import uvicorn
 
     from context_core.config import get_settings
     from context_core.redis.connection import RedisProvider
 
+    if grpc_port:
+        os.environ["CTX_GRPC_PORT"] = str(grpc_port)  # read by each app's settings
+        if host:
+            os.environ["CTX_SERVICE_HOST"] = host  # gRPC binds the same address
     settings = get_settings()
     if settings.postgres_url:  # refuse before any worker starts: the schema must be at head
         from context_core.errors import ContextError
@@ -157,6 +174,19 @@ def serve(
             raise typer.Exit(2) from e
     host = host or settings.service_host
     port = port or settings.service_port
+    if settings.grpc_port and workers > 1:
+        raise typer.BadParameter(
+            "gRPC runs in a single worker for now: drop --workers, or run a second "
+            "`ctx serve --grpc-port N --no-http` process for gRPC",
+            param_hint="--grpc-port",
+        )
+    if no_http:
+        if not settings.grpc_port:
+            raise typer.BadParameter(
+                "--no-http serves gRPC alone: give --grpc-port N", param_hint="--no-http"
+            )
+        _serve_grpc_only(host)
+        return
     app_ref = f"{__name__}:serve_app"
     if workers == 1:
         uvicorn.run(
@@ -208,6 +238,19 @@ def serve(
             stop_edge_server(edge)
         if provider is not None:
             provider.close()
+
+
+def _serve_grpc_only(host: str) -> None:
+    import asyncio
+
+    from context_app.rpc.server import serve_grpc_only
+    from context_core.config import get_settings
+    from context_core.gateway.sanitize import Gateway
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
+    settings = get_settings(service_host=host)
+    install_serve_log_redaction(Gateway.from_settings(settings))
+    asyncio.run(serve_grpc_only(settings))
 
 
 def _seconds(text: str) -> float:

@@ -71,10 +71,13 @@ async def _idle_sweeps(svc: Services, interval_s: float) -> None:
             log.warning("idle sweep failed: %s: %s", type(e).__name__, e)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, grpc_port: int | None = None) -> FastAPI:
     """The ASGI app. ``settings`` default to the environment (``CTX_*``), which is what
-    ``uvicorn --factory context_app.service.app:create_app`` uses for each worker."""
+    ``uvicorn --factory context_app.service.app:create_app`` uses for each worker.
+    ``grpc_port``: also serve gRPC (:mod:`context_app.rpc`) on it, from the lifespan, over the
+    same services (default ``CTX_GRPC_PORT``; 0 there is no gRPC)."""
     settings = settings or get_settings()
+    rpc_port = settings.grpc_port if grpc_port is None else grpc_port
     holder: dict[str, Services] = {}
 
     @asynccontextmanager
@@ -98,6 +101,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # default threshold (700) it was walked, and promoted, many times a second
         gc.set_threshold(settings.gc_gen0_threshold, *gc.get_threshold()[1:])
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.service_threads
+        rpc = None
+        if rpc_port:
+            from context_app.rpc.server import start_grpc
+
+            rpc = await start_grpc(svc, app.state.load, settings.service_host, rpc_port)
+            app.state.grpc = rpc
         tasks = []
         if settings.idle_sweep_interval_s > 0:
             tasks.append(asyncio.create_task(_idle_sweeps(svc, settings.idle_sweep_interval_s)))
@@ -106,6 +115,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            if rpc is not None:
+                await rpc.stop()
             for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -30,7 +30,13 @@ from context_core.errors import (
 )
 from context_core.redis.connection import REDIS_ERRORS
 
-__all__ = ["error_response", "install_handlers", "json_response", "validation_body"]
+__all__ = [
+    "error_answer",
+    "error_response",
+    "install_handlers",
+    "json_response",
+    "validation_body",
+]
 
 _ENUM_TYPES = {"enum", "literal_error", "union_tag_invalid", "unknown_intent"}
 _LIMIT_KEYS = ("limit", "max_length", "min_length", "le", "lt", "ge", "gt")
@@ -147,23 +153,49 @@ def error_response(exc: ContextError) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def _backend_down(request: Request, exc: Exception) -> JSONResponse:
-    """503 for an unreachable Redis/vector store; counted per backend. The detail names the
-    backend and the error type only (driver messages may carry addresses)."""
+def _backend_body(exc: Exception, metrics: Any = None) -> dict[str, Any]:
+    """503's body for an unreachable Redis/vector store; counted per backend in ``metrics``.
+    The detail names the backend and the error type only (driver messages may carry
+    addresses)."""
     is_redis = isinstance(exc, REDIS_ERRORS) or "redis" in str(exc).lower()
     backend = "redis" if is_redis else "backend"
+    if metrics is not None:
+        metrics.backend_unavailable.labels(backend=backend).inc()
+    return {
+        "error": "backend_unavailable",
+        "detail": f"{backend} is unreachable ({type(exc).__name__}); retry shortly",
+        "backend": backend,
+    }
+
+
+def _backend_down(request: Request, exc: Exception) -> JSONResponse:
     svc = getattr(request.app.state, "services", None)
-    if svc is not None:
-        svc.metrics.backend_unavailable.labels(backend=backend).inc()
-    return JSONResponse(
-        {
-            "error": "backend_unavailable",
-            "detail": f"{backend} is unreachable ({type(exc).__name__}); retry shortly",
-            "backend": backend,
-        },
-        status_code=503,
-        headers={"Retry-After": "1"},
-    )
+    body = _backend_body(exc, svc.metrics if svc is not None else None)
+    return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+
+
+_TOO_DEEP = {
+    "error": "input_too_deep",
+    "detail": "the request is nested too deeply to process; flatten it",
+}
+
+
+def error_answer(exc: BaseException, metrics: Any = None) -> tuple[int, dict[str, Any]] | None:
+    """The HTTP status and body the handlers below answer ``exc`` with, for callers that are
+    not FastAPI (the gRPC service maps them to status codes); None for an unexpected error
+    (a 500). ``metrics``: where a backend outage is counted."""
+    if isinstance(exc, RequestValidationError):
+        return 422, validation_body(list(exc.errors()))
+    if isinstance(exc, ProfileValidationError | BlockedKeywordError):
+        return 422, validation_body([{**i, "loc": ("body", *i["loc"])} for i in exc.issues])
+    if isinstance(exc, BackendUnavailableError | redis.RedisError | RedisClusterException):
+        return 503, _backend_body(exc, metrics)
+    if isinstance(exc, ContextError):
+        body = json.loads(bytes(error_response(exc).body))
+        return type(exc).http_status, body
+    if isinstance(exc, RecursionError):
+        return 422, dict(_TOO_DEEP)
+    return None
 
 
 def install_handlers(app: FastAPI) -> None:
@@ -200,10 +232,4 @@ def install_handlers(app: FastAPI) -> None:
     async def _too_deep(_r: Request, _exc: RecursionError) -> JSONResponse:
         # Belt and braces: the wire limits keep hostile depth out; should anything still
         # recurse too deep, the client hears that its input was too deep, not a 500.
-        return JSONResponse(
-            {
-                "error": "input_too_deep",
-                "detail": "the request is nested too deeply to process; flatten it",
-            },
-            status_code=422,
-        )
+        return JSONResponse(dict(_TOO_DEEP), status_code=422)

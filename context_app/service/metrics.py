@@ -35,6 +35,7 @@ class ServiceMetrics:
         self._request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self._layer_children: dict[str, Any] = {}
         self._http_families(self.registry)
+        self._rpc_families(self.registry)
         self._context_families(self.registry)
         self._load_families(self.registry)
         self._process_families(self.registry)
@@ -55,6 +56,22 @@ class ServiceMetrics:
             ["route", "method", "status"],
             registry=r,
         )
+
+    def _rpc_families(self, r: CollectorRegistry) -> None:
+        """gRPC calls (:mod:`context_app.rpc`), named after OpenTelemetry's RPC conventions
+        (``rpc.server.call.duration``; attributes ``rpc.service``, ``rpc.method``,
+        ``rpc.grpc.status_code``), in this registry so one scrape shows HTTP and gRPC."""
+        self.rpc_seconds = Histogram(
+            "ctx_rpc_server_call_duration_seconds",
+            "gRPC call latency by service, method and status code",
+            ["rpc_service", "rpc_method", "rpc_grpc_status_code"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+
+    def observe_rpc(self, service: str, method: str, code: str, seconds: float) -> None:
+        """One gRPC call (a stream: from its start to its last message)."""
+        self.rpc_seconds.labels(service, method, code).observe(seconds)
 
     def _context_families(self, r: CollectorRegistry) -> None:
         """How context bundles were built: per layer, L3, failures, degraded, L2 misses."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
@@ -9,6 +11,7 @@ from fastapi.responses import Response
 from context_app.service.deps import Services
 from context_app.service.execution import endpoint
 from context_app.service.http_deps import Svc, Who
+from context_app.service.middleware import LoadGauge
 from context_app.service.models import ContextDeltaResponse, ContextRequest, ContextResponse
 from context_app.service.routes._common import (
     ERRORS,
@@ -28,7 +31,7 @@ from context_core.errors import (
 from context_core.redis.connection import REDIS_ERRORS
 from context_core.routing.router import ContextBundle
 
-__all__ = ["router"]
+__all__ = ["answer_context", "router"]
 
 router = resource_router()
 
@@ -46,10 +49,20 @@ def load_context(body: ContextRequest, svc: Svc, who: Who, request: Request) -> 
     says ``degraded: true``; past ``CTX_SHED_INFLIGHT`` the service answers 503.
     With ``"delta": true`` the answer is a ContextDeltaResponse: what changed since the
     bundle ``since_bundle`` names (``context_core.routing.delta``)."""
+    return wire_response(answer_context(svc, body, who, getattr(request.app.state, "load", None)))
+
+
+def answer_context(
+    svc: Services, body: ContextRequest, who: AgentKey, gauge: LoadGauge | None
+) -> dict[str, Any]:
+    """The answer to one context request, as its wire dict (a ContextResponse, or a
+    ContextDeltaResponse with ``delta``): what HTTP (above) and gRPC
+    (:mod:`context_app.rpc`) both send. ``gauge``: the worker's requests in flight, which
+    decide whether L3 is skipped."""
     _known_intent(svc, body.step_intent)
-    bundle, skip = _route(svc, body, who, request)
+    bundle, skip = _route(svc, body, who, gauge)
     _observe(svc, body, bundle, skip)
-    return wire_response(bundle.to_delta_dict() if body.delta else bundle.to_dict())
+    return bundle.to_delta_dict() if body.delta else bundle.to_dict()
 
 
 def _known_intent(svc: Services, step_intent: str) -> None:
@@ -68,7 +81,7 @@ def _known_intent(svc: Services, step_intent: str) -> None:
 
 
 def _route(
-    svc: Services, body: ContextRequest, who: AgentKey, request: Request
+    svc: Services, body: ContextRequest, who: AgentKey, gauge: LoadGauge | None
 ) -> tuple[ContextBundle, str | None]:
     """The router's bundle for the request's step and why L3 was skipped (None: it was not);
     a failure is counted by its reason."""
@@ -77,7 +90,6 @@ def _route(
         wire = body.state
         signed_for(svc, wire, body.session_id)
         state = wire.to_state(gateway=svc.gateway, auth=agent_auth(who))
-        gauge = getattr(request.app.state, "load", None)
         skip = gauge.degrade_reason() if gauge is not None else None
         sid = body.session_id
         bundle = svc.router.route(  # the owner check rides on the route's round trip

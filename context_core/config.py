@@ -367,6 +367,18 @@ class Settings(BaseSettings):
         "in use: refuse (log an error, use the CTX_ACCEPT/SKIP_THRESHOLD defaults) or warn "
         "(log a warning, use them anyway).",
     )
+    prompt_templates_dir: Path | None = Field(
+        None,
+        description="A directory of operator prompt templates, <intent>.j2 (Jinja2, "
+        "sandboxed): each adds a template or replaces the shipped one of that intent. Every "
+        "template is checked at start-up; an invalid one stops the service with its file "
+        "and line (docs/prompts.md).",
+    )
+    prompts: bool = Field(
+        True,
+        description="Render each bundle into its intent's prompt template (the bundle's "
+        "prompt field); false leaves prompt null.",
+    )
     bundle_max_fragments: int = Field(
         D.BUNDLE_MAX_FRAGMENTS,
         gt=0,

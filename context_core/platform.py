@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from context_core.redis.connection import RedisProvider
     from context_core.routing.confidence import PolicySource
     from context_core.routing.intents import IntentRegistry
+    from context_core.routing.prompts import PromptLibrary
     from context_core.routing.router import ContextRouter
     from context_core.traces import TraceWriter
     from context_core.working_memory import WorkingMemory
@@ -113,6 +114,7 @@ class Platform:
         """Build every part now (the router and the lifecycle pull in the rest) and pay the
         encoder's first-call cost; on any failure close what was opened and re-raise."""
         try:
+            _ = self.prompts  # first: an invalid template stops start-up before any backend
             _ = self.router
             _ = self.lifecycle
             if self.with_knowledge:
@@ -303,6 +305,17 @@ class Platform:
         return PolicySource(self.settings, model=model)
 
     @cached_property
+    def prompts(self) -> PromptLibrary | None:
+        """The prompt templates (shipped, plus ``CTX_PROMPT_TEMPLATES_DIR``), checked now:
+        an invalid template raises :class:`~context_core.errors.PromptTemplateError` with its
+        file and line. None with ``CTX_PROMPTS=false``."""
+        from context_core.routing.prompts import PromptLibrary
+
+        if not self.settings.prompts:
+            return None
+        return PromptLibrary.load(self.settings.prompt_templates_dir, intents=self.registry.specs)
+
+    @cached_property
     def router(self) -> ContextRouter:
         from context_core.routing.router import ContextRouter
 
@@ -317,6 +330,7 @@ class Platform:
             registry=self.registry,
             l3_timeout_ms=s.l3_timeout_ms,
             l3_collection=s.collection_main,
+            prompts=self.prompts,
         )
         self._track("router", router.close)
         return router

@@ -326,7 +326,7 @@ def test_prompts_off_leaves_the_field_null(tmp_path: Path, redis_url: str) -> No
 
 def test_http_context_answers_with_the_prompt(tmp_path: Path, redis_url: str) -> None:
     settings, raw = service_settings(tmp_path, redis_url)
-    sid = f"t-{time.time_ns() % 10**12}"
+    sid = f"t-{time.time_ns() % 10**12}"  # and its own user: no preferences yet
     try:
         with (
             running_service(settings) as url,
@@ -334,7 +334,7 @@ def test_http_context_answers_with_the_prompt(tmp_path: Path, redis_url: str) ->
         ):
             r = c.post(
                 "/v1/sessions",
-                json={"session_id": sid, "user_id": "u-1", "user_query": "report {% raw %}"},
+                json={"session_id": sid, "user_id": f"u-{sid}", "user_query": "report {% raw %}"},
             )
             assert r.status_code == 201, r.text
             r = c.post(
@@ -345,6 +345,7 @@ def test_http_context_answers_with_the_prompt(tmp_path: Path, redis_url: str) ->
             prompt = r.json()["prompt"]
     finally:
         cleanup_service_keys(redis_url)
+        cleanup_keys(redis_url, f"pref:{{*:u-{sid}}}:*")
     assert prompt["intent"] == "preferences" and prompt["template"] == "shipped/preferences.j2"
     assert "The user's initial request (L1): report {% raw %}" in prompt["text"]
     assert prompt["bindings"] == [

@@ -48,6 +48,7 @@ __all__ = [
     "SanitizeBudgetExceededError",
     "ScannerLimitError",
     "ScannerUnavailableError",
+    "SealedStateError",
     "SessionDataInKnowledgeError",
     "SessionExistsError",
     "StaleStateError",
@@ -87,6 +88,9 @@ class ConfigError(ContextError):
 class PromptTemplateError(ConfigError):
     """A prompt template is invalid: found when the templates load (the service refuses to
     start); the message names the file and line and what to change."""
+
+    http_status: ClassVar[int] = 500
+    error_code: ClassVar[str] = "prompt_template_invalid"
 
     def __init__(self, where: str, line: int | None, problem: str) -> None:
         self.where = where
@@ -191,6 +195,15 @@ class AccessDeniedError(ContextError, PermissionError):
 
     http_status: ClassVar[int] = 403
     error_code: ClassVar[str] = "forbidden"
+
+
+class SealedStateError(AccessDeniedError):
+    """A sealed L1 state that does not open: malformed, altered, for another organisation or
+    session, sealed with a key this service no longer holds, or a signed state after the
+    migration window (``context_core.session.seal``)."""
+
+    http_status: ClassVar[int] = 403
+    error_code: ClassVar[str] = "state_refused"
 
 
 class UnknownSessionError(ContextError, LookupError):

@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pydantic import ValidationError
 
 from context_core import defaults
-from context_core.errors import AccessDeniedError, ConfigError
+from context_core.errors import ConfigError, SealedStateError
 from context_core.session.wire import WireState
 
 if TYPE_CHECKING:
@@ -67,13 +67,6 @@ _KID = re.compile(r"[A-Za-z0-9_-]{1,32}")
 _NONCE_BYTES = 12
 _OPENED_SIG = "0" * 64  # an opened state was authenticated by AES-GCM, not by an HMAC
 _ENCODER = msgspec.json.Encoder()
-
-
-class SealedStateError(AccessDeniedError):
-    """A state that does not open: malformed, altered, for another organisation or session,
-    sealed with a key this service no longer holds, or signed after the migration window."""
-
-    error_code = "state_refused"
 
 
 def _b64decode(text: str) -> bytes:

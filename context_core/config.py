@@ -5,6 +5,7 @@ Nothing is read at import time: call :func:`get_settings` and pass the result do
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Any, Literal
 
@@ -379,6 +380,31 @@ class Settings(BaseSettings):
         description="thresholds.json calibrated for another embedding model than the one "
         "in use: refuse (log an error, use the CTX_ACCEPT/SKIP_THRESHOLD defaults) or warn "
         "(log a warning, use them anyway).",
+    )
+    state_keys: SecretStr | None = Field(
+        None,
+        description="AES-256 keys sealing the L1 state on the wire: '<kid>:<base64url 32 "
+        "bytes>,<kid>:...'; the first seals, every listed key opens (rotation: prepend the "
+        "new key, drop an old one once no session can still hold it). Generate an entry with "
+        "python -m context_core.session.seal <kid>. From the environment or a secrets "
+        "manager, never committed (docs/security.md).",
+    )
+    state_legacy_until: dt.datetime = Field(
+        D.STATE_LEGACY_UNTIL,
+        description="End of the migration window: until then a state in the old signed "
+        "(unencrypted) form is still accepted; after it, refused (403 state_refused).",
+    )
+    prompt_templates_dir: Path | None = Field(
+        None,
+        description="A directory of operator prompt templates, <intent>.j2 (Jinja2, "
+        "sandboxed): each adds a template or replaces the shipped one of that intent. Every "
+        "template is checked at start-up; an invalid one stops the service with its file "
+        "and line (docs/prompts.md).",
+    )
+    prompts: bool = Field(
+        True,
+        description="Render each bundle into its intent's prompt template (the bundle's "
+        "prompt field); false leaves prompt null.",
     )
     bundle_max_fragments: int = Field(
         D.BUNDLE_MAX_FRAGMENTS,

@@ -9,6 +9,7 @@ imports nothing, so any module may import it.
 
 from __future__ import annotations
 
+import datetime as _dt
 from typing import Literal
 
 __all__ = [
@@ -94,3 +95,8 @@ MAX_RESPONSE_BYTES = 10 * 1024
 
 # compliance profiles in PostgreSQL (CTX_POSTGRES_SCHEMA)
 POSTGRES_SCHEMA = "ctx_compliance"
+
+
+#: End of the migration window for signed (unencrypted) L1 states (CTX_STATE_LEGACY_UNTIL):
+#: eight weeks after sealed states shipped.
+STATE_LEGACY_UNTIL = _dt.datetime(2027, 1, 31, tzinfo=_dt.UTC)

@@ -41,12 +41,15 @@ __all__ = [
     "PersistenceRefusedError",
     "ProfileValidationError",
     "PromotionError",
+    "PromptBindingError",
+    "PromptTemplateError",
     "QuotaExceededError",
     "ReplicaAckError",
     "SanitizeBudgetExceededError",
     "ScannerLimitError",
     "ScannerUnavailableError",
     "SchemaBehindError",
+    "SealedStateError",
     "SessionDataInKnowledgeError",
     "SessionExistsError",
     "StaleStateError",
@@ -86,6 +89,41 @@ class ConfigError(ContextError):
 class SchemaBehindError(ConfigError):
     """The PostgreSQL schema is not at the code's migration head (behind, never migrated,
     or ahead of this code); the message names the command that fixes it."""
+
+
+class PromptTemplateError(ConfigError):
+    """A prompt template is invalid: found when the templates load (the service refuses to
+    start); the message names the file and line and what to change."""
+
+    http_status: ClassVar[int] = 500
+    error_code: ClassVar[str] = "prompt_template_invalid"
+
+    def __init__(self, where: str, line: int | None, problem: str) -> None:
+        self.where = where
+        self.line = line
+        at = f"{where}:{line}" if line else where
+        super().__init__(f"prompt template {at}: {problem}")
+
+
+class PromptBindingError(ContextError):
+    """A prompt field whose policy is ``fail`` found no value (or only a low-confidence one)."""
+
+    http_status: ClassVar[int] = 409
+    error_code: ClassVar[str] = "prompt_field_unbound"
+
+    def __init__(self, template: str, field: str, layer: str, key: str, why: str) -> None:
+        self.template = template
+        self.field = field
+        self.layer = layer
+        self.key = key
+        super().__init__(
+            f"prompt template {template}: field {field!r} ({layer} {key!r}) {why}, and its "
+            "policy is fail; load the value first (or change the field's policy to omit or "
+            "notice)"
+        )
+
+    def details(self) -> dict[str, Any]:
+        return {"field": self.field, "layer": self.layer, "key": self.key}
 
 
 class BackendUnavailableError(ContextError):
@@ -163,6 +201,15 @@ class AccessDeniedError(ContextError, PermissionError):
 
     http_status: ClassVar[int] = 403
     error_code: ClassVar[str] = "forbidden"
+
+
+class SealedStateError(AccessDeniedError):
+    """A sealed L1 state that does not open: malformed, altered, for another organisation or
+    session, sealed with a key this service no longer holds, or a signed state after the
+    migration window (``context_core.session.seal``)."""
+
+    http_status: ClassVar[int] = 403
+    error_code: ClassVar[str] = "state_refused"
 
 
 class UnknownSessionError(ContextError, LookupError):

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from context_core.redis.connection import RedisProvider
     from context_core.routing.confidence import PolicySource
     from context_core.routing.intents import IntentRegistry
+    from context_core.routing.prompts import PromptLibrary
     from context_core.routing.router import ContextRouter
     from context_core.traces import TraceWriter
     from context_core.working_memory import WorkingMemory
@@ -116,6 +117,7 @@ class Platform:
             # first: a PostgreSQL schema behind the code refuses (naming `ctx db upgrade`)
             # before the model loads
             _ = self.compliance
+            _ = self.prompts  # first: an invalid template stops start-up before any backend
             _ = self.router
             _ = self.lifecycle
             if self.with_knowledge:
@@ -306,6 +308,17 @@ class Platform:
         return PolicySource(self.settings, model=model)
 
     @cached_property
+    def prompts(self) -> PromptLibrary | None:
+        """The prompt templates (shipped, plus ``CTX_PROMPT_TEMPLATES_DIR``), checked now:
+        an invalid template raises :class:`~context_core.errors.PromptTemplateError` with its
+        file and line. None with ``CTX_PROMPTS=false``."""
+        from context_core.routing.prompts import PromptLibrary
+
+        if not self.settings.prompts:
+            return None
+        return PromptLibrary.load(self.settings.prompt_templates_dir, intents=self.registry.specs)
+
+    @cached_property
     def router(self) -> ContextRouter:
         from context_core.routing.router import ContextRouter
 
@@ -320,6 +333,7 @@ class Platform:
             registry=self.registry,
             l3_timeout_ms=s.l3_timeout_ms,
             l3_collection=s.collection_main,
+            prompts=self.prompts,
         )
         self._track("router", router.close)
         return router

@@ -28,7 +28,9 @@ schema 3::
                     "version"?: str | null,
                     "shadow"?: {"version", "accept", "skip", "signal", "labels": [label]}},
      "degraded": bool,
-     "timings_ms": {"l1", "l2", "l3", "total"}}
+     "timings_ms": {"l1", "l2", "l3", "total"},
+     "prompt"?: {"template": str, "bindings": [{"field", "layer": "l1"|"l2"|"l3", "key",
+                 "status": "bound"|"notice"|"omitted", "fragments": [index]}]}}
 
 ``l2`` keys are full Redis keys (``wm:{<sid>}:<kind>:<id>``; preferences
 ``pref:{<org>:<uid>}:<type>``, ``pref:{<org>:<uid>}:*`` for "all of the user's"). ``required``
@@ -252,6 +254,25 @@ class ConfidenceTrace(_Strict):
     shadow: ShadowTrace | None = None
 
 
+class PromptBindingTrace(_Strict):
+    """One field of the route's prompt: ``fragments`` indexes the record's ``fragments`` whose
+    values the prompt holds (empty for L1 fields, read from the session state)."""
+
+    field: str
+    layer: Literal["l1", "l2", "l3"]
+    key: str
+    status: Literal["bound", "notice", "omitted"]
+    fragments: list[int]
+
+
+class PromptTrace(_Strict):
+    """The bundle's prompt (``context_core.routing.prompts``) as CER reads it: which template,
+    and which delivered fragments each field bound."""
+
+    template: str
+    bindings: list[PromptBindingTrace]
+
+
 class Timings(_Strict):
     l1: float = Field(ge=0)
     l2: float = Field(ge=0)
@@ -287,6 +308,7 @@ class RouteTrace(RouteTraceV2):
     by_reference: list[ReferenceTrace]
     fallback: FallbackTrace | None
     confidence: ConfidenceTrace
+    prompt: PromptTrace | None = None  # absent: no template for the intent, or an older record
 
 
 class RouteTraceV1(RouteTraceV2):

@@ -30,7 +30,11 @@ it: the L3 query, hit sources and sections, fragment sources, namespace refs, ea
 citable tokens (``fragments[].cites``, schema 2: its key or point id, ids and rounded numbers
 from its value), plus any ``context_values`` the caller passes (e.g. a bundle's
 ``context_used``). L3 fragments below ``accept`` and hits below ``accept`` give no citable
-values: citing a for-reference chunk is not evidence the trusted context was used.
+values: citing a for-reference chunk is not evidence the trusted context was used. When the
+route rendered a prompt (the record's ``prompt``, :mod:`context_core.routing.prompts`), the
+fragments' citable values are those of the fragments its fields bound (status ``bound``): the
+same bindings the model saw, so a value the prompt left out, or showed with the
+"for reference only" notice, is not evidence of use.
 
 A :class:`UseRule` is a regex (case-sensitive unless it says ``(?i)``; comparing with the
 output ignores case and spacing); with ``require_in_context`` (default) it first collects the
@@ -274,8 +278,11 @@ def _context_texts(
         texts += [str(h.get("source") or ""), str(h.get("section") or "")]
         if float(h.get(field, h.get("score", -1.0))) >= hit_accept and h.get("source"):
             citable.append(str(h["source"]))
-    for frag in route.get("fragments") or []:
+    bound = _prompt_bound(route)
+    for i, frag in enumerate(route.get("fragments") or []):
         texts.append(str(frag.get("source") or ""))
+        if bound is not None and i not in bound:
+            continue  # delivered but not bound into the step's prompt (or only with a notice)
         cites = [str(c) for c in frag.get("cites") or ()]
         if frag.get("layer") == "L3" and (
             frag.get("label") != "confident"  # the relevance model's label, not the cosine
@@ -290,6 +297,20 @@ def _context_texts(
         texts.append(value)
         citable.append(value)
     return [t for t in texts if t], list(dict.fromkeys(c for c in citable if len(c.strip()) >= 3))
+
+
+def _prompt_bound(route: Mapping[str, Any]) -> set[int] | None:
+    """The fragments the route's prompt bound plainly (status ``bound``; a ``notice`` value
+    is for reference only), by index; None when the route rendered no prompt."""
+    prompt = route.get("prompt")
+    if not isinstance(prompt, Mapping):
+        return None
+    return {
+        int(i)
+        for b in prompt.get("bindings") or ()
+        if b.get("status") == "bound"
+        for i in b.get("fragments") or ()
+    }
 
 
 def _flatten(value: Any) -> Iterable[str]:

@@ -224,7 +224,7 @@ def test_generate_report_delivers_at_most_three_and_lists_the_rest(
     assert "mm/s RMS" not in text and 'rms_mm_s": 2.2' not in text  # referenced: no content
     assert set(b.to_dict()) == {
         "session_id", "step", "intent", "resolved_intent", "fragments", "degraded",
-        "timings_ms", "context_used", "trace_id",
+        "timings_ms", "context_used", "trace_id", "prompt",
     }  # fmt: skip
     # The trace records what was delivered and what was by reference.
     _, rec = env.traces()

@@ -60,11 +60,14 @@ import datetime as dt
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from context_core.routing.bundle_delta import BundleDelta, delta_wire
 from context_core.session.wire import BundleWire, FragmentWire, encode_json
 from context_core.traces import ReferenceTrace
+
+if TYPE_CHECKING:
+    from context_core.routing.prompts import RenderedPrompt
 
 __all__ = [
     "LOW_CONFIDENCE_NOTE",
@@ -127,6 +130,8 @@ class ContextBundle:
     # Set when the route was asked for a delta (context_core.routing.delta): the bundle's id, its
     # base and which fragments the base held unchanged. ``fragments`` stay the full bundle.
     delta: BundleDelta | None = None
+    # The bundle rendered into its intent's template (context_core.routing.prompts), if any.
+    prompt: RenderedPrompt | None = None
 
     def by_layer(self, layer: Layer) -> tuple[Fragment, ...]:
         return tuple(f for f in self.fragments if f.layer == layer)
@@ -140,6 +145,7 @@ class ContextBundle:
         service publishes as ``POST /v1/context``'s response."""
         out = {name: getattr(self, name) for name in _BUNDLE_FIELDS}
         out["fragments"] = [f.to_dict() for f in self.fragments]
+        out["prompt"] = None if self.prompt is None else self.prompt.to_dict()
         return out
 
     def to_json(self) -> bytes:

@@ -68,4 +68,5 @@ def delta_wire(
         "timings_ms": head["timings_ms"],
         "context_used": head["context_used"],
         "trace_id": head["trace_id"],
+        "prompt": head.get("prompt"),
     }

@@ -77,7 +77,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 from context_core import defaults
 from context_core.concurrency import on_loop_now, spawn, wait_future
-from context_core.errors import AccessDeniedError, ConfigError, ContextMissError
+from context_core.errors import (
+    AccessDeniedError,
+    ConfigError,
+    ContextMissError,
+    PromptBindingError,
+)
 from context_core.knowledge.memory import UNREVIEWED, hot_scopes, hot_visible
 from context_core.redis.ops import Cmd, Op
 from context_core.routing.bundle import (
@@ -106,6 +111,7 @@ if TYPE_CHECKING:
     from context_core.access.namespaces import Grant, NamespaceRegistry
     from context_core.knowledge.memory import KnowledgeMemory
     from context_core.knowledge.store import Hit
+    from context_core.routing.prompts import PromptLibrary, RenderedPrompt
     from context_core.routing.relevance import RelevanceModel
     from context_core.session.state import SessionState
     from context_core.working_memory import WorkingMemory
@@ -209,6 +215,9 @@ class _Built:
     used: dict[str, Any]
     fallback: dict[str, Any] | None
     timings: dict[str, float]
+    prompt: RenderedPrompt | None = None
+    # a field whose policy is "fail" found no usable value: raised after the trace
+    prompt_error: PromptBindingError | None = None
 
 
 class ContextRouter:
@@ -234,6 +243,7 @@ class ContextRouter:
         max_fragments: int = DEFAULT_MAX_FRAGMENTS,
         relevance: RelevanceModel | None = None,
         delta_keep: int = DEFAULT_KEEP,
+        prompts: PromptLibrary | None = None,
     ) -> None:
         if l3_timeout_ms <= 0:
             raise ConfigError(f"l3_timeout_ms must be positive, got {l3_timeout_ms}")
@@ -260,6 +270,7 @@ class ContextRouter:
         self._model_checked = False
         self.l3_limit = l3_limit
         self.delta_keep = delta_keep
+        self.prompts = prompts
         self._bundle_log: BundleLog | None = None
         self._pool = ThreadPoolExecutor(max_workers=l3_workers, thread_name_prefix="ctx-l3")
 
@@ -369,8 +380,9 @@ class ContextRouter:
 
         The steps, in order: :meth:`_start_l3` (1), :meth:`_read_exact` (2-4, L1, L2 and the
         shared namespaces), :meth:`_await_l3` and :meth:`_label_l3` (5), :meth:`_assemble`
-        (6-8: the budget, the fallback, the delta), :meth:`_record` (the trace), then
-        :func:`_raise_failure` (a required miss or denied read)."""
+        (6-9: the budget, the fallback, the delta, the prompt), :meth:`_record` (the trace), then
+        :func:`_raise_failure` (a required miss or denied read) or the prompt's unbound
+        ``fail`` field."""
         if since_bundle is not None and not delta:
             raise ValueError("route: since_bundle is only meaningful with delta=True")
         t0 = time.perf_counter()
@@ -403,6 +415,8 @@ class ContextRouter:
         )
         self._record(run, l3, exact, found, labelled, built)
         _raise_failure(run, exact)
+        if built.prompt_error is not None:
+            raise built.prompt_error
         return built.bundle
 
     def _start_l3(self, run: _Run) -> _L3Start:
@@ -562,6 +576,13 @@ class ContextRouter:
         if delta and not exact.failed:
             diff = self.bundle_log.record(state.session_id, run.intent, delivered, since_bundle)
         delta_ms = (time.perf_counter() - t_delta) * 1000.0
+        # 9. the prompt: the delivered fragments (and L1) bound into the intent's template
+        prompt, prompt_error = None, None
+        if self.prompts is not None and not exact.failed:
+            try:
+                prompt = self.prompts.render(run.spec.name, state, delivered)
+            except PromptBindingError as e:
+                prompt_error = e
         total_ms = (time.perf_counter() - run.t0) * 1000.0
         l3_ms = outcome.ms if not outcome.error else (found.t_l3 - l3.submitted) * 1000.0
         timings = {
@@ -583,8 +604,9 @@ class ContextRouter:
             resolved_intent=run.spec.name,
             l2_missing=tuple(exact.l2_trace["missing"]),
             delta=diff,
+            prompt=prompt,
         )
-        return _Built(bundle, delivered, used, fallback, timings)
+        return _Built(bundle, delivered, used, fallback, timings, prompt, prompt_error)
 
     def _record(
         self,
@@ -624,6 +646,7 @@ class ContextRouter:
                 ),
                 "degraded": found.degraded,
                 "timings_ms": built.timings,
+                **({"prompt": built.prompt.trace()} if built.prompt is not None else {}),
             }
         )
 

@@ -44,6 +44,7 @@ import contextvars
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -51,6 +52,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from context_core.errors import ContextError, InputTooDeepError, PersistenceRefusedError
 from context_core.gateway.identity import DEFAULT_ORG, canonical_user_id
@@ -265,19 +268,71 @@ class TraceOffload:
 
 
 @dataclass(frozen=True, slots=True)
+class AuthValues:
+    """An opened :class:`AuthContext`: plain values, for the call that needs them only."""
+
+    agent_id: str
+    scopes: tuple[str, ...]
+    token_sha256: str = field(repr=False)
+    org: str
+
+
+# The key that keeps auth contexts encrypted in this process's memory: random per process,
+# never written anywhere. What this does and does not protect against: docs/security.md.
+_AUTH_KEY = AESGCM.generate_key(bit_length=256)
+_AUTH_AAD = b"ctx-auth-context/v1"
+
+
 class AuthContext:
     """Who the agent acts for. Holds a token *hash*, never a token; refuses persistence.
 
-    Kept apart from the rest of the state: excluded from ``repr`` and equality of
-    :class:`SessionState`, and its own repr shows the agent id and scopes only.
+    Kept encrypted in memory (AES-GCM under a random per-process key): the object holds only
+    ciphertext, and each attribute read (``agent_id``, ``scopes``, ``token_sha256``, ``org``)
+    or :meth:`open` decrypts for that call, so the values are in plaintext only while the code
+    that needs them runs. Kept apart from the rest of the state: excluded from ``repr`` and
+    equality of :class:`SessionState`; its own repr shows the agent id and scopes only.
     """
 
-    agent_id: str
-    scopes: tuple[str, ...] = ()
-    token_sha256: str = field(default="", repr=False)
-    #: The organisation the agent acts for: from its API key, never from a request body.
-    #: Every user-keyed record the session reaches is the user's *in this organisation*.
-    org: str = DEFAULT_ORG
+    __slots__ = ("_box",)
+    _box: bytes
+
+    def __init__(
+        self,
+        agent_id: str,
+        scopes: tuple[str, ...] = (),
+        token_sha256: str = "",
+        org: str = DEFAULT_ORG,
+    ) -> None:
+        plain = json.dumps([agent_id, list(scopes), token_sha256, org]).encode()
+        nonce = os.urandom(12)
+        box = nonce + AESGCM(_AUTH_KEY).encrypt(nonce, plain, _AUTH_AAD)
+        object.__setattr__(self, "_box", box)
+
+    def open(self) -> AuthValues:
+        """The values, decrypted now (keep the result no longer than the call needs it)."""
+        box = self._box
+        agent_id, scopes, token_sha256, org = json.loads(
+            AESGCM(_AUTH_KEY).decrypt(box[:12], box[12:], _AUTH_AAD)
+        )
+        return AuthValues(agent_id, tuple(scopes), token_sha256, org)
+
+    @property
+    def agent_id(self) -> str:
+        return self.open().agent_id
+
+    @property
+    def scopes(self) -> tuple[str, ...]:
+        return self.open().scopes
+
+    @property
+    def token_sha256(self) -> str:
+        return self.open().token_sha256
+
+    @property
+    def org(self) -> str:
+        """The organisation the agent acts for: from its API key, never from a request body.
+        Every user-keyed record the session reaches is the user's *in this organisation*."""
+        return self.open().org
 
     @classmethod
     def from_token(
@@ -288,6 +343,24 @@ class AuthContext:
 
     def has_scope(self, scope: str) -> bool:
         return scope in self.scopes
+
+    def __setattr__(self, name: str, value: object) -> NoReturn:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> NoReturn:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, AuthContext):
+            return NotImplemented
+        return self.open() == other.open()
+
+    def __hash__(self) -> int:
+        return hash(self.open())
+
+    def __repr__(self) -> str:
+        v = self.open()
+        return f"AuthContext(agent_id={v.agent_id!r}, scopes={v.scopes!r})"
 
     __reduce__ = _refuse
     __reduce_ex__ = _refuse

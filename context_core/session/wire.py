@@ -53,6 +53,8 @@ __all__ = [
     "DeltaFragmentWire",
     "FragmentRef",
     "FragmentWire",
+    "PromptBindingWire",
+    "PromptWire",
     "WireApiResult",
     "WireState",
     "WireTraceItem",
@@ -305,6 +307,35 @@ class ContextUsed(_Out):
     fallback: FallbackTrace | None = None
 
 
+class PromptBindingWire(_Out):
+    """One field of a rendered prompt: where its value came from and how it was bound."""
+
+    field: str
+    layer: Literal["l1", "l2", "l3"]
+    key: str = Field(description="the L1 field, the L2 key kind[:ident] or the L3 title match")
+    status: Literal["bound", "notice", "omitted"] = Field(
+        description="bound: the value is in the text; notice: it is, marked 'for reference "
+        "only; real-time data decides' (low confidence) or shown as not available; omitted: "
+        "not in the text (missing or low confidence, by the field's policy)"
+    )
+    confidence: float | None = Field(
+        description="the bound value's confidence (the highest of its fragments; 1.0 for "
+        "exact reads), null when nothing was bound"
+    )
+
+
+class PromptWire(_Out):
+    """The bundle rendered into its intent's prompt template (``context_core.routing.prompts``)."""
+
+    intent: str = Field(description="the intent whose template rendered it (the resolved one)")
+    template: str = Field(description="shipped/<intent>.j2 or operator/<intent>.j2")
+    text: str
+    bindings: list[PromptBindingWire]
+    context_used: list[str] = Field(
+        description="the sources whose values the text holds (L1:session.<field>, fragment sources)"
+    )
+
+
 class BundleWire(_Out):
     """:class:`~context_core.routing.bundle.ContextBundle` on the wire."""
 
@@ -319,6 +350,9 @@ class BundleWire(_Out):
     timings_ms: dict[str, float]
     context_used: ContextUsed
     trace_id: str
+    prompt: PromptWire | None = Field(
+        None, description="the bundle rendered into its intent's prompt; null: no template"
+    )
 
 
 # --- the bundle as a delta (POST /v1/context with "delta": true; context_core.routing.delta)
@@ -370,3 +404,6 @@ class BundleDeltaWire(_Out):
     timings_ms: dict[str, float]
     context_used: ContextUsed
     trace_id: str
+    prompt: PromptWire | None = Field(
+        None, description="the full bundle rendered into its intent's prompt; null: no template"
+    )

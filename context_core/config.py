@@ -227,6 +227,18 @@ class Settings(BaseSettings):
     embed_device: str = Field(
         "cpu", description="Torch device for the encoder (cpu, cuda, cuda:1)."
     )
+    embed_backend: Literal["torch", "onnx-int8"] = Field(
+        "torch",
+        description="How the encoder runs: torch (fp32, the weights as shipped) or onnx-int8 "
+        "(ONNX Runtime, the same weights with dynamic int8 quantisation, exported once and "
+        "cached in encoder_cache_dir). A collection records the backend that built it and "
+        "refuses queries from the other one.",
+    )
+    encoder_cache_dir: Path | None = Field(
+        None,
+        description="Where exported ONNX encoders are kept (None: $XDG_CACHE_HOME or "
+        "~/.cache, under context-platform/encoders). Shared by every data dir of the user.",
+    )
 
     # --- ingestion ----------------------------------------------------------------------
     chunk_max_tokens: int = Field(

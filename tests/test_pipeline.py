@@ -142,8 +142,10 @@ def test_changed_shrunk_and_deleted_pages(tmp_path: Path, cfg: Settings, minilm:
 
 
 def test_killed_run_then_rerun_matches_a_clean_run(
-    tmp_path: Path, cfg: Settings, minilm: Encoder
+    tmp_path: Path, cfg: Settings, minilm: Encoder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # one batch per encoder call, so the kill lands after exactly one batch was written
+    monkeypatch.setattr("context_core.ingest.pipeline.EMBED_WINDOW_BATCHES", 1)
     export = write_export(tmp_path / "export", base_pages())
     crashing = CountingEncoder(minilm, fail_after=1)
     with EdgeStore(cfg.qdrant_dir) as store:
@@ -232,3 +234,19 @@ def test_page_quarantined_later_keeps_its_last_good_chunks(
         after = _points(store)
     assert (s.pages_quarantined, s.pages_deleted, s.chunks_deleted) == (2, 0, 0)
     assert after == before
+
+
+def test_windowed_embedding_stores_each_text_with_its_own_vector(
+    tmp_path: Path, cfg: Settings, minilm: Encoder
+) -> None:
+    """Several batches per encoder call (sorted by length inside the encoder), BM25 on a
+    helper thread: every stored point still carries the vector of its own text."""
+    export = write_export(tmp_path / "export", base_pages())
+    with EdgeStore(cfg.qdrant_dir) as store:
+        run_refresh(export, settings=cfg, store=store, encoder=minilm, progress=False)
+        stored = list(store.scroll("knowledge_main", with_vectors=True))
+    assert len(stored) > cfg.embed_batch_size  # more than one batch in the window
+    texts = [r.payload["text"] for r in stored]
+    alone = minilm.encode(texts, batch_size=1)
+    for rec, vec in zip(stored, alone, strict=True):
+        assert float(np.dot(np.asarray(rec.vector), vec)) > 0.99

@@ -79,6 +79,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 STAGES = ("parse", "chunk", "validate", "embed", "upsert")
+#: Batches embedded per encoder call in a refresh (sorted by length within the call).
+EMBED_WINDOW_BATCHES = 16
 QUARANTINE_FILE = "quarantine.jsonl"  # under reports_dir; append-only history, one line a page
 
 
@@ -255,26 +257,43 @@ def _embed_and_upsert(
     seconds: dict[str, float],
     bar: StageProgress,
 ) -> int:
-    """Embed (dense and sparse) and upsert the plan's points ``size`` at a time; the count."""
+    """Embed (dense and sparse) and upsert the plan's points; the count.
+
+    Texts are embedded a window of :data:`EMBED_WINDOW_BATCHES` batches at a time, so the
+    encoder can batch them by length (less padding: both backends sort a call's texts by
+    length), while the window's BM25 vectors are computed on a helper thread (the dense
+    encoder releases the GIL). Upserts stay ``size`` points each."""
+    from concurrent.futures import ThreadPoolExecutor
+
     points: list[PlannedPoint] = plan.points
     t_embed = bar.stage("embed", len(points))
     t_upsert = bar.stage("upsert", len(points))
-    for start in range(0, len(points), size):
-        batch = points[start : start + size]
-        texts = [pt.text for pt in batch]
-        with timed(seconds, "embed"):
-            vectors = encoder.encode(texts, batch_size=size)
-            sparse_vectors = sparse.encode_documents(texts)
-        bar.advance(t_embed, len(batch))
-        with timed(seconds, "upsert"):
-            store.upsert(
-                plan.collection,
-                [
-                    pt.record(vec, sv)
-                    for pt, vec, sv in zip(batch, vectors, sparse_vectors, strict=True)
-                ],
-            )
-        bar.advance(t_upsert, len(batch))
+    window = size * EMBED_WINDOW_BATCHES
+    with ThreadPoolExecutor(1, thread_name_prefix="sparse-encode") as pool:
+        for start in range(0, len(points), window):
+            chunk = points[start : start + window]
+            texts = [pt.text for pt in chunk]
+            with timed(seconds, "embed"):
+                sparse_future = pool.submit(sparse.encode_documents, texts)
+                vectors = encoder.encode(texts, batch_size=size)
+                sparse_vectors = sparse_future.result()
+            bar.advance(t_embed, len(chunk))
+            for s in range(0, len(chunk), size):
+                batch = chunk[s : s + size]
+                with timed(seconds, "upsert"):
+                    store.upsert(
+                        plan.collection,
+                        [
+                            pt.record(vec, sv)
+                            for pt, vec, sv in zip(
+                                batch,
+                                vectors[s : s + size],
+                                sparse_vectors[s : s + size],
+                                strict=True,
+                            )
+                        ],
+                    )
+                bar.advance(t_upsert, len(batch))
     return len(points)
 
 

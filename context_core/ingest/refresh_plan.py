@@ -874,10 +874,13 @@ def _empty_message(export: Path, quarantined: list[dict[str, str]]) -> str:
 def _model_name(settings: Settings) -> str:
     """The name an encoder for these settings will report, without loading the model."""
     from context_core.knowledge.embedding import MODEL_REGISTRY
+    from context_core.knowledge.onnx_encoder import encoder_name
 
     if settings.embed_model in MODEL_REGISTRY:
-        return MODEL_REGISTRY[settings.embed_model].name
-    return str(Path(settings.embed_model).expanduser().resolve())
+        model = MODEL_REGISTRY[settings.embed_model].name
+    else:
+        model = str(Path(settings.embed_model).expanduser().resolve())
+    return encoder_name(model, settings.embed_backend)
 
 
 def load_encoder_lazily(settings: Settings) -> Encoder:

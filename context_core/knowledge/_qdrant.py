@@ -112,14 +112,18 @@ class QdrantModels:
                 must.append(m.FieldCondition(key=c.key, range=rng))
         return m.Filter(must=must)
 
-    def search_params(self, exact: bool) -> Any:
-        """Exact search, or the int8 copies with ``QUANT_OVERSAMPLING`` and float rescoring."""
+    def search_params(
+        self, exact: bool, *, hnsw_ef: int | None = None, oversampling: float | None = None
+    ) -> Any:
+        """Exact search, or the int8 copies with ``QUANT_OVERSAMPLING`` (or ``oversampling``)
+        and float rescoring; ``hnsw_ef`` None = the engine's default beam width."""
         m = self.models
         if exact:
             return m.SearchParams(exact=True)
-        return m.SearchParams(
-            quantization=m.QuantizationSearchParams(rescore=True, oversampling=QUANT_OVERSAMPLING)
+        quant = m.QuantizationSearchParams(
+            rescore=True, oversampling=oversampling or QUANT_OVERSAMPLING
         )
+        return m.SearchParams(hnsw_ef=hnsw_ef, quantization=quant)
 
     def sparse_vector(self, sv: SparseVector) -> Any:
         """The driver's ``SparseVector``."""

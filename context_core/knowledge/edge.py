@@ -184,11 +184,31 @@ _OPEN_LOCK = threading.RLock()
 class EdgeStore:
     """:class:`~context_core.knowledge.store.VectorStore` on Qdrant Edge shards under ``root``."""
 
-    def __init__(self, root: Path | str, *, search_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        root: Path | str,
+        *,
+        search_threads: int | None = None,
+        on_disk: bool = False,
+        hnsw_ef: int | None = None,
+        oversampling: float | None = None,
+    ) -> None:
         """``search_threads``: size of each shard's search pool (None = one per CPU). It only
-        applies when this store is the first to open a shard in the process."""
+        applies when this store is the first to open a shard in the process.
+
+        ``on_disk``: collections this store creates keep their original vectors and payloads
+        in memory-mapped files instead of RAM (the int8 copies HNSW searches stay in RAM, the
+        originals are read only to rescore the few candidates). For collections of millions
+        of points, where the float32 originals alone would take GBs of RAM.
+
+        ``hnsw_ef`` / ``oversampling``: HNSW beam width and int8 candidate oversampling of
+        approximate searches (None: the engine's default ef and ``QUANT_OVERSAMPLING``);
+        larger collections need more of both for the same recall."""
         self.root = Path(root).expanduser().resolve()
         self.search_threads = search_threads
+        self.on_disk = on_disk
+        self.hnsw_ef = hnsw_ef
+        self.oversampling = oversampling
         self._held: dict[str, Path] = {}  # collection -> shard path this store holds a ref to
         self._meta: dict[str, dict[str, Any]] = {}
         self._lock = threading.RLock()
@@ -277,7 +297,10 @@ class EdgeStore:
         )
         return qe.EdgeConfig(
             max_search_threads=self.search_threads,
-            vectors=qe.EdgeVectorParams(size=dim, distance=qe.Distance.Cosine),
+            vectors=qe.EdgeVectorParams(
+                size=dim, distance=qe.Distance.Cosine, on_disk=self.on_disk or None
+            ),
+            on_disk_payload=self.on_disk or None,
             sparse_vectors=sparse_vectors,
             hnsw_config=qe.HnswIndexConfig(
                 m=HNSW_M, ef_construct=HNSW_EF_CONSTRUCT, full_scan_threshold=FULL_SCAN_THRESHOLD
@@ -594,7 +617,12 @@ class EdgeStore:
             rescore = leg.ids is not None
             if leg.kind == "dense":
                 dense = list(leg.query) if leg.query is not None else vec
-                q, params = qe.Query.Nearest(dense), EDGE.search_params(exact or rescore)
+                q, params = (
+                    qe.Query.Nearest(dense),
+                    EDGE.search_params(
+                        exact or rescore, hnsw_ef=self.hnsw_ef, oversampling=self.oversampling
+                    ),
+                )
             else:
                 q, params = query_sparse, None
             reqs.append(

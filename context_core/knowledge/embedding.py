@@ -27,6 +27,12 @@ import numpy as np
 from context_core.concurrency import blocking
 from context_core.config import Settings
 from context_core.errors import ConfigError, ModelLoadError
+from context_core.knowledge.onnx_encoder import (
+    OnnxRunner,
+    encoder_cache_dir,
+    encoder_name,
+    ensure_int8_export,
+)
 from context_core.redis.connection import REDIS_ERRORS, RedisClient
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; the real import is lazy (torch is heavy)
@@ -89,6 +95,8 @@ MODEL_REGISTRY: dict[str, ModelSpec] = {
 # process, shared by every Encoder (Encoders themselves are cheap wrappers).
 _MODELS: dict[tuple[str, str], SentenceTransformer] = {}
 _MODELS_LOCK = threading.Lock()
+# Exported ONNX encoders, one runner per file per process (a session holds the weights).
+_RUNNERS: dict[str, OnnxRunner] = {}
 
 
 def _howto(name: str) -> str:
@@ -148,7 +156,11 @@ class Encoder:
     """Embeds texts with one model; L2-normalised float32 so dot product == cosine.
 
     ``name`` is what collections record (registry name, or the resolved path of a local
-    model), ``model_id`` where the weights came from.
+    model, then ``+onnx-int8`` when the int8 ONNX runner embeds: see
+    :func:`~context_core.knowledge.onnx_encoder.encoder_name`), ``model_id`` where the
+    weights came from, ``backend`` which of ``CTX_EMBED_BACKEND``'s runners embeds. The torch
+    model is always loaded: its tokenizer counts chunk tokens and it is what ONNX is exported
+    from.
     """
 
     def __init__(
@@ -159,8 +171,11 @@ class Encoder:
         redis_client: RedisClient | None = None,
         cache_ttl_s: int = 86_400,
         batch_size: int = 64,
+        runner: OnnxRunner | None = None,
     ) -> None:
-        self.name = spec.name
+        self.backend = "torch" if runner is None else "onnx-int8"
+        self.name = encoder_name(spec.name, self.backend)
+        self._runner = runner
         self.model_id = spec.model_id
         get_dim = getattr(model, "get_embedding_dimension", None) or (
             model.get_sentence_embedding_dimension
@@ -189,7 +204,10 @@ class Encoder:
         return self._model
 
     def __repr__(self) -> str:
-        return f"Encoder(name={self.name!r}, dim={self.dim}, max_tokens={self.max_tokens})"
+        return (
+            f"Encoder(name={self.name!r}, backend={self.backend!r}, dim={self.dim}, "
+            f"max_tokens={self.max_tokens})"
+        )
 
     # --- tokenizer -------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
@@ -228,6 +246,8 @@ class Encoder:
     # --- embeddings ------------------------------------------------------------------
     def _encode_raw(self, texts: list[str], batch_size: int, show_progress: bool) -> np.ndarray:
         """The single call into the model (kept apart so tests can count real encodes)."""
+        if self._runner is not None:
+            return self._runner.encode(texts, batch_size)
         out = self._model.encode(
             texts,
             batch_size=batch_size,
@@ -335,10 +355,32 @@ def load_encoder(settings: Settings, *, redis_client: RedisClient | None = None)
         )
     spec = _spec_for(settings.embed_model)
     model = _load_model(spec, settings.embed_device)
+    runner = None
+    if settings.embed_backend == "onnx-int8":
+        runner = _load_runner(spec, model, encoder_cache_dir(settings))
     return Encoder(
         spec,
         model,
         redis_client=redis_client,
         cache_ttl_s=settings.embed_cache_ttl_s,
         batch_size=settings.embed_batch_size,
+        runner=runner,
     )
+
+
+def _load_runner(spec: ModelSpec, model: SentenceTransformer, cache_dir: Path) -> OnnxRunner:
+    """The int8 ONNX runner of ``model``, exported into ``cache_dir`` on first use."""
+    path = ensure_int8_export(model, spec.name, spec.resolve(), cache_dir)
+    with _MODELS_LOCK:
+        runner = _RUNNERS.get(str(path))
+        if runner is None:
+            backend = getattr(model.tokenizer, "backend_tokenizer", None)
+            if backend is None:
+                raise ModelLoadError(
+                    f"model {spec.name!r} has no fast tokenizer, which the ONNX encoder "
+                    "needs; set CTX_EMBED_BACKEND=torch"
+                )
+            runner = _RUNNERS[str(path)] = OnnxRunner(
+                path, backend, int(model.max_seq_length or spec.max_tokens)
+            )
+        return runner

@@ -237,14 +237,29 @@ def check_point_id(pid: str) -> str:
 def check_model(
     collection: str, *, recorded_model: str, recorded_dim: int, model: str, dim: int
 ) -> None:
-    """Refuse to mix embedding models in one collection: the scores would be meaningless."""
+    """Refuse to mix embedding models in one collection: the scores would be meaningless.
+
+    A model name may carry the backend that ran it (``minilm+onnx-int8``): the int8 encoder's
+    vectors are close to fp32's but not equal, so a collection records which one built it and
+    queries from the other are refused too."""
     if recorded_model == model and recorded_dim == dim:
         return
+    from context_core.knowledge.onnx_encoder import split_encoder_name
+
+    rec_model, rec_backend = split_encoder_name(recorded_model)
+    use_model, use_backend = split_encoder_name(model)
+    if rec_model == use_model and recorded_dim == dim:
+        raise ModelMismatchError(
+            f"collection {collection!r} was built with embedding model {rec_model!r} on the "
+            f"{rec_backend!r} encoder backend but is being used with the {use_backend!r} "
+            f"backend; either set CTX_EMBED_BACKEND={rec_backend} to query it, or drop the "
+            f"collection and re-ingest with CTX_EMBED_BACKEND={use_backend}"
+        )
     raise ModelMismatchError(
         f"collection {collection!r} was built with embedding model {recorded_model!r} "
         f"({recorded_dim}-d) but is being used with {model!r} ({dim}-d); either set "
-        f"CTX_EMBED_MODEL={recorded_model} to query it, or drop the collection and re-ingest "
-        f"with {model!r}"
+        f"CTX_EMBED_MODEL={rec_model} (CTX_EMBED_BACKEND={rec_backend}) to query it, or drop "
+        f"the collection and re-ingest with {model!r}"
     )
 
 

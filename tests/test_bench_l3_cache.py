@@ -1,0 +1,56 @@
+"""The L3 benchmark's build cache: built once per set of build parameters, reused by the next
+run through its manifest, rebuilt when a parameter changes; a killed build is never reused."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import l3_search as bench
+from context_core.knowledge.edge import EdgeStore
+from context_core.knowledge.store import SearchQuery, point_id
+
+
+def _args(cache: Path, **kw: object) -> argparse.Namespace:
+    base = dict(
+        points=1_500,
+        dim=16,
+        sections=4,
+        seed=3,
+        vectors_on_disk=True,
+        cache_dir=cache,
+        search_threads=None,
+    )
+    return argparse.Namespace(**{**base, **kw})
+
+
+def _data(a: argparse.Namespace) -> tuple[np.ndarray, list[dict], list[str]]:
+    vecs, payloads = bench._dataset(a.points, a.dim, a.sections, a.seed)
+    return vecs, payloads, [point_id(p["source"], p["chunk_index"]) for p in payloads]
+
+
+def test_built_once_then_reused_then_rebuilt_for_other_parameters(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    a = _args(cache)
+    (cache / "l3-1500-deadbeef.building-x").mkdir(parents=True)  # a killed build's leftovers
+    root, manifest = bench._cached_collection(a, *_data(a), rss0=0.0)
+    assert manifest["reused"] is False and manifest["points"] == 1_500
+    assert root.parent.name.startswith("l3-1500-") and ".building" not in str(root)
+    on_disk = json.loads((root.parent / "manifest.json").read_text())
+    assert on_disk["params"] == bench._build_params(a) and "reused" not in on_disk
+
+    root2, again = bench._cached_collection(a, *_data(a), rss0=0.0)
+    assert (root2, again["reused"], again["built_at"]) == (root, True, manifest["built_at"])
+    vecs, _payloads, ids = _data(a)
+    with EdgeStore(root2, on_disk=True) as store:  # the reused collection answers correctly
+        hit = store.search(vecs[7].tolist(), SearchQuery(bench.COLLECTION, 1, exact=True))
+        assert hit[0].id == ids[7]
+
+    b = _args(cache, seed=4)  # another data set: another entry, built afresh
+    root3, other = bench._cached_collection(b, *_data(b), rss0=0.0)
+    assert other["reused"] is False and root3 != root
+    built = sorted(p.name for p in cache.iterdir() if ".building" not in p.name)
+    assert len(built) == 2

@@ -1,0 +1,157 @@
+"""The int8 ONNX encoder: exported from the packaged MiniLM (no download), cached, selected by
+CTX_EMBED_BACKEND, recorded by collections, refused when it differs from the collection's."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from context_core.config import get_settings
+from context_core.errors import ModelMismatchError
+from context_core.knowledge.edge import EdgeStore
+from context_core.knowledge.embedding import MODEL_REGISTRY, Encoder, load_encoder
+from context_core.knowledge.onnx_encoder import (
+    encoder_name,
+    ensure_int8_export,
+    length_buckets,
+    split_encoder_name,
+)
+from context_core.knowledge.store import check_model
+
+SENTENCES = [
+    "How do I replace the seal on a centrifugal pump?",
+    "Steps to change a centrifugal pump's mechanical seal",
+    "The quarterly sales report is due on Friday.",
+    "泵的振动 温度 123.45 ok",
+]
+
+
+@dataclass
+class FirstUse:
+    cache: Path
+    encoders: list[Encoder]
+    errors: list[BaseException]
+
+
+@pytest.fixture(scope="module")
+def first_use(tmp_path_factory: pytest.TempPathFactory) -> FirstUse:
+    """Two threads load the int8 encoder at once from an empty cache dir (one export per test
+    run, shared by this module), where a killed process left a half-written export behind."""
+    cache = tmp_path_factory.mktemp("encoders")
+    (cache / ".export-killed").mkdir()
+    (cache / ".export-killed" / "model.int8.onnx").write_bytes(b"half a model")
+    settings = get_settings(embed_backend="onnx-int8", encoder_cache_dir=cache)
+    out = FirstUse(cache, [], [])
+
+    def load() -> None:
+        try:
+            out.encoders.append(load_encoder(settings))
+        except BaseException as e:  # pragma: no cover - asserted empty below
+            out.errors.append(e)
+
+    threads = [threading.Thread(target=load) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+@pytest.fixture(scope="module")
+def int8(first_use: FirstUse) -> Encoder:
+    assert not first_use.errors, first_use.errors
+    return first_use.encoders[0]
+
+
+def test_backend_selected_by_setting_and_recorded_in_the_name(
+    int8: Encoder, encoder: Encoder
+) -> None:
+    assert (encoder.backend, encoder.name) == ("torch", "minilm")
+    assert (int8.backend, int8.name, int8.dim) == ("onnx-int8", "minilm+onnx-int8", 384)
+    assert split_encoder_name(int8.name) == ("minilm", "onnx-int8")
+    assert split_encoder_name("/models/a+b") == ("/models/a+b", "torch")  # not a backend
+    assert encoder_name("minilm", "torch") == "minilm"
+    # the Redis query cache keeps the two backends' vectors apart
+    assert int8.cache_key("q") != encoder.cache_key("q")
+
+
+def test_int8_vectors_agree_with_fp32(int8: Encoder, encoder: Encoder) -> None:
+    a, b = int8.encode(SENTENCES), encoder.encode(SENTENCES)
+    assert a.shape == (4, 384) and a.dtype == np.float32
+    assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)
+    cos = np.sum(a * b, axis=1)
+    assert cos.min() > 0.97, cos
+    # and it still ranks: the paraphrase is closer than the unrelated sentence
+    assert float(a[0] @ a[1]) > float(a[0] @ a[2]) + 0.4
+
+
+def test_bucketed_batches_keep_the_input_order(int8: Encoder) -> None:
+    """Texts of very different lengths over several windows: each output row is the vector of
+    the text at that position (closest to that text embedded alone, among all texts)."""
+    topics = ["pump seal", "fan vibration", "invoice due", "rotor torque", "coolant leak"]
+    texts = [
+        f"{topics[i % 5]} {i} " + "details of the procedure " * ((7 * i) % 23) for i in range(45)
+    ]
+    batched = int8.encode(texts, batch_size=4)  # 45 texts: windows of 32, batches of 4
+    alone = np.stack([int8.encode([t])[0] for t in texts])
+    sims = batched @ alone.T
+    assert list(np.argmax(sims, axis=1)) == list(range(len(texts)))
+    assert float(np.min(np.diag(sims))) > 0.98
+
+
+@pytest.mark.parametrize("batch", [1, 3, 64])
+def test_length_buckets_cover_each_index_once_shortest_first(batch: int) -> None:
+    lengths = [5, 1, 9, 1, 7, 3, 3, 12, 2, 8]
+    buckets = length_buckets(lengths, batch)
+    flat = [int(i) for b in buckets for i in b]
+    assert sorted(flat) == list(range(len(lengths)))
+    assert all(len(b) <= batch for b in buckets)
+    assert [lengths[i] for i in flat] == sorted(lengths)
+    with pytest.raises(ValueError, match="batch_size"):
+        length_buckets(lengths, 0)
+
+
+def test_a_collection_refuses_the_other_backend(
+    tmp_path: Path, int8: Encoder, encoder: Encoder
+) -> None:
+    with EdgeStore(tmp_path / "qdrant") as store:
+        store.create_collection("kb", dim=int8.dim, model=int8.name)
+        info = store.info("kb")
+        assert info is not None and info.model == "minilm+onnx-int8"
+        with pytest.raises(ModelMismatchError, match="CTX_EMBED_BACKEND=onnx-int8") as e:
+            store.create_collection("kb", dim=encoder.dim, model=encoder.name)
+        assert "'torch'" in str(e.value)
+    with pytest.raises(ModelMismatchError, match="CTX_EMBED_BACKEND=torch to query it"):
+        check_model("kb", recorded_model="minilm", recorded_dim=384, model=int8.name, dim=384)
+    with pytest.raises(ModelMismatchError, match="CTX_EMBED_MODEL=bge-m3"):
+        check_model("kb", recorded_model="bge-m3", recorded_dim=1024, model=int8.name, dim=384)
+
+
+def test_concurrent_first_use_exports_one_whole_file(first_use: FirstUse) -> None:
+    """Both threads got the same, whole, loadable file; the leftover temp dir of a killed
+    export was neither used nor in the way, and no temp dir of this export is left."""
+    assert not first_use.errors and len(first_use.encoders) == 2
+    runners = [e._runner for e in first_use.encoders]
+    assert runners[0] is not None and runners[0] is runners[1]  # one session per file
+    path = runners[0].path
+    assert path.parent == first_use.cache and path.name.startswith("minilm-")
+    assert path.name.endswith(".int8.onnx")
+    assert sorted(p.name for p in first_use.cache.iterdir()) == [".export-killed", path.name]
+
+    import onnx
+
+    onnx.checker.check_model(str(path))  # a whole model, not a partial write
+    assert path.stat().st_size > 10_000_000
+
+
+def test_the_export_is_reused_not_redone(first_use: FirstUse, encoder: Encoder) -> None:
+    runner = first_use.encoders[0]._runner
+    assert runner is not None
+    before = runner.path.stat().st_mtime_ns
+    source = MODEL_REGISTRY["minilm"].resolve()
+    again = ensure_int8_export(encoder.model, "minilm", source, first_use.cache)
+    assert again == runner.path and again.stat().st_mtime_ns == before  # found, not redone

@@ -352,6 +352,7 @@ class Phase:
     wall_s: float
     valkey_cpu_s: float | None
     resp_bytes: int
+    edge_cpu_s: float | None = None  # the edge server's share of ``cpu_s`` (multi-worker)
 
     @property
     def cpu_ms(self) -> float:
@@ -368,12 +369,15 @@ def measure_phase(
 ) -> tuple[Phase, list[bytes]]:
     """Drive ``calls``, return the service CPU they cost and the response bodies. Any status
     outside ``ok`` fails the benchmark (a failed request is cheap and would flatter it)."""
+    edge = proc.procs[1] if isinstance(proc, Procs) and len(proc.procs) > 1 else None
     v0 = tree_cpu_s(valkey) if valkey is not None else None
+    e0 = tree_cpu_s(edge) if edge is not None else 0.0
     c0, t0 = tree_cpu_s(proc), time.perf_counter()
     out = driver.run(calls)
     wall = time.perf_counter() - t0
     time.sleep(0.05)  # let the last response's tail (metrics, logging) land
     cpu = tree_cpu_s(proc) - c0
+    ecpu = tree_cpu_s(edge) - e0 if edge is not None else None
     vcpu = tree_cpu_s(valkey) - v0 if valkey is not None and v0 is not None else None
     bad = [(i, s, b) for i, (s, b) in enumerate(out) if s not in ok]
     if bad:
@@ -383,7 +387,7 @@ def measure_phase(
             f"{calls[i][1]}): HTTP {s} {b[:300]!r}"
         )
     nbytes = sum(len(b) for _s, b in out)
-    return Phase(name, len(out), cpu, wall, vcpu, nbytes), [b for _s, b in out]
+    return Phase(name, len(out), cpu, wall, vcpu, nbytes, ecpu), [b for _s, b in out]
 
 
 # --- the agent's session, phase by phase -----------------------------------------------------
@@ -478,13 +482,17 @@ def per_endpoint(phases: Sequence[Phase]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for p in phases:
         e = p.name.split(":", 1)[0]
-        a = out.setdefault(e, {"n": 0, "cpu_s": 0.0, "wall_s": 0.0, "bytes": 0, "vk": 0.0})
+        a = out.setdefault(
+            e, {"n": 0, "cpu_s": 0.0, "wall_s": 0.0, "bytes": 0, "vk": 0.0, "edge": 0.0}
+        )
         a["n"] += p.n
         a["cpu_s"] += p.cpu_s
         a["wall_s"] += p.wall_s
         a["bytes"] += p.resp_bytes
         a["vk"] = None if a["vk"] is None or p.valkey_cpu_s is None else a["vk"] + p.valkey_cpu_s
+        a["edge"] = None if a["edge"] is None or p.edge_cpu_s is None else a["edge"] + p.edge_cpu_s
     for a in out.values():
+        a["edge_cpu_ms"] = None if a["edge"] is None else 1000.0 * a["edge"] / a["n"]
         a["cpu_ms"] = 1000.0 * a["cpu_s"] / a["n"]
         a["valkey_cpu_ms"] = None if a["vk"] is None else 1000.0 * a["vk"] / a["n"]
     return out
@@ -846,6 +854,11 @@ def table_rows(
                     f"n={a['n']:,}, {a['n'] / a['wall_s']:,.0f} req/s, "
                     f"{a['bytes'] / a['n']:,.0f} B/resp"
                     + (f", Valkey {vk:.3f} CPU-ms/req" if vk is not None else "")
+                    + (
+                        f", of which edge server {a['edge_cpu_ms']:.3f}"
+                        if a.get("edge_cpu_ms") is not None
+                        else ""
+                    )
                     + f", weight {weights.get(e, 0.0):g}{extra}"
                 ),
             }

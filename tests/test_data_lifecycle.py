@@ -217,7 +217,7 @@ def _pg_bytes(w: World) -> bytes:
     if not w.settings.postgres_url:
         return b""
     import psycopg2
-    from test_compliance import PG_ADMIN_URL
+    from postgres_env import PG_ADMIN_URL
 
     conn = psycopg2.connect(PG_ADMIN_URL)  # the admin sees every org's rows (no RLS)
     try:

@@ -373,8 +373,9 @@ INVENTORY: tuple[StoreEntry, ...] = (
     StoreEntry(
         "load-test and benchmark outputs",
         "file",
-        "`<data_dir>/loadtest/`, `reports/loadtest/*`, `reports/benchmarks.md`; Redis "
-        "`bench:*` (deleted by the benchmark)",
+        "`<data_dir>/loadtest/`, `reports/loadtest/*`, `reports/benchmarks.md`, the L3 "
+        "benchmark's build cache (`~/.cache/context-platform/bench`); Redis `bench:*` "
+        "(deleted by the benchmark)",
         "synthetic sessions' results",
         "none (synthetic data)",
         "replaced by the next run",
@@ -387,9 +388,22 @@ INVENTORY: tuple[StoreEntry, ...] = (
             "loadtests.sampler",
             "benchmarks._common",
             "benchmarks.ingest_zip_bomb",
+            "benchmarks.l3_search",
             "benchmarks.service_capacity",
         ),
         families=("bench",),
+    ),
+    StoreEntry(
+        "generated documentation",
+        "file",
+        "`docs/prompts.md` (the shipped templates rendered with sample values)",
+        "none (shipped templates, sample values)",
+        "none",
+        "replaced when regenerated",
+        "by path",
+        "not touched",
+        "not touched",
+        writers=("context_app.prompt_docs",),
     ),
 )
 

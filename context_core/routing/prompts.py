@@ -186,7 +186,11 @@ def _cut(text: str) -> str:
 def _as_text(value: Any) -> str:
     if isinstance(value, str):
         return value
-    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "), default=str)
+    # keys sorted: the same value gives the same prompt whichever protocol stored it (a gRPC
+    # Struct keeps no key order, a JSON body does)
+    return json.dumps(
+        value, ensure_ascii=False, separators=(", ", ": "), sort_keys=True, default=str
+    )
 
 
 def _fragment_text(frag: Fragment) -> str:

@@ -269,21 +269,9 @@ class AirflowDeployment:
                 json.dumps({_ADMIN: secrets.token_urlsafe(16)}) + "\n", encoding="utf-8"
             )
             self.passwords_file.chmod(0o600)
-        log = self.home / "db-migrate.log"
-        with log.open("wb") as out:
-            rc = subprocess.run(
-                [*_airflow_cmd(), "db", "migrate"],
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=self.home,
-                timeout=timeout,
-                check=False,
-            ).returncode
-        if rc != 0:
-            raise AirflowDeployError(
-                f"`airflow db migrate` failed (exit {rc}); log: {log}\n{_tail(log)}"
-            )
+        self._run_logged(
+            [*_airflow_cmd(), "db", "migrate"], self.env, "db-migrate.log", timeout=timeout
+        )
         self.migrate_platform_schema(timeout=timeout)
         return self
 
@@ -301,10 +289,30 @@ class AirflowDeployment:
             verb = "check"
         else:
             return None
-        log = self.home / "db-upgrade.log"
+        self._run_logged(
+            [sys.executable, "-m", "context_app.cli", "db", verb],
+            env,
+            "db-upgrade.log",
+            timeout=timeout,
+            name=f"ctx db {verb}",
+        )
+        return f"ctx db {verb}"
+
+    def _run_logged(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        log_name: str,
+        *,
+        timeout: float,
+        name: str | None = None,
+    ) -> None:
+        """Run one set-up command with its output in ``<home>/<log_name>``; a non-zero exit
+        raises with the log's tail."""
+        log = self.home / log_name
         with log.open("wb") as out:
             rc = subprocess.run(
-                [sys.executable, "-m", "context_app.cli", "db", verb],
+                argv,
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -313,10 +321,8 @@ class AirflowDeployment:
                 check=False,
             ).returncode
         if rc != 0:
-            raise AirflowDeployError(
-                f"`ctx db {verb}` failed (exit {rc}); log: {log}\n{_tail(log)}"
-            )
-        return f"ctx db {verb}"
+            what = name or " ".join(["airflow", *argv[-2:]])
+            raise AirflowDeployError(f"`{what}` failed (exit {rc}); log: {log}\n{_tail(log)}")
 
     @property
     def password(self) -> str:

@@ -90,6 +90,9 @@ class SchemaBehindError(ConfigError):
     """The PostgreSQL schema is not at the code's migration head (behind, never migrated,
     or ahead of this code); the message names the command that fixes it."""
 
+    http_status: ClassVar[int] = 503
+    error_code: ClassVar[str] = "schema_behind"
+
 
 class PromptTemplateError(ConfigError):
     """A prompt template is invalid: found when the templates load (the service refuses to

@@ -98,7 +98,10 @@ def _redis_client(url: str | None, tmp: Path) -> tuple[redis.Redis, str, Any]:
     return provider.client(decode_responses=False), f"embedded Valkey {provider.safe_url}", provider
 
 
-def _build(store: Any, vecs: np.ndarray, payloads: list[dict[str, Any]], ids: list[str]) -> float:
+def _build(
+    store: Any, vecs: np.ndarray, payloads: list[dict[str, Any]], ids: list[str]
+) -> tuple[float, float, Any]:
+    """Create the collection, upsert every point, build HNSW: (upsert s, optimize s, status)."""
     from rich.progress import Progress
 
     from context_core.knowledge.store import PointRecord
@@ -114,7 +117,11 @@ def _build(store: Any, vecs: np.ndarray, payloads: list[dict[str, Any]], ids: li
                 COLLECTION, [PointRecord(ids[i], vecs[i], payloads[i]) for i in range(s, e)]
             )
             bar.update(task, advance=e - s)
-    return time.perf_counter() - t0
+    upsert_s = time.perf_counter() - t0
+    print(f"upserted in {upsert_s:.1f} s; building HNSW (optimize) ...", flush=True)
+    t0 = time.perf_counter()
+    status = store.optimize(COLLECTION)
+    return upsert_s, time.perf_counter() - t0, status
 
 
 BUILD_FORMAT = 1  # bump when _dataset or the ids change: old cached builds stop matching
@@ -173,11 +180,7 @@ def _cached_collection(
         with EdgeStore(
             work / "qdrant", search_threads=args.search_threads, on_disk=args.vectors_on_disk
         ) as store:
-            upsert_s = _build(store, vecs, payloads, ids)
-            print(f"upserted in {upsert_s:.1f} s; building HNSW (optimize) ...", flush=True)
-            t0 = time.perf_counter()
-            status = store.optimize(COLLECTION)
-            optimize_s = time.perf_counter() - t0
+            upsert_s, optimize_s, status = _build(store, vecs, payloads, ids)
             rss_growth = _rss_mb() - rss0
         manifest = {
             "params": params,
@@ -294,11 +297,7 @@ def main(argv: list[str]) -> int:
                 hnsw_ef=args.hnsw_ef,
                 oversampling=args.oversampling,
             )
-            upsert_s = _build(store, vecs, payloads, ids)
-            print(f"upserted in {upsert_s:.1f} s; building HNSW (optimize) ...", flush=True)
-            t0 = time.perf_counter()
-            status = store.optimize(COLLECTION)
-            optimize_s = time.perf_counter() - t0
+            upsert_s, optimize_s, status = _build(store, vecs, payloads, ids)
             build_rss_mb = _rss_mb() - rss0
         else:
             root, manifest = _cached_collection(args, vecs, payloads, ids, rss0)

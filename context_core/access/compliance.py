@@ -709,21 +709,7 @@ class RedisComplianceStore(_StoreBase):
         _, audit = self.keys(org_id, user_id)
         with self._guard(f"LRANGE {audit}"):
             rows = self._r.lrange(audit, 0, -1)
-        out = []
-        for raw in rows:
-            d = json.loads(raw)
-            out.append(
-                AuditEntry(
-                    d["org_id"],
-                    d["user_id"],
-                    int(d["version"]),
-                    d["operator"],
-                    float(d["at"]),
-                    d["sha256"],
-                    tuple(d["changed"]),
-                )
-            )
-        return out
+        return [_entry(json.loads(raw)) for raw in rows]
 
     def effective(self, org_id: str, user_id: str) -> EffectiveProfile:
         """Both records in one round trip (same slot)."""
@@ -752,10 +738,7 @@ class RedisComplianceStore(_StoreBase):
             return int(self._r.llen(audit))
 
     def trim_history(self, org_id: str, key_id: str | None, keep: int) -> list[AuditEntry]:
-        if key_id is None:
-            _, audit = self.keys(org_id)
-        else:
-            _, audit = self.user_keys(org_id, key_id)
+        audit = self.keys(org_id)[1] if key_id is None else self.user_keys(org_id, key_id)[1]
         with self._guard(f"trim {audit}"):
             rows = self._r.register_script(_TRIM_LUA)(keys=[audit], args=[max(int(keep), 0)])
         return [_entry(json.loads(raw)) for raw in rows]

@@ -9,16 +9,26 @@ temporary file: the last rename wins and both leave a complete file.
 
 The new file gets the mode a plain ``open(path, "w")`` would give it (``0o666`` minus the
 umask) unless ``mode`` says otherwise; the destination's old mode is not carried over.
+
+JSON-lines logs (audit, access, quarantine) are appended to by many writers and rewritten by
+retention and erasure. :func:`append_line` appends one line under an advisory lock
+(``fcntl.flock`` on a sidecar ``.<name>.lock`` in the same directory: the lock outlives the
+file's inode, which a rewrite replaces) and :func:`filter_lines` rewrites under the same lock
+(temporary file in the same directory, fsync, ``os.replace``), so a line appended while the
+file is being filtered waits for the rewrite and lands in the new file, never in a replaced
+one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes", "atomic_write_text"]
+__all__ = ["append_line", "atomic_write_bytes", "atomic_write_text", "filter_lines", "line_lock"]
 
 
 def atomic_write_bytes(
@@ -78,3 +88,70 @@ def _fsync_dir(directory: Path) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def line_lock(path: Path | str) -> Iterator[None]:
+    """Hold the advisory lock of the JSON-lines file ``path`` (exclusive; blocks)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(f".{path.name}.lock"), os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def append_line(path: Path | str, line: str | bytes, *, mode: int = 0o640) -> None:
+    """Append ``line`` (a newline is added when missing) to ``path`` with one ``write`` on an
+    ``O_APPEND`` descriptor, under :func:`line_lock`. Creates the file and its directory."""
+    data = line.encode() if isinstance(line, str) else line
+    if not data.endswith(b"\n"):
+        data += b"\n"
+    with line_lock(path):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
+
+def filter_lines(path: Path | str, keep: Callable[[bytes], bool], *, durable: bool = True) -> int:
+    """Rewrite ``path`` with only the lines ``keep`` accepts, under :func:`line_lock`;
+    returns how many lines went (0: the file is left as it is, not rewritten).
+
+    Crash-safe: the kept lines go to a temporary file in the same directory, flushed and
+    fsynced, then renamed over ``path`` (the old file or the new one, never half). Writers
+    that use :func:`append_line` wait for the lock; a writer that keeps its own descriptor
+    open (the trace writer) is caught up to: bytes it appended while the file was read are
+    filtered and copied too before the rename, and it reopens the path when the inode
+    changes. A last line without its newline (being written) is kept as it is.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    with line_lock(path):
+        removed = 0
+        done = 0
+        kept = bytearray()
+        for _ in range(20):  # catch up with descriptor-holding writers; then copy as is
+            with open(path, "rb") as src:
+                src.seek(done)
+                for raw in src:
+                    if not raw.endswith(b"\n"):
+                        break  # a line being written: taken on the next pass
+                    done += len(raw)
+                    if keep(raw):
+                        kept += raw
+                    else:
+                        removed += 1
+            if os.path.getsize(path) == done:
+                break
+        if removed == 0:
+            return 0
+        with open(path, "rb") as src:
+            src.seek(done)
+            kept += src.read()  # a torn last line, or what a still-growing writer added
+        atomic_write_bytes(path, bytes(kept), mode=path.stat().st_mode & 0o777, durable=durable)
+    return removed

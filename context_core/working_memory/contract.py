@@ -12,6 +12,14 @@ goal while its 15-minute step data decays around it. The history list lives
 ``contract_history_ttl_s`` (``CTX_WM_CONTRACT_HISTORY_TTL_S``, 30 days) from its last write
 or touch. Neither uses the 15-minute L2 default.
 
+Bounded history: every write (and the completion snapshot) trims the list, in the same
+script, to ``CTX_WM_CONTRACT_HISTORY_VERSIONS`` versions and drops versions older than
+``CTX_WM_CONTRACT_HISTORY_DAYS`` (the newest always stays); the dropped ones are archived
+into the audit log as digests (:func:`context_core.audit_trail.archive_history`: version,
+time, SHA-256, the field names the version wrote; the session as its SHA-256; never values).
+``ctx retention enforce`` bounds lists no write has touched since
+(:meth:`ContractOps.trim_contract_history`).
+
 Status (``_status`` in the hash, :attr:`TaskContract.status`):
 
 * ``active``: being worked on (also a hash written before statuses existed);

@@ -25,8 +25,10 @@ import contextlib
 import fcntl
 import os
 import secrets
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 __all__ = ["append_line", "atomic_write_bytes", "atomic_write_text", "filter_lines", "line_lock"]
 
@@ -39,6 +41,15 @@ def atomic_write_bytes(
     ``durable``: fsync the file before the rename and the directory after it, so a crash
     leaves the old or the new content rather than an empty file. Returns ``path``.
     """
+    with _replacing(path, mode=mode, durable=durable) as f:
+        f.write(data)
+    return Path(path)
+
+
+@contextlib.contextmanager
+def _replacing(path: Path | str, *, mode: int, durable: bool) -> Iterator[BinaryIO]:
+    """A new file written through the yielded handle, renamed over ``path`` when the block
+    ends (flushed, fsynced when ``durable``); removed, ``path`` untouched, when it raises."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
@@ -51,7 +62,7 @@ def atomic_write_bytes(
             continue
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             if durable:
                 os.fsync(f.fileno())
@@ -62,7 +73,6 @@ def atomic_write_bytes(
         raise
     if durable:
         _fsync_dir(path.parent)
-    return path
 
 
 def atomic_write_text(
@@ -121,8 +131,9 @@ def filter_lines(path: Path | str, keep: Callable[[bytes], bool], *, durable: bo
     """Rewrite ``path`` with only the lines ``keep`` accepts, under :func:`line_lock`;
     returns how many lines went (0: the file is left as it is, not rewritten).
 
-    Crash-safe: the kept lines go to a temporary file in the same directory, flushed and
-    fsynced, then renamed over ``path`` (the old file or the new one, never half). Writers
+    Crash-safe: the kept lines stream (one line in memory at a time) to a temporary file in
+    the same directory, flushed and fsynced, then renamed over ``path`` (the old file or the
+    new one, never half). A first read-only pass finds whether anything goes at all. Writers
     that use :func:`append_line` wait for the lock; a writer that keeps its own descriptor
     open (the trace writer) is caught up to: bytes it appended while the file was read are
     filtered and copied too before the rename, and it reopens the path when the inode
@@ -132,26 +143,32 @@ def filter_lines(path: Path | str, keep: Callable[[bytes], bool], *, durable: bo
     if not path.is_file():
         return 0
     with line_lock(path):
+        if not any(not keep(raw) for raw in _complete_lines(path)):
+            return 0  # nothing to drop: the file is not rewritten
         removed = 0
         done = 0
-        kept = bytearray()
-        for _ in range(20):  # catch up with descriptor-holding writers; then copy as is
+        with _replacing(path, mode=path.stat().st_mode & 0o777, durable=durable) as out:
+            for _ in range(20):  # catch up with descriptor-holding writers; then copy as is
+                with open(path, "rb") as src:
+                    src.seek(done)
+                    for raw in src:
+                        if not raw.endswith(b"\n"):
+                            break  # a line being written: taken on the next pass
+                        done += len(raw)
+                        if keep(raw):
+                            out.write(raw)
+                        else:
+                            removed += 1
+                if os.path.getsize(path) == done:
+                    break
             with open(path, "rb") as src:
                 src.seek(done)
-                for raw in src:
-                    if not raw.endswith(b"\n"):
-                        break  # a line being written: taken on the next pass
-                    done += len(raw)
-                    if keep(raw):
-                        kept += raw
-                    else:
-                        removed += 1
-            if os.path.getsize(path) == done:
-                break
-        if removed == 0:
-            return 0
-        with open(path, "rb") as src:
-            src.seek(done)
-            kept += src.read()  # a torn last line, or what a still-growing writer added
-        atomic_write_bytes(path, bytes(kept), mode=path.stat().st_mode & 0o777, durable=durable)
+                shutil.copyfileobj(src, out)  # a torn last line, or what a writer still adds
     return removed
+
+
+def _complete_lines(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as src:
+        for raw in src:
+            if raw.endswith(b"\n"):
+                yield raw

@@ -99,7 +99,7 @@ def world(
     orgs = {o: f"gov-{o}-{run}" for o in ORGS}
     raw = {o: new_key() for o in ORGS}
     doc = {
-        f"agent-{o}": {
+        f"agent-{o}-{run}": {
             "key_sha256": hash_key(raw[o]),
             "org": orgs[o],
             "namespaces": [f"shared-{o}-{run}"],
@@ -130,7 +130,7 @@ def world(
         cleanup_keys(redis_url, f"pref:{{{orgs[o]}:*")
         cleanup_keys(redis_url, f"cmp:{{org:{orgs[o]}}}:*")
         cleanup_keys(redis_url, f"ns:{{shared-{o}-{run}}}:*")
-        cleanup_keys(redis_url, f"svc:agent:{{agent-{o}}}:*")
+        cleanup_keys(redis_url, f"svc:agent:{{agent-{o}-{run}}}:*")
 
 
 def _plant(w: World) -> None:
@@ -143,7 +143,7 @@ def _plant(w: World) -> None:
     for o in ORGS:
         ns = f"shared-{o}-{w.run}"
         svc.namespaces.create(ns)
-        svc.namespaces.grant(ns, f"agent-{o}", ["diagnostics"], write=True)
+        svc.namespaces.grant(ns, f"agent-{o}-{w.run}", ["diagnostics"], write=True)
     for o in ORGS:
         with w.client(o) as c:
             for u in USERS:
@@ -192,7 +192,10 @@ def _plant(w: World) -> None:
     for o, other in (("alpha", "bravo"), ("bravo", "alpha")):
         with pytest.raises(AccessDeniedError):  # audited in access.jsonl under the agent
             svc.namespaces.read(
-                f"shared-{other}-{w.run}", w.token(o, "org", "nskey"), f"agent-{o}", "diagnostics"
+                f"shared-{other}-{w.run}",
+                w.token(o, "org", "nskey"),
+                f"agent-{o}-{w.run}",
+                "diagnostics",
             )
         if w.clamd is not None:
             with w.client(o) as c:

@@ -30,6 +30,7 @@ def erasure_target(settings: Settings, platform: Platform) -> ErasureTarget:
         compliance=platform.compliance,
         store=platform.store,
         agent_orgs=agent_orgs,
+        wm=platform.wm,
     )
 
 

@@ -75,6 +75,20 @@ class Settings(BaseSettings):
         "version, and the archived one of a completed task, kept this long after its last "
         "write. At least CTX_WM_CONTRACT_TTL_S.",
     )
+    wm_contract_history_versions: int = Field(
+        D.WM_CONTRACT_HISTORY_VERSIONS,
+        ge=1,
+        description="Versions a task contract's history keeps: each write trims the older "
+        "ones (in the same Lua script) and archives them into the audit log as digests "
+        "(version, time, SHA-256, changed field names; never values).",
+    )
+    wm_contract_history_days: float = Field(
+        D.WM_CONTRACT_HISTORY_DAYS,
+        gt=0,
+        description="Age (days) past which a contract history version is trimmed and archived "
+        "as a digest, at the next write or by `ctx retention enforce`; the newest version "
+        "always stays.",
+    )
     session_idle_s: int = Field(
         D.SESSION_IDLE_S,
         gt=0,
@@ -437,11 +451,11 @@ class Settings(BaseSettings):
     audit_hmac_key: SecretStr | None = Field(
         None, description="Key for HMAC-SHA256 audit hashes; unset = plain SHA-256."
     )
-    compliance_history_versions: int | None = Field(
-        None,
+    compliance_history_versions: int = Field(
+        D.COMPLIANCE_HISTORY_VERSIONS,
         ge=1,
         description="Audit entries kept per compliance profile (org or user); older ones are "
-        "moved to the audit log in digest form by `ctx retention enforce`. Unset = all kept.",
+        "moved to the audit log in digest form by `ctx retention enforce`.",
     )
 
     # --- service ------------------------------------------------------------------------
@@ -615,6 +629,11 @@ class Settings(BaseSettings):
     @property
     def qdrant_dir(self) -> Path:
         return self.data_dir / "qdrant"
+
+    @property
+    def upload_quarantine_dir(self) -> Path:
+        """Refused uploads (``<id>.bin``) and their ``quarantine.jsonl``."""
+        return self.data_dir / "quarantine" / "uploads"
 
     @property
     def resolved_thresholds_path(self) -> Path:

@@ -525,3 +525,73 @@ def test_every_script_keeps_to_one_slot_over_a_whole_session(env: _Env) -> None:
         assert env.client.zscore(env.activity, sid) is None
     finally:
         client.close()
+
+
+# ---- bounded history: versions and days, trimmed in the write script, archived as digests ----
+
+
+def test_contract_history_is_bounded_and_archived_as_digests(env: _Env, tmp_path: Path) -> None:
+    """3 versions kept, 1 day: the sixth write leaves versions 4-6; two days later (an
+    injected clock) the next write drops every older one but itself; the dropped versions are
+    in the audit log as digests (version, time, SHA-256, changed field names), never values,
+    and the session only as its SHA-256. The retention job bounds a list written before."""
+    import hashlib
+    import json
+
+    clock = _Clock(1_800_000_000.0)
+    audit = tmp_path / "audit" / "audit.jsonl"
+    wm = env.wm(
+        now=clock,
+        contract_history_versions=3,
+        contract_history_days=1,
+        history_audit_path=audit,
+    )
+    sid = env.sid()
+    sm = wm.session(sid)
+    for v in range(6):
+        sm.update_contract({"goal": f"secret-goal-{v}", "step": v}, expected_version=v)
+        clock.t += 60
+    assert [c.version for c in sm.contract_history()] == [4, 5, 6]
+    assert sm.contract_history()[-1].fields == {"goal": "secret-goal-5", "step": 5}
+    lines = [json.loads(x) for x in audit.read_text().splitlines()]
+    assert [x["kind"] for x in lines] == ["contract_history_archive"] * 3
+    archived = [e for x in lines for e in x["entries"]]
+    assert [e["version"] for e in archived] == [1, 2, 3]
+    assert all(e["changed"] == ["goal", "step"] and len(e["sha256"]) == 64 for e in archived)
+    assert lines[0]["session_sha256"] == hashlib.sha256(sid.encode()).hexdigest()
+    assert "secret-goal" not in audit.read_text() and sid not in audit.read_text()
+
+    clock.t += 2 * 86_400  # every kept version is now older than a day
+    sm.update_contract({"step": 7}, expected_version=6)
+    assert [c.version for c in sm.contract_history()] == [7]  # the newest always stays
+    last = json.loads(audit.read_text().splitlines()[-1])
+    assert [e["version"] for e in last["entries"]] == [4, 5, 6]
+    assert last["entries"][-1]["changed"] == ["goal", "step"]
+    sm.complete_contract()  # the completed snapshot is appended and bounded the same way
+    assert [c.status for c in sm.contract_history()] == ["active", "completed"]
+
+    # a list written before the bound (or by an older release): the retention job's trim
+    old = env.sid()
+    sm_old = env.wm(now=clock, contract_history_versions=50).session(old)
+    for v in range(5):
+        sm_old.update_contract({"goal": f"g{v}"}, expected_version=v)
+    bounded = wm.session(old)
+    assert bounded.trim_contract_history(dry_run=True) == 2
+    assert len(bounded.contract_history()) == 5  # a dry run changes nothing
+    assert bounded.trim_contract_history() == 2
+    assert [c.version for c in bounded.contract_history()] == [3, 4, 5]
+    assert bounded.trim_contract_history() == 0  # idempotent
+    later = clock() + 3 * 86_400
+    assert bounded.trim_contract_history(now=later) == 2  # age, from the job's clock
+    assert [c.version for c in bounded.contract_history()] == [5]
+
+
+def test_contract_history_bounds_are_settings(env: _Env, tmp_path: Path) -> None:
+    settings = get_settings(data_dir=tmp_path / "ctx", redis_url=env.url)
+    assert (settings.wm_contract_history_versions, settings.wm_contract_history_days) == (50, 7)
+    kw = WorkingMemory.settings_kwargs(settings)
+    assert kw["history_audit_path"] == tmp_path / "ctx" / "audit" / "audit.jsonl"
+    with pytest.raises(ConfigError, match="CTX_WM_CONTRACT_HISTORY_VERSIONS"):
+        env.wm(contract_history_versions=0)
+    with pytest.raises(ConfigError, match="CTX_WM_CONTRACT_HISTORY_DAYS"):
+        get_settings(data_dir=tmp_path / "ctx", wm_contract_history_days=0)

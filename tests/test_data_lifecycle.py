@@ -1,6 +1,10 @@
 """Erasure end to end: data planted through the service's real write paths for two users in
 two organisations, one user erased over HTTP, then every store scanned byte by byte.
 
+Planted too: task-contract versions (the history bounded to 2, so older versions are archived
+as digests), namespace-access audit lines (a denied read) and a quarantined upload per org
+(real clamd; without one the retention test skips, saying so, after checking the rest).
+
 Runs on Redis 7 (or the embedded Valkey) with the compliance store on PostgreSQL, and on a
 Redis Cluster with the compliance store on Redis. The same user ids exist in both orgs: the
 erasure of ``u-one`` in org A must leave ``u-one`` of org B intact.
@@ -26,11 +30,14 @@ from conftest import cleanup_keys
 from redis_cluster import redis_client
 from test_compliance import Pg, pg, store  # noqa: F401  (fixtures: PostgreSQL, each backend)
 from test_ops_hardening import run_app
+from test_upload_scan import MARKER, clamd_url  # noqa: F401  (fixture: a private clamd)
 
 from context_core.access.auth import hash_key, new_key
 from context_core.access.compliance import ComplianceStore
 from context_core.access.subjects import subject_id, subject_key
+from context_core.audit_trail import append_audit
 from context_core.config import Settings, get_settings
+from context_core.errors import AccessDeniedError
 from context_core.governance.erasure import ErasureTarget, replay_ledger
 from context_core.governance.inventory import INVENTORY
 from context_core.governance.ledger import ErasureLedger
@@ -64,6 +71,7 @@ class World:
     orgs: dict[str, str]  # short name -> org id
     run: str
     sessions: dict[tuple[str, str], str]  # (org, user) -> session id
+    clamd: str | None = None  # None: no clamd, no upload planted
 
     def token(self, org: str, user: str, what: str) -> str:
         return f"{self.run}{org}{user.replace('-', '')}{what}"
@@ -83,11 +91,15 @@ def world(
         redis_url = str(request.getfixturevalue("redis_url"))
         extra = {"postgres_url": env.app_url, "postgres_schema": env.schema}
     tmp = tmp_path_factory.mktemp("lifecycle")
+    try:
+        clamd: str | None = str(request.getfixturevalue("clamd_url"))
+    except pytest.skip.Exception:
+        clamd = None
     run = _letters(6)
     orgs = {o: f"gov-{o}-{run}" for o in ORGS}
     raw = {o: new_key() for o in ORGS}
     doc = {
-        f"agent-{o}": {
+        f"agent-{o}-{run}": {
             "key_sha256": hash_key(raw[o]),
             "org": orgs[o],
             "namespaces": [f"shared-{o}-{run}"],
@@ -102,10 +114,13 @@ def world(
         redis_url=redis_url,
         api_keys_file=tmp / "api_keys.json",
         l3_timeout_ms=5000,
+        wm_contract_history_versions=2,
+        clamd_url=clamd,
+        clamd_timeout_s=10,
         **extra,
     )
     with run_app(settings) as (url, app):
-        w = World(settings, url, app, raw, orgs, run, {})
+        w = World(settings, url, app, raw, orgs, run, {}, clamd)
         _plant(w)
         yield w
     for sid in w.sessions.values():
@@ -115,22 +130,24 @@ def world(
         cleanup_keys(redis_url, f"pref:{{{orgs[o]}:*")
         cleanup_keys(redis_url, f"cmp:{{org:{orgs[o]}}}:*")
         cleanup_keys(redis_url, f"ns:{{shared-{o}-{run}}}:*")
-        cleanup_keys(redis_url, f"svc:agent:{{agent-{o}}}:*")
+        cleanup_keys(redis_url, f"svc:agent:{{agent-{o}-{run}}}:*")
 
 
 def _plant(w: World) -> None:
     """Every user-facing write path, for each (org, user): a session with a query, a tool
     result, a context route (trace), a step output, a preference, a compliance user profile,
-    a confirmed answer under the org's shared namespace (hot, then merged into main)."""
+    three task-contract versions (the oldest archived as a digest), a confirmed answer under
+    the org's shared namespace (hot, then merged into main); for each org: a denied read of
+    the other org's namespace (access audit line) and a quarantined upload (with clamd)."""
     svc = w.app.state.services
     for o in ORGS:
         ns = f"shared-{o}-{w.run}"
         svc.namespaces.create(ns)
-        svc.namespaces.grant(ns, f"agent-{o}", ["diagnostics"], write=True)
+        svc.namespaces.grant(ns, f"agent-{o}-{w.run}", ["diagnostics"], write=True)
     for o in ORGS:
         with w.client(o) as c:
             for u in USERS:
-                sid = f"t-gov-{uuid.uuid4().hex[:12]}"
+                sid = f"t-gov-{w.run}-{uuid.uuid4().hex[:12]}"
                 w.sessions[(o, u)] = sid
                 tok = lambda what, o=o, u=u: w.token(o, u, what)  # noqa: E731
                 body = {"session_id": sid, "user_id": u, "user_query": f"check {tok('query')}"}
@@ -153,6 +170,12 @@ def _plant(w: World) -> None:
                 assert r.status_code == 200, r.text
                 r = c.put(f"/v1/sessions/{sid}/preferences/units", json={"value": tok("pref")})
                 assert r.status_code == 200, r.text
+                v = c.get(f"/v1/sessions/{sid}/contract").json()["version"]
+                for i in range(3):
+                    body = {"fields": {"scope": f"{tok('contract')} {i}"}, "expected_version": v}
+                    r = c.put(f"/v1/sessions/{sid}/contract", json=body)
+                    assert r.status_code == 200, r.text
+                    v = r.json()["version"]
                 path = f"/v1/compliance/orgs/{w.orgs[o]}/users/{u}"
                 profile = {"blocked_keywords": [tok("keyword")]}
                 r = c.put(path, json={"expected_version": 0, "profile": profile})
@@ -166,6 +189,19 @@ def _plant(w: World) -> None:
                     f"/v1/sessions/{sid}/confirmations", json={"state": state, "answers": [answer]}
                 )
                 assert r.status_code == 201, r.text
+    for o, other in (("alpha", "bravo"), ("bravo", "alpha")):
+        with pytest.raises(AccessDeniedError):  # audited in access.jsonl under the agent
+            svc.namespaces.read(
+                f"shared-{other}-{w.run}",
+                w.token(o, "org", "nskey"),
+                f"agent-{o}-{w.run}",
+                "diagnostics",
+            )
+        if w.clamd is not None:
+            with w.client(o) as c:
+                data = f"{MARKER} {w.token(o, 'org', 'upload')}\n".encode()
+                r = c.post("/v1/uploads", files={"file": ("report.txt", data, "text/plain")})
+                assert r.status_code == 422 and r.json()["error"] == "upload_infected", r.text
     summary = merge_hot(svc.knowledge, namespaces=svc.namespaces)
     assert summary.merged >= len(ORGS) * len(USERS), summary
 
@@ -256,7 +292,7 @@ def _where(w: World, scan: dict[str, bytes], org: str, user: str) -> dict[str, l
     for where, data in scan.items():
         hits = [
             what
-            for what in ("query", "result", "pref", "keyword", "answer")
+            for what in ("query", "result", "pref", "keyword", "answer", "contract")
             if w.token(org, user, what).encode() in data
         ]
         if sid in data:
@@ -265,13 +301,22 @@ def _where(w: World, scan: dict[str, bytes], org: str, user: str) -> dict[str, l
     return out
 
 
+def _org_where(w: World, scan: dict[str, bytes], org: str) -> dict[str, list[str]]:
+    """Which of the org's own planted tokens (a denied namespace read, a quarantined upload)
+    each store holds."""
+    return {
+        where: [what for what in ("nskey", "upload") if w.token(org, "org", what).encode() in data]
+        for where, data in scan.items()
+    }
+
+
 def test_erasure_removes_exactly_the_user(world: World) -> None:
     w = world
     before = _scan(w)
     for o in ORGS:
         for u in USERS:
             held = _where(w, before, o, u)
-            in_redis = {"query", "result", "pref"} | (
+            in_redis = {"query", "result", "pref", "contract"} | (
                 set() if w.settings.postgres_url else {"keyword"}
             )
             assert in_redis <= set(held["redis"]), (o, u, held)
@@ -279,6 +324,17 @@ def test_erasure_removes_exactly_the_user(world: World) -> None:
             assert "session_id" in held["files"], (o, u, held)  # the route traces
             if w.settings.postgres_url:
                 assert "keyword" in held["postgres"], (o, u, held)
+    for o in ORGS:  # org-owned records: audit lines, quarantined uploads (files only)
+        org_held = _org_where(w, before, o)
+        assert org_held["files"] == (["nskey", "upload"] if w.clamd else ["nskey"]), org_held
+    # the contract history keeps 2 versions: the older ones are digests in the audit log
+    audit_lines = [
+        json.loads(x)
+        for x in (w.settings.data_dir / "audit" / "audit.jsonl").read_text().splitlines()
+    ]
+    archives = [x for x in audit_lines if x["kind"] == "contract_history_archive"]
+    assert len({x["session_sha256"] for x in archives}) == len(ORGS) * len(USERS)
+    assert all(len(e["sha256"]) == 64 and e["changed"] for x in archives for e in x["entries"])
     # every L3 payload field planted is one the inventory declares
     declared = {f for e in INVENTORY for f in e.fields}
     for name in (w.settings.collection_hot, w.settings.collection_main):
@@ -303,6 +359,8 @@ def test_erasure_removes_exactly_the_user(world: World) -> None:
     assert all(not hits for hits in gone.values()), gone
     for o, u in (("alpha", "u-two"), ("bravo", "u-one"), ("bravo", "u-two")):
         assert _where(w, after, o, u) == _where(w, before, o, u), (o, u)
+    for o in ORGS:  # the org's own records are not the user's
+        assert _org_where(w, after, o) == _org_where(w, before, o), o
     # the audit log keeps the fact under the keyed hash, never the id or a value
     audit = (w.settings.data_dir / "audit" / "audit.jsonl").read_text()
     line = next(json.loads(x) for x in audit.splitlines() if '"kind":"erasure"' in x)
@@ -356,8 +414,10 @@ def test_replay_reapplies_an_erasure_to_restored_data(world: World) -> None:
 
 def test_retention_removes_exactly_the_expired_org(world: World) -> None:
     """alpha keeps data 1 day, bravo 365: two days later (an injected clock, no sleep) alpha's
-    traces, L3 points and preferences are gone, its TTL'd L2 keys are left to expire, and
-    bravo's data is intact. Runs after the erasure tests: checks alpha's u-two only."""
+    traces, L3 points, preferences, namespace-access audit lines and quarantined upload are
+    gone, its TTL'd L2 keys (the contract among them) are left to expire, and bravo's data is
+    intact; erasure and retention receipts stay. Runs after the erasure tests: checks alpha's
+    u-two only."""
     w = world
     svc = w.app.state.services
     with w.client("alpha") as c:  # as after the tests above (idempotent): alpha's u-one gone
@@ -376,11 +436,16 @@ def test_retention_removes_exactly_the_expired_org(world: World) -> None:
         store=svc.store,
         agent_orgs={a.agent_id: a.org for a in svc.keys.agents},
         clock=lambda: later,
+        wm=svc.wm,
     )
+    target.session_match = f"t-gov-{w.run}-*"  # this run's sessions only (shared test DB)
     before = _scan(w)
     dry = enforce_retention(target, dry_run=True)
     assert dry.counts["trace_lines"] >= 1 and dry.counts["l3_points"] == 1
     assert dry.counts["l2_preferences"] == 1
+    assert dry.counts["audit_lines"] == 1  # alpha's denied read; receipts are never counted
+    assert dry.counts["quarantined_uploads"] == (1 if w.clamd else 0)
+    assert dry.counts["contract_history_archived"] == 0  # each write bounded its own list
     assert set(dry.cutoffs) == {w.orgs["alpha"], w.orgs["bravo"]}
     during = _scan(w)  # a dry run deletes nothing (it appends its receipt to the audit log)
     assert {k: during[k] for k in ("redis", "qdrant", "postgres")} == {
@@ -394,13 +459,22 @@ def test_retention_removes_exactly_the_expired_org(world: World) -> None:
     held = _where(w, after, "alpha", "u-two")
     assert "pref" not in held["redis"] and not held["qdrant"] and not held["files"], held
     assert {"query", "result"} <= set(held["redis"])  # L2 session keys: their own TTL
+    assert {"contract"} <= set(held["redis"])
     for u in USERS:
         assert _where(w, after, "bravo", u) == _where(w, before, "bravo", u)
+    assert _org_where(w, after, "alpha")["files"] == []
+    assert _org_where(w, after, "bravo") == _org_where(w, before, "bravo")
+    qdir = w.settings.upload_quarantine_dir
+    if w.clamd:
+        assert len(list(qdir.glob("*.bin"))) == 1  # bravo's file; alpha's went with its line
     assert set(enforce_retention(target).counts.values()) == {0}  # idempotent
     audit = (w.settings.data_dir / "audit" / "audit.jsonl").read_text().splitlines()
     runs = [json.loads(x) for x in audit if '"kind":"retention"' in x]
     assert [r["dry_run"] for r in runs] == [True, False, False]
     assert runs[1]["counts"] == real.counts and "u-two" not in "".join(audit)
+    assert any('"kind":"erasure"' in x for x in audit)  # receipts outlive the retention
+    if w.clamd is None:
+        pytest.skip("clamd unavailable: the quarantined uploads were not planted or checked")
 
 
 def test_compliance_history_is_bounded_and_archived_as_digests(
@@ -443,6 +517,102 @@ def test_compliance_history_is_bounded_and_archived_as_digests(
         and len(archived[0]["entries"][0]["sha256"]) == 64
     )
     assert enforce_retention(target).counts["compliance_history_archived"] == 0
+
+
+def test_retention_of_audit_lines_and_quarantined_uploads(tmp_path: Path, redis_url: str) -> None:
+    """Without clamd too: the audit logs and the upload quarantine, written by their real
+    writers (the namespace registry, the gateway, the upload quarantine), lose exactly the
+    expired org's lines and files; lines naming no org wait for the longest retention;
+    receipts stay; a quarantine line whose agent is gone from the keys file is kept."""
+    from context_core.access.compliance import RedisComplianceStore
+    from context_core.access.namespaces import NamespaceRegistry
+    from context_core.errors import UploadBlockedError
+    from context_core.gateway.sanitize import Gateway
+    from context_core.ingest.upload import _quarantine
+
+    run = _letters(6)
+    orgs = {"alpha": f"t-org-{run}-a", "bravo": f"t-org-{run}-b"}
+    data = tmp_path / "ctx"
+    settings = get_settings(data_dir=data, redis_url=redis_url)
+    audit, access = data / "audit" / "audit.jsonl", data / "audit" / "access.jsonl"
+    client = redis_client(redis_url, decode_responses=True)
+    gw = Gateway(audit_path=audit)
+    compliance = RedisComplianceStore(client, gw)
+    try:
+        registry = NamespaceRegistry(client, gw, audit_path=access)
+        t0 = time.time()
+        for o in ORGS:
+            with pytest.raises(AccessDeniedError):
+                registry.read(f"ns-{run}-{o}", f"key-{run}-{o}", f"agent-{o}", "diagnostics")
+            err = UploadBlockedError("blocked", keyword="k")
+            qid = _quarantine(
+                settings.upload_quarantine_dir,
+                f"file-{run}-{o}".encode(),
+                err,
+                source=f"upload:agent-{o}/x.txt",
+                content_type="text/plain",
+                sha256="0" * 64,
+                agent_id=f"agent-{o}",
+                now=t0,
+            )
+            assert qid is not None
+        _quarantine(  # an agent no longer in the keys file: no org to judge it by
+            settings.upload_quarantine_dir,
+            f"file-{run}-gone".encode(),
+            UploadBlockedError("blocked", keyword="k"),
+            source="upload:agent-gone/x.txt",
+            content_type="text/plain",
+            sha256="1" * 64,
+            agent_id="agent-gone",
+            now=t0,
+        )
+        gw.clean_text("mail jane.doe@example.com", where="t")  # a gateway line: no org
+        for o, days in (("alpha", 1), ("bravo", 30)):
+            compliance.put(
+                orgs[o], {"data_retention_policy": days}, expected_version=0, operator="t"
+            )
+        later = t0 + 2 * 86_400
+        target = ErasureTarget(
+            redis=client,
+            compliance=compliance,
+            traces_dir=data / "traces",
+            audit_path=audit,
+            ledger=ErasureLedger(data / "erasure" / "ledger.jsonl"),
+            key=b"k" * 32,
+            agent_orgs={f"agent-{o}": orgs[o] for o in ORGS},
+            clock=lambda: later,
+            quarantine_dir=settings.upload_quarantine_dir,
+        )
+        old_receipt = {"ts": t0 - 90 * 86_400, "kind": "erasure", "org": orgs["alpha"]}
+        append_audit(audit, old_receipt)  # an old receipt: the proof stays
+        assert audit.read_text().count('"findings"') == 1
+
+        dry = enforce_retention(target, dry_run=True)
+        assert (dry.counts["audit_lines"], dry.counts["quarantined_uploads"]) == (1, 1)
+        assert f"key-{run}-alpha" in access.read_text()
+        real = enforce_retention(target)
+        assert real.counts == dry.counts
+        text = access.read_text()
+        assert f"key-{run}-alpha" not in text and f"key-{run}-bravo" in text
+        qdir = settings.upload_quarantine_dir
+        files = b"".join(p.read_bytes() for p in qdir.glob("*.bin"))
+        assert f"file-{run}-alpha".encode() not in files
+        assert f"file-{run}-bravo".encode() in files and f"file-{run}-gone".encode() in files
+        qlines = (qdir / "quarantine.jsonl").read_text()
+        assert "agent-alpha" not in qlines and "agent-bravo" in qlines
+        assert '"findings"' in audit.read_text()  # no org: waits for bravo's 30 days
+        assert '"kind":"erasure"' in audit.read_text()
+        assert set(enforce_retention(target).counts.values()) == {0}  # idempotent
+
+        target.clock = lambda: t0 + 40 * 86_400  # past the longest retention
+        last = enforce_retention(target)
+        assert last.counts["audit_lines"] == 2  # bravo's denied read, the gateway line
+        assert last.counts["quarantined_uploads"] == 2  # bravo's; the unknown agent's
+        assert list(qdir.glob("*.bin")) == []
+        assert '"findings"' not in audit.read_text() and '"kind":"erasure"' in audit.read_text()
+    finally:
+        cleanup_keys(redis_url, f"cmp:{{org:t-org-{run}-*")
+        client.close()
 
 
 def test_ctx_erase_and_replay(

@@ -59,3 +59,55 @@ def test_a_failed_write_keeps_the_old_content(tmp_path: Path) -> None:
         atomic_write_bytes(target, "not bytes")  # type: ignore[arg-type]
     assert target.read_text(encoding="utf-8") == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+
+
+# ---- JSON-lines files: locked appends, crash-safe filtering ----------------------------------
+
+
+def test_filter_lines_loses_no_line_a_concurrent_appender_writes(tmp_path: Path) -> None:
+    """An appender thread writes 2,000 lines while the file is filtered again and again: every
+    line it wrote that the filter keeps is in the file at the end, in order, none torn, and
+    only the lines the filter drops are gone; no temporary file is left."""
+    from context_core.fsutil import append_line, filter_lines
+
+    path = tmp_path / "audit" / "audit.jsonl"
+    for i in range(500):
+        append_line(path, f'{{"i": {i}, "drop": {str(i % 2 == 0).lower()}}}')
+    written: list[int] = []
+    stop = threading.Event()
+
+    def appender() -> None:
+        for i in range(500, 2500):
+            append_line(path, f'{{"i": {i}, "drop": false}}')
+            written.append(i)
+        stop.set()
+
+    t = threading.Thread(target=appender)
+    t.start()
+    removed = 0
+    passes = 0
+    while not stop.is_set() or passes == 0:
+        removed += filter_lines(path, lambda raw: b'"drop": true' not in raw)
+        passes += 1
+    t.join()
+    lines = path.read_bytes().splitlines()
+    ids = [int(x.split(b'"i": ')[1].split(b",")[0]) for x in lines]
+    assert removed == 250 and passes >= 1
+    assert ids == [i for i in range(500) if i % 2] + written
+    assert sorted(p.name for p in path.parent.iterdir()) == [".audit.jsonl.lock", "audit.jsonl"]
+
+
+def test_filter_lines_keeps_a_torn_last_line_and_the_mode(tmp_path: Path) -> None:
+    from context_core.fsutil import append_line, filter_lines
+
+    path = tmp_path / "q.jsonl"
+    append_line(path, "keep 1", mode=0o600)
+    append_line(path, "drop 2")
+    with path.open("ab") as fh:
+        fh.write(b"keep 3 (being written")
+    assert filter_lines(path, lambda raw: not raw.startswith(b"drop")) == 1
+    assert path.read_bytes() == b"keep 1\nkeep 3 (being written"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    before = path.stat().st_ino
+    assert filter_lines(path, lambda raw: True) == 0 and path.stat().st_ino == before
+    assert filter_lines(tmp_path / "missing.jsonl", lambda raw: False) == 0

@@ -547,7 +547,10 @@ def test_fifty_concurrent_writers_lose_nothing(env: _Env) -> None:
     def writer(i: int) -> None:
         client = redis_client(env.url, decode_responses=True)  # own connection
         try:
-            mine = WorkingMemory(client, env.gateway).session(s.session_id)
+            # 51 versions: over the default bound of 50, so this history keeps 100
+            mine = WorkingMemory(client, env.gateway, contract_history_versions=100).session(
+                s.session_id
+            )
             start.wait(timeout=30)
             while True:
                 seen = mine.contract().version
@@ -945,7 +948,10 @@ def test_writes_racing_clear_leave_no_unlisted_key(env: _Env) -> None:
     def writer(i: int) -> None:
         client = redis_client(env.url, decode_responses=True)
         try:
-            mine = WorkingMemory(client, env.gateway).session(s.session_id)
+            # 51 versions: over the default bound of 50, so this history keeps 100
+            mine = WorkingMemory(client, env.gateway, contract_history_versions=100).session(
+                s.session_id
+            )
             n = 0
             while not stop.is_set():
                 mine.put_api_response("/w", {"w": i, "n": n}, {"v": n})

@@ -51,6 +51,7 @@ from context_core.errors import (
     ConfigError,
     ContextMissError,
 )
+from context_core.fsutil import append_line
 from context_core.redis.connection import REDIS_ERRORS, RedisClient
 from context_core.redis.ops import Cmd, Op, cmd, ok, run
 
@@ -363,9 +364,7 @@ class NamespaceRegistry:
             return
         line = json.dumps({"event": "ns_access_denied", **asdict(rec)}) + "\n"
         with self._audit_lock:
-            self._audit_path.parent.mkdir(parents=True, exist_ok=True)
-            with self._audit_path.open("a", encoding="utf-8") as fh:
-                fh.write(line)
+            append_line(self._audit_path, line)
 
     def _clean(self, text: str) -> str:
         return self._gateway.clean_text(str(text), where="ns.audit")

@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from context_core import defaults
 from context_core.errors import InputTooDeepError
+from context_core.fsutil import append_line
 from context_core.gateway.redaction import (
     KNOWN_CLEAN,
     KNOWN_CLEAN_TEXT_MAX_LEN,
@@ -199,7 +200,6 @@ class Gateway:
         self._audit_key = audit_key
         self._tail: deque[AuditRecord] = deque(maxlen=audit_tail)
         self._lock = threading.Lock()
-        self._dir_ready = False
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Gateway:
@@ -515,11 +515,7 @@ class Gateway:
             if self.audit_path is None:
                 return
             try:
-                if not self._dir_ready:
-                    self.audit_path.parent.mkdir(parents=True, exist_ok=True)
-                    self._dir_ready = True
-                with self.audit_path.open("a", encoding="utf-8") as fh:
-                    fh.write(line)
+                append_line(self.audit_path, line)
             except OSError as e:
                 # Never lose the cleaning because the audit disk is full; say where it failed.
                 log.error("gateway audit write to %s failed: %s", self.audit_path, e)

@@ -37,7 +37,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import os
 import re
 import time
 import uuid
@@ -47,7 +46,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from context_core.access.subjects import SUBJECT_FIELD, subject_id, subject_key, subject_of_key_id
+from context_core.audit_trail import append_audit
 from context_core.errors import BackendUnavailableError
+from context_core.fsutil import filter_lines
 from context_core.governance.ledger import ErasureLedger, LedgerEntry, session_digest
 from context_core.redis.connection import REDIS_ERRORS
 from context_core.working_memory.keys import ACTIVITY_KEY, check_org, check_sid
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from context_core.config import Settings
     from context_core.knowledge.store import VectorStore
     from context_core.redis.connection import RedisClient
+    from context_core.working_memory.memory import WorkingMemory
 
 __all__ = ["ErasureReceipt", "ErasureTarget", "append_audit", "erase_user", "replay_ledger"]
 
@@ -64,7 +66,6 @@ log = logging.getLogger(__name__)
 
 _STATE_KEY = re.compile(r"^svc:\{([A-Za-z0-9._\-]{1,128})\}:state$")
 _SCAN_COUNT = 1000
-_MAX_PASSES = 20
 
 
 @dataclass
@@ -83,6 +84,13 @@ class ErasureTarget:
     clock: Callable[[], float] = time.time
     #: audit entries kept per compliance profile by retention (None: all)
     history_versions: int | None = None
+    #: refused uploads and their ``quarantine.jsonl`` (None: not reached)
+    quarantine_dir: Path | None = None
+    #: L2, for the contract histories retention bounds (None: not reached)
+    wm: WorkingMemory | None = None
+    #: the session ids (a Redis glob) whose contract histories retention scans; a test
+    #: narrows it to its own sessions in a shared database
+    session_match: str = "*"
 
     @classmethod
     def from_settings(
@@ -94,6 +102,7 @@ class ErasureTarget:
         store: VectorStore | None,
         agent_orgs: Mapping[str, str],
         clock: Callable[[], float] = time.time,
+        wm: WorkingMemory | None = None,
     ) -> ErasureTarget:
         """The platform's stores at their configured places (the data dir's traces, audit
         log and ledger; both collections)."""
@@ -109,6 +118,8 @@ class ErasureTarget:
             agent_orgs=dict(agent_orgs),
             clock=clock,
             history_versions=settings.compliance_history_versions,
+            quarantine_dir=settings.upload_quarantine_dir,
+            wm=wm,
         )
 
 
@@ -130,17 +141,6 @@ class ErasureReceipt:
             "subject": self.subject,
             "counts": dict(self.counts),
         }
-
-
-def append_audit(path: Path, record: Mapping[str, Any]) -> None:
-    """One JSON line in the audit log, written with one ``write`` on an append descriptor."""
-    line = (json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n").encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
 
 
 def erase_user(t: ErasureTarget, org_id: str, user_id: str) -> ErasureReceipt:
@@ -268,50 +268,20 @@ def _erase_trace_lines(t: ErasureTarget, digests: set[str]) -> int:
 def filter_jsonl(path: Path, drop: Callable[[dict[str, Any]], bool]) -> int:
     """Rewrite a JSON-lines file without the records ``drop`` selects; returns how many went.
 
-    A writer may be appending to the file (today's traces): after copying, the bytes appended
-    meanwhile are filtered and copied too before the rename; the writer then notices the file
-    was replaced (:class:`~context_core.traces.TraceWriter` checks the inode) and reopens it.
+    :func:`context_core.fsutil.filter_lines`: under the file's advisory lock, through a
+    temporary file and ``os.replace``; lines that are not JSON objects are kept. A writer
+    appending meanwhile (today's traces) is caught up to, and
+    :class:`~context_core.traces.TraceWriter` reopens the path when its inode changes.
     """
-    removed = 0
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    done = 0
-    try:
-        with open(tmp, "wb") as out:
-            for _ in range(_MAX_PASSES):
-                with open(path, "rb") as src:
-                    src.seek(done)
-                    chunk_removed = 0
-                    for raw in src:
-                        if not raw.endswith(b"\n"):
-                            break  # a line being written: taken on the next pass
-                        done += len(raw)
-                        try:
-                            rec = json.loads(raw)
-                        except ValueError:
-                            out.write(raw)
-                            continue
-                        if isinstance(rec, dict) and drop(rec):
-                            chunk_removed += 1
-                        else:
-                            out.write(raw)
-                    removed += chunk_removed
-                if os.path.getsize(path) == done:
-                    break
-            else:  # still growing: copy the rest as it is (the next erasure filters it)
-                with open(path, "rb") as src:
-                    src.seek(done)
-                    out.write(src.read())
-            if removed == 0:
-                tmp.unlink()
-                return 0
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, path.stat().st_mode & 0o777)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return removed
+
+    def keep(raw: bytes) -> bool:
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            return True
+        return not (isinstance(rec, dict) and drop(rec))
+
+    return filter_lines(path, keep)
 
 
 def _erase_points(t: ErasureTarget, subjects: set[str]) -> int:

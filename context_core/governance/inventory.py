@@ -82,10 +82,13 @@ INVENTORY: tuple[StoreEntry, ...] = (
         "compliance snapshot, key index)",
         "what a session's tools returned and its task contract",
         "session",
-        "minutes: TTLs from the step plan; the contract up to `CTX_WM_CONTRACT_TTL_S`",
+        "minutes: TTLs from the step plan; the contract up to `CTX_WM_CONTRACT_TTL_S`; its "
+        "history `CTX_WM_CONTRACT_HISTORY_TTL_S`",
         "the session's key index `wm:{<sid>}:index`; SCAN `wm:{<sid>}:*`",
         "deleted for every service session of the user",
-        "own TTL (checked, never rewritten)",
+        "own TTL (checked, never rewritten); the contract history bounded to "
+        "`CTX_WM_CONTRACT_HISTORY_VERSIONS` versions and `CTX_WM_CONTRACT_HISTORY_DAYS` days at "
+        "each write and by `ctx retention enforce`, dropped versions archived as digests",
         writers=(
             "context_core.working_memory.keys",
             "context_core.working_memory.store",
@@ -150,7 +153,8 @@ INVENTORY: tuple[StoreEntry, ...] = (
         "no TTL",
         "SCAN `cmp:{org:<org>}:user:*` and `...:audit:user:*`",
         "the user's profile and audit entries deleted",
-        "erasure; audit entries beyond `CTX_COMPLIANCE_HISTORY_VERSIONS` archived as digests",
+        "erasure; audit entries beyond `CTX_COMPLIANCE_HISTORY_VERSIONS` (100) archived as "
+        "digests by `ctx retention enforce`",
         writers=("context_core.access.compliance",),
         families=("cmp",),
     ),
@@ -229,7 +233,8 @@ INVENTORY: tuple[StoreEntry, ...] = (
         "no limit",
         "rows `WHERE org_id AND user_id` (the user's key id)",
         "the user's rows deleted",
-        "erasure; audit entries beyond `CTX_COMPLIANCE_HISTORY_VERSIONS` archived as digests",
+        "erasure; audit entries beyond `CTX_COMPLIANCE_HISTORY_VERSIONS` (100) archived as "
+        "digests by `ctx retention enforce`",
         writers=("context_core.access.compliance",),
         tables=("compliance_profiles", "compliance_audit"),
     ),
@@ -249,18 +254,20 @@ INVENTORY: tuple[StoreEntry, ...] = (
     StoreEntry(
         "audit logs",
         "file",
-        "`<data_dir>/audit/audit.jsonl` (gateway findings; erasure receipts), "
-        "`<data_dir>/audit/access.jsonl` (namespace decisions)",
+        "`<data_dir>/audit/audit.jsonl` (gateway findings; erasure and retention receipts; "
+        "archived history digests), `<data_dir>/audit/access.jsonl` (namespace decisions)",
         "field names, keyed hashes, agent ids; never values",
         "agent / org",
-        "until deleted",
-        "lines by `ts`",
+        "until the org's retention",
+        "lines by `ts`, `org` or the agent's org",
         "kept: they hold digests, and the erasure's own receipt",
-        "by `ts` (not yet enforced)",
+        "the org's retention by `ts` (`org`, or `agent_id`'s org; no org: the longest "
+        "retention, once every org has one); erasure and retention receipts kept",
         writers=(
             "context_core.gateway.sanitize",
             "context_core.access.namespaces",
             "context_core.governance.erasure",
+            "context_core.audit_trail",
         ),
     ),
     StoreEntry(
@@ -281,10 +288,11 @@ INVENTORY: tuple[StoreEntry, ...] = (
         "`<data_dir>/quarantine/uploads/<id>.bin`, `quarantine.jsonl`",
         "refused uploads, unredacted, and why",
         "agent (and so its org)",
-        "until an operator deletes them",
+        "until the org's retention, or an operator deletes them",
         "`quarantine.jsonl` lines (`at`, agent)",
         "not touched (uploads belong to the org)",
-        "by `at` (not yet enforced)",
+        "the uploading agent's org's retention by `at` (the `.bin`, then its line; no known "
+        "agent: the longest retention)",
         writers=("context_core.ingest.upload",),
     ),
     StoreEntry(
@@ -319,7 +327,9 @@ INVENTORY: tuple[StoreEntry, ...] = (
         "replaced by the next run; calibration versions kept",
         "by path",
         "not touched; reports are rebuilt from the traces the erasure filtered",
-        "replaced by the next run",
+        "replaced by the next run; no org retention: label rows (`query_id`, cleaned query, "
+        "point id, similarity, label, annotator) and reports carry no org, session or user id "
+        "to judge them by",
         writers=(
             "evaluation.beir",
             "evaluation.calibration",

@@ -84,6 +84,7 @@ from context_core.errors import (
     UploadTooLargeError,
     UploadUnreadableError,
 )
+from context_core.fsutil import append_line
 from context_core.ingest.clamd import Scanner
 from context_core.ingest.model import Page, Section, compute_content_hash
 from context_core.ingest.render import normalise_line
@@ -528,7 +529,7 @@ def extract_sections(
 
 def quarantine_dir(settings: Settings) -> Path:
     """``<data_dir>/quarantine/uploads``: refused files and their ``quarantine.jsonl``."""
-    return settings.data_dir / "quarantine" / "uploads"
+    return settings.upload_quarantine_dir
 
 
 def _quarantine(
@@ -566,8 +567,7 @@ def _quarantine(
             "agent": agent_id,
             "file": f"{qid}.bin",
         }
-        with (qdir / QUARANTINE_FILE).open("a", encoding="utf-8") as f:
-            f.write(json.dumps(line, ensure_ascii=False) + "\n")  # one write: no torn lines
+        append_line(qdir / QUARANTINE_FILE, json.dumps(line, ensure_ascii=False), mode=0o600)
     except OSError as e:
         log.error("upload %s refused (%s) but could not be quarantined: %s", source, error, e)
         return None

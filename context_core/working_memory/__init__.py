@@ -37,7 +37,9 @@ Details and invariants: :mod:`.index`.
 Why the task contract does not decay like the rest: it is what the user asked for, and a
 session can run for an hour. The contract lives ``CTX_WM_CONTRACT_TTL_S`` (2 h) from the
 session's last activity, refreshed by every event and route (:meth:`SessionMemory.touch`),
-and its version history is kept ``CTX_WM_CONTRACT_HISTORY_TTL_S`` (30 d) for audit. A
+and its version history is kept ``CTX_WM_CONTRACT_HISTORY_TTL_S`` (30 d) for audit, bounded
+to ``CTX_WM_CONTRACT_HISTORY_VERSIONS`` (50) versions of ``CTX_WM_CONTRACT_HISTORY_DAYS``
+(7 d), older ones archived into the audit log as digests. A
 session idle for ``CTX_SESSION_IDLE_S`` (90 s) is timed out by a sweep over the global
 ``ctx:activity`` Sorted Set: its data goes, its contract stays, marked ``expired``, until
 the session resumes (:mod:`.lifetime`).

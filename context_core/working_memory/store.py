@@ -16,11 +16,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from redis.commands.core import Script
 
 from context_core import defaults
+from context_core.audit_trail import audit_path
 from context_core.config import Settings
 from context_core.errors import BackendUnavailableError, ConfigError
 from context_core.gateway.sanitize import Gateway
@@ -81,6 +83,9 @@ class Store:
         max_step_bytes: int = DEFAULT_MAX_STEP_BYTES,
         contract_ttl_s: int = defaults.WM_CONTRACT_TTL_S,
         contract_history_ttl_s: int = defaults.WM_CONTRACT_HISTORY_TTL_S,
+        contract_history_versions: int = defaults.WM_CONTRACT_HISTORY_VERSIONS,
+        contract_history_days: float = defaults.WM_CONTRACT_HISTORY_DAYS,
+        history_audit_path: Path | None = None,
         idle_s: float = defaults.SESSION_IDLE_S,
         activity_key: str = ACTIVITY_KEY,
         min_replicas: int = 0,
@@ -115,6 +120,14 @@ class Store:
         self.min_ttl_s = int(min_ttl_s)
         self.contract_ttl_s = int(contract_ttl_s)
         self.contract_history_ttl_s = int(contract_history_ttl_s)
+        if contract_history_versions < 1 or contract_history_days <= 0:
+            raise ConfigError(
+                "CTX_WM_CONTRACT_HISTORY_VERSIONS must be >= 1 and CTX_WM_CONTRACT_HISTORY_DAYS "
+                f"positive, got {contract_history_versions} and {contract_history_days}"
+            )
+        self.contract_history_versions = int(contract_history_versions)
+        self.contract_history_days = float(contract_history_days)
+        self.history_audit_path = history_audit_path
         self.idle_s = float(idle_s)
         if not isinstance(activity_key, str) or not activity_key or "{" in activity_key:
             raise ConfigError(f"activity_key must be a plain key name, got {activity_key!r}")
@@ -152,6 +165,9 @@ class Store:
             "max_step_bytes": settings.max_step_result_bytes,
             "contract_ttl_s": settings.wm_contract_ttl_s,
             "contract_history_ttl_s": settings.wm_contract_history_ttl_s,
+            "contract_history_versions": settings.wm_contract_history_versions,
+            "contract_history_days": settings.wm_contract_history_days,
+            "history_audit_path": audit_path(settings.data_dir),
             "idle_s": settings.session_idle_s,
             "min_replicas": settings.redis_min_replicas,
             "replica_wait_ms": settings.redis_replica_wait_ms,
@@ -160,6 +176,12 @@ class Store:
     def now(self) -> float:
         """The store's clock (``now=`` of the constructor): what timestamps and activity use."""
         return float(self._now())
+
+    def history_bounds(self, now: float | None = None) -> tuple[int, float]:
+        """The contract history's bound at ``now`` (default: the clock): versions kept, and
+        the oldest ``_updated_at`` kept (``contract_history_days`` before it)."""
+        at = self.now() if now is None else float(now)
+        return self.contract_history_versions, at - self.contract_history_days * 86_400.0
 
     # ---- session activity (global Sorted Set ctx:activity, see .lifetime) -----------------
     def idle_sessions(self, now: float | None = None, limit: int = 500) -> list[str]:

@@ -16,6 +16,12 @@ private answers never do: they serve that agent until they expire. Merged points
 ``merged_from``/``trust = "reviewed"`` and an id from their own UUID namespace
 (:func:`merged_point_id`), so they can never overwrite an ingested page's chunk
 (``point_id(page_id, i)``), and two different answers never share an id.
+
+Tenancy: ``knowledge_main`` is shared by every organisation of a deployment. A merged point
+keeps its hot source's ``namespace`` (its scope) and ``written_by``, so a search on main shows
+it only to readers of that scope (:func:`context_core.knowledge.memory.reader_filter`), and the
+near-duplicate check looks only at curated points and points of the same scope: org B's
+answer is never dropped as a "duplicate" of org A's (which would leak that A knows it).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from context_core.knowledge.memory import (
     SYSTEM_SCOPE,
     AclSource,
     hot_source,
+    reader_filter,
     resolve_hot_scope,
 )
 from context_core.knowledge.store import PointRecord, SearchQuery
@@ -179,9 +186,11 @@ def merge_hot(
 ) -> MergeSummary:
     """Move confirmed, eligible, unexpired hot points into main; drop expired ones.
 
-    A confirmed point whose nearest main point has cosine >= ``threshold`` is a duplicate: it
-    leaves hot without being copied (main already knows it). Unconfirmed or ineligible
-    (:func:`merge_eligible`, using ``namespaces`` for the grants) unexpired points stay. The
+    A confirmed point whose nearest main point *in its own scope* (a curated point, or an
+    answer merged from the same scope: :func:`reader_filter` of its namespace) has cosine >=
+    ``threshold`` is a duplicate: it leaves hot without being copied (main already knows
+    it). Unconfirmed or ineligible (:func:`merge_eligible`, using ``namespaces`` for the
+    grants) unexpired points stay. The
     search is exact (no HNSW), so points merged earlier in the same run count as possible
     duplicates of later ones.
     """
@@ -207,7 +216,10 @@ def merge_hot(
             held += 1
             continue
         assert rec.vector is not None
-        near = store.search(rec.vector, SearchQuery(main, 1, exact=True))
+        # per scope: another organisation's answer is neither a reason to drop this one nor
+        # something this merge may reveal the existence of
+        same_scope = reader_filter([str(p["namespace"])])
+        near = store.search(rec.vector, SearchQuery(main, 1, same_scope, exact=True))
         if near and near[0].score >= threshold:
             duplicates += 1
         else:

@@ -244,3 +244,50 @@ def test_reader_filter_shape() -> None:
     assert reader_filter([]) == {
         "$or": [{"namespace": {"empty": True}, "merged_from": {"empty": True}}]
     }
+
+
+def test_ctx_unscoped_merged_finds_and_deletes_only_unscoped_merged_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Answers merged before merges kept their namespace: hidden from every reader, listed
+    by ``ctx unscoped-merged --dry-run`` and deleted by it; curated chunks and scoped merged
+    answers stay."""
+    from typer.testing import CliRunner
+
+    from context_app.cli import app
+    from context_core.knowledge.edge import EdgeStore
+    from context_core.knowledge.store import PointRecord, SearchQuery, point_id
+
+    settings = get_settings(data_dir=tmp_path / "ctx", reports_dir=tmp_path / "reports")
+    main = settings.collection_main
+    vec = [1.0, 0.0, 0.0, 0.0]
+    points = {
+        "curated": {"source": "p1", "text": "curated"},
+        "legacy": {"source": "hot-1", "text": "legacy", "merged_from": "hot_knowledge"},
+        "scoped": {
+            "source": "hot-2",
+            "text": "scoped",
+            "merged_from": "hot_knowledge",
+            "namespace": "fleet",
+        },
+    }
+    ids = {name: point_id(name, 0) for name in points}
+    with EdgeStore(settings.qdrant_dir) as store:
+        store.create_collection(main, dim=4, model="test-4d")
+        store.upsert(main, [PointRecord(ids[n], vec, p) for n, p in points.items()])
+        # no reader sees the legacy answer, whatever its scopes
+        seen = store.search(vec, SearchQuery(main, 10, reader_filter(["system:local", "fleet"])))
+        assert {h.payload["text"] for h in seen} == {"curated", "scoped"}
+    monkeypatch.setenv("CTX_DATA_DIR", str(settings.data_dir))
+    monkeypatch.setenv("CTX_REPORTS_DIR", str(settings.reports_dir))
+    runner = CliRunner()
+    dry = runner.invoke(app, ["unscoped-merged", "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert "1 unscoped merged answer(s)" in dry.output and "dry run" in dry.output
+    refused = runner.invoke(app, ["unscoped-merged"], input="n\n")
+    assert refused.exit_code == 1 and "nothing deleted" in refused.output
+    done = runner.invoke(app, ["unscoped-merged", "--yes"])
+    assert done.exit_code == 0 and "deleted 1 unscoped" in done.output, done.output
+    with EdgeStore(settings.qdrant_dir) as store:
+        left = {r.payload["text"] for r in store.scroll(main)}
+    assert left == {"curated", "scoped"}

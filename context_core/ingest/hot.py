@@ -43,7 +43,7 @@ from context_core.knowledge.memory import (
     reader_filter,
     resolve_hot_scope,
 )
-from context_core.knowledge.store import PointRecord, SearchQuery
+from context_core.knowledge.store import PointRecord, SearchQuery, VectorStore
 
 if TYPE_CHECKING:
     from context_core.knowledge.memory import KnowledgeMemory
@@ -57,6 +57,7 @@ __all__ = [
     "merged_point_id",
     "normalise_terms",
     "on_fallback",
+    "unscoped_merged",
 ]
 
 Feedback = Literal["confirmed", "unconfirmed", "rejected"]
@@ -247,3 +248,22 @@ def merge_hot(
     if held:
         log.info("hot merge: %d confirmed answer(s) held (private or unauthorised scope)", held)
     return MergeSummary(merged=merged, duplicates=duplicates, expired=expired, kept=kept)
+
+
+def unscoped_merged(store: VectorStore, main: str, *, delete: bool = False) -> list[str]:
+    """Ids of the merged answers in main that carry no ``namespace`` (merged before merges
+    kept their hot source's scope, so nobody can say which organisation they belong to);
+    with ``delete`` they are deleted too. Readers never see them
+    (:func:`context_core.knowledge.memory.reader_filter`); curated points (no
+    ``merged_from``) are never touched. ``ctx unscoped-merged`` runs this."""
+    if store.info(main) is None:
+        return []
+    ids = [
+        rec.id
+        for rec in store.scroll(main, filter={"namespace": {"empty": True}}, batch=1024)
+        if rec.payload.get("merged_from") not in (None, "", [])
+    ]
+    if delete and ids:
+        store.delete(main, ids=ids)
+        log.info("deleted %d unscoped merged answer(s) from %s", len(ids), main)
+    return ids

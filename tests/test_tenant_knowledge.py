@@ -5,9 +5,10 @@ agent confirmed under A's shared namespace is merged into it by the daily job; b
 the merged copy was served to every agent of every organisation, and the merge's
 near-duplicate check dropped org B's own answer as a "duplicate" of A's.
 
-Real parts: the HTTP service under uvicorn (its own keys file with two organisations), Redis
-for the namespace ACLs, the packaged MiniLM encoder, and each L3 backend: Qdrant Edge on a
-temp dir, qdrant-client's local mode, the Edge shards behind an edge server's Unix socket.
+Real parts: the HTTP service under uvicorn (its own keys file with two organisations; on the
+Edge backend its gRPC server too), Redis for the namespace ACLs, the packaged MiniLM encoder,
+and each L3 backend: Qdrant Edge on a temp dir, qdrant-client's local mode, the Edge shards
+behind an edge server's Unix socket.
 """
 
 from __future__ import annotations
@@ -21,10 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 from conftest import cleanup_keys
+from google.protobuf import json_format
 from test_ops_hardening import run_app
+from test_service import free_port
+
+from context_app.rpc.v1 import context_pb2 as pb
+from context_app.rpc.v1 import context_pb2_grpc as pb_grpc
 
 from context_core.access.auth import hash_key, new_key
 from context_core.config import get_settings
@@ -48,6 +55,7 @@ class World:
     keys: dict[str, str]
     ns: dict[str, str]  # org -> its shared namespace
     tag: str
+    grpc_target: str | None = None
 
     @property
     def svc(self) -> Any:
@@ -85,7 +93,9 @@ def world(
     backend: dict[str, Any] = {}
     edge_server: EdgeServer | None = None
     sock_dir: Path | None = None
-    if request.param == "qdrant-local":
+    if request.param == "edge":
+        backend["grpc_port"] = free_port()
+    elif request.param == "qdrant-local":
         backend["qdrant_url"] = ":memory:"
     elif request.param == "edge-server":
         sock_dir = Path(tempfile.mkdtemp(prefix="ctx-tk-"))  # a socket path is short
@@ -101,7 +111,8 @@ def world(
     )
     try:
         with run_app(settings) as (url, app):
-            w = World(url, app, raw, ns, tag)
+            port = backend.get("grpc_port")
+            w = World(url, app, raw, ns, tag, f"127.0.0.1:{port}" if port else None)
             reg = w.svc.namespaces
             reg.create(ns["A"])
             reg.grant(ns["A"], "tk-a-writer", ["diagnostics"], write=True)
@@ -162,6 +173,27 @@ def _l3_texts(c: httpx.Client, query: str, intent: str) -> list[str]:
     return [str(f["content"].get("text")) for f in frags if f["layer"] == "L3"]
 
 
+def _l3_texts_grpc(world: World, agent: str, query: str, intent: str) -> list[str]:
+    """:func:`_l3_texts` over gRPC (CreateSession, GetContext)."""
+    assert world.grpc_target is not None
+    md = (("authorization", f"Bearer {world.keys[agent]}"),)
+    with grpc.insecure_channel(world.grpc_target) as channel:
+        stub = pb_grpc.ContextServiceStub(channel)
+        sid = f"tk-{uuid.uuid4().hex[:12]}"
+        made = stub.CreateSession(
+            pb.CreateSessionRequest(user_id="u-1", user_query=query, session_id=sid),
+            metadata=md,
+            timeout=60,
+        )
+        bundle = stub.GetContext(
+            pb.ContextRequest(session_id=sid, step_intent=intent, state=made.state),
+            metadata=md,
+            timeout=60,
+        )
+    frags = json_format.MessageToDict(bundle, preserving_proto_field_name=True)["fragments"]
+    return [str(f["content"].get("text")) for f in frags if f["layer"] == "L3"]
+
+
 def test_a_merged_answer_stays_in_its_organisation(world: World) -> None:
     secret = f"pump tk{world.tag} seal kit is part 77-{world.tag} from the A plant store"
     question = secret  # B asks exactly what A's answer says: the closest possible match
@@ -190,6 +222,10 @@ def test_a_merged_answer_stays_in_its_organisation(world: World) -> None:
         # org A's writer with the namespace declared gets it; without declaring it, not
         assert secret in _l3_texts(a, question, "ask_a")
         assert secret not in _l3_texts(a, question, "default")
+        if world.grpc_target is not None:  # the gRPC path routes through the same code
+            for intent in ("default", "ask_a"):
+                assert secret not in _l3_texts_grpc(world, "tk-b-agent", question, intent)
+            assert secret in _l3_texts_grpc(world, "tk-a-writer", question, "ask_a")
 
 
 def test_a_revoked_read_grant_hides_the_merged_answer(world: World) -> None:

@@ -32,7 +32,6 @@ from test_service import free_port
 
 from context_app.rpc.v1 import context_pb2 as pb
 from context_app.rpc.v1 import context_pb2_grpc as pb_grpc
-
 from context_core.access.auth import hash_key, new_key
 from context_core.config import get_settings
 from context_core.ingest.hot import merge_hot

@@ -30,6 +30,13 @@ so no hot answer can pass for an ingested page. Scopes:
   the writer still holds ``write`` there (checked at read time: revoking a grant hides it).
 
 Namespace names cannot contain ``:``, so the two private forms never collide with a real one.
+
+``knowledge_main`` is shared by every organisation of a deployment. Its *curated* points
+(ingested pages: no ``namespace``, no ``merged_from``) are for every reader; an answer the
+daily merge moved in (:func:`context_core.ingest.hot.merge_hot`) keeps its hot source's
+``namespace`` and ``written_by``, and a reader's search on main matches only curated points
+and its own scopes (:func:`reader_filter`); the router checks every hit carrying a namespace,
+hot or merged, with :func:`hot_visible`.
 How hot hits are labelled (never ``confident``) is the router's business; see
 :mod:`context_core.routing.router`.
 

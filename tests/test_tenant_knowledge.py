@@ -267,6 +267,17 @@ def test_b_answer_identical_to_a_answer_is_merged_not_dropped(world: World) -> N
         assert world.merge()["duplicates"] == 1
 
 
+def test_a_system_answer_every_reader_sees_still_counts_as_a_duplicate(world: World) -> None:
+    text = f"fan tk{world.tag} guard bolts are M8 stainless ({world.tag}) everywhere"
+    world.svc.knowledge.upsert_hot(text, section="GENERAL", confirmed=True)  # the platform's
+    assert world.merge()["merged"] == 1
+    with world.client("tk-a-writer") as a:
+        assert _confirm(a, text, world.ns["A"]) == world.ns["A"]
+        assert world.merge() == {"merged": 0, "duplicates": 1, "expired": 0, "kept": 0}
+        assert _l3_texts(a, text, "ask_a").count(text) == 1
+    assert [p["namespace"] for p in world.main_points(text)] == ["system:local"]
+
+
 def test_reader_filter_shape() -> None:
     """Curated points (no namespace, never merged) or the reader's scopes: the filter the
     store contract tests check on every backend."""

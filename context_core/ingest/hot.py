@@ -20,8 +20,9 @@ private answers never do: they serve that agent until they expire. Merged points
 Tenancy: ``knowledge_main`` is shared by every organisation of a deployment. A merged point
 keeps its hot source's ``namespace`` (its scope) and ``written_by``, so a search on main shows
 it only to readers of that scope (:func:`context_core.knowledge.memory.reader_filter`), and the
-near-duplicate check looks only at curated points and points of the same scope: org B's
-answer is never dropped as a "duplicate" of org A's (which would leak that A knows it).
+near-duplicate check looks only at what the scope's readers see (curated points, system
+answers, the same namespace's answers): org B's answer is never dropped as a "duplicate" of
+org A's (which would leak that A knows it).
 """
 
 from __future__ import annotations
@@ -187,13 +188,13 @@ def merge_hot(
 ) -> MergeSummary:
     """Move confirmed, eligible, unexpired hot points into main; drop expired ones.
 
-    A confirmed point whose nearest main point *in its own scope* (a curated point, or an
-    answer merged from the same scope: :func:`reader_filter` of its namespace) has cosine >=
-    ``threshold`` is a duplicate: it leaves hot without being copied (main already knows
-    it). Unconfirmed or ineligible (:func:`merge_eligible`, using ``namespaces`` for the
-    grants) unexpired points stay. The
-    search is exact (no HNSW), so points merged earlier in the same run count as possible
-    duplicates of later ones.
+    A confirmed point whose nearest main point *among those its scope's readers see* (a
+    curated point, a system answer, or an answer merged from the same namespace:
+    :func:`reader_filter`) has cosine >= ``threshold`` is a duplicate: it leaves hot without
+    being copied (main already knows it). Another namespace's answers are never compared.
+    Unconfirmed or ineligible (:func:`merge_eligible`, using ``namespaces`` for the grants)
+    unexpired points stay. The search is exact (no HNSW), so points merged earlier in the
+    same run count as possible duplicates of later ones.
     """
     store, hot, main = knowledge.store, knowledge.hot, knowledge.main
     if store.info(hot) is None:
@@ -218,8 +219,8 @@ def merge_hot(
             continue
         assert rec.vector is not None
         # per scope: another organisation's answer is neither a reason to drop this one nor
-        # something this merge may reveal the existence of
-        same_scope = reader_filter([str(p["namespace"])])
+        # something this merge may reveal the existence of; system answers every reader sees
+        same_scope = reader_filter(sorted({SYSTEM_SCOPE, str(p["namespace"])}))
         near = store.search(rec.vector, SearchQuery(main, 1, same_scope, exact=True))
         if near and near[0].score >= threshold:
             duplicates += 1

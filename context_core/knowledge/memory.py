@@ -37,6 +37,7 @@ daily merge moved in (:func:`context_core.ingest.hot.merge_hot`) keeps its hot s
 ``namespace`` and ``written_by``, and a reader's search on main matches only curated points
 and its own scopes (:func:`reader_filter`); the router checks every hit carrying a namespace,
 hot or merged, with :func:`hot_visible`.
+
 How hot hits are labelled (never ``confident``) is the router's business; see
 :mod:`context_core.routing.router`.
 
@@ -215,7 +216,7 @@ def reader_filter(scopes: Sequence[str]) -> Filter:
     ingested pages) or an answer merged from one of those scopes. Without it an answer merged
     from org A's shared namespace would reach every reader of the deployment. A merged point
     without a namespace (merged before merges kept it) matches neither clause: nobody can say
-    whose it is, so it is hidden (``ctx knowledge unscoped`` finds and deletes them). The
+    whose it is, so it is hidden (``ctx unscoped-merged`` finds and deletes them). The
     matched hits still pass :func:`hot_visible` (the grants may have changed since the
     merge)."""
     clauses: list[Filter] = [{"namespace": {"empty": True}, "merged_from": {"empty": True}}]

@@ -216,6 +216,7 @@ def main(argv: list[str]) -> int:
 
     from context_core.access.namespaces import Grant
     from context_core.config import get_settings
+    from context_core.knowledge.memory import hot_scopes
     from context_core.platform import build_platform
     from context_core.routing.intents import fill
     from context_core.session.state import SessionState
@@ -309,6 +310,19 @@ def main(argv: list[str]) -> int:
 
             return raw_l3
 
+        # what a route searches with: the reader's scopes on hot and main (reader_filter)
+        scopes = hot_scopes(AGENT, {"fleet": frozenset({"reporting"})})
+
+        def raw_scoped_for(mode: str) -> Any:
+            mode_km = platforms[mode].knowledge
+
+            def raw_scoped(_i: int) -> None:
+                encoder.encode_query(cached_query)
+                for sec in sections:
+                    mode_km.search_vector(vec, section=sec, query=cached_query, hot_scopes=scopes)
+
+            return raw_scoped
+
         def cached_for(mode: str) -> Any:
             mode_router = platforms[mode].router
             key = f"cached {mode}"
@@ -357,11 +371,12 @@ def main(argv: list[str]) -> int:
         print("timing routes ...", flush=True)
         fns: list[Any] = [l2_only]
         for m in modes:
-            fns += [raw_l3_for(m), cached_for(m)]
+            fns += [raw_l3_for(m), cached_for(m), raw_scoped_for(m)]
         timed = [summarize_ms(t) for t in _interleaved(fns, args.routes)]
         t_l2 = timed[0]
-        t_raw = {m: timed[1 + 2 * i] for i, m in enumerate(modes)}
-        t_cached = {m: timed[2 + 2 * i] for i, m in enumerate(modes)}
+        t_raw = {m: timed[1 + 3 * i] for i, m in enumerate(modes)}
+        t_cached = {m: timed[2 + 3 * i] for i, m in enumerate(modes)}
+        t_scoped = {m: timed[3 + 3 * i] for i, m in enumerate(modes)}
         pair: list[Any] = [encode_new, encode_new_fp32] + [uncached_for(m) for m in modes]
         timed_u = [summarize_ms(t) for t in _interleaved(pair, args.uncached, warmup=5)]
         t_enc, t_enc_fp32 = timed_u[0], timed_u[1]
@@ -386,6 +401,15 @@ def main(argv: list[str]) -> int:
         for m in modes:
             rows.append(
                 row(f"baseline: raw L3, {m} (cache GET + 2 sections + hot)", t_raw[m], "", "", "")
+            )
+            rows.append(
+                row(
+                    f"raw L3, {m}, in the reader's scopes (main: reader_filter)",
+                    t_scoped[m],
+                    "",
+                    "",
+                    f"p50 {t_scoped[m]['p50_ms'] / t_raw[m]['p50_ms']:.2f}x unscoped",
+                )
             )
             rows.append(
                 row(

@@ -167,6 +167,103 @@ def test_any_of_and_range_filters(filled: VectorStore) -> None:
     assert filled.count(COLL, filter={"expires_at": {"gt": 1_010, "lte": 1_020}}) == 10
 
 
+# A reader's scope filter on main (context_core.knowledge.memory.reader_filter): curated points
+# carry no namespace (absent or null), merged answers carry their scope.
+SCOPES = ("org-a", "org-b", "system:local", None, "<absent>")
+
+
+def _scope(i: int) -> str | None:
+    return SCOPES[i % len(SCOPES)]
+
+
+def _scoped(store: VectorStore) -> VectorStore:
+    store.create_collection(COLL, dim=DIM, model="test-16d")
+    recs = []
+    for i in range(N):
+        payload = _payload(i)
+        if _scope(i) != "<absent>":
+            payload["namespace"] = _scope(i)
+        recs.append(PointRecord(IDS[i], VECS[i], payload))
+    store.upsert(COLL, recs)
+    return store
+
+
+def test_empty_and_or_filters(store: VectorStore) -> None:
+    s = _scoped(store)
+    curated = np.array([_scope(i) in (None, "<absent>") for i in range(N)])
+    assert s.count(COLL, filter={"namespace": {"empty": True}}) == int(curated.sum())
+    reader = {"$or": [{"namespace": {"empty": True}}, {"namespace": ["org-a", "system:local"]}]}
+    mask = np.array([_scope(i) in (None, "<absent>", "org-a", "system:local") for i in range(N)])
+    for q in QUERIES[:6]:
+        hits = s.search(q, SearchQuery(COLL, 8, filter=reader))
+        assert [h.id for h in hits] == _expected(q, mask, k=8)
+        assert "org-b" not in {h.payload.get("namespace") for h in hits}
+    assert s.count(COLL, filter=reader) == int(mask.sum())
+    # an $or next to other conditions: all of them hold; a clause holds when all of its do
+    fan = {**reader, "section": "FAN"}
+    mask_fan = mask & np.array([i % 3 == 1 for i in range(N)])
+    hits = s.search(QUERIES[7], SearchQuery(COLL, 6, filter=fan))
+    assert [h.id for h in hits] == _expected(QUERIES[7], mask_fan, k=6)
+    two = {"$or": [{"namespace": "org-b", "section": "PUMP"}, {"expires_at": {"lt": 1_020}}]}
+    mask_two = np.array(
+        [(_scope(i) == "org-b" and i % 3 == 0) or 1_000.0 + i < 1_020 for i in range(N)]
+    )
+    assert s.count(COLL, filter=two) == int(mask_two.sum())
+    hits = s.search(QUERIES[8], SearchQuery(COLL, 5, filter=two))
+    assert [h.id for h in hits] == _expected(QUERIES[8], mask_two)
+    # the same filter scrolls and deletes the same points
+    assert {r.id for r in s.scroll(COLL, filter=reader)} == {IDS[i] for i in range(N) if mask[i]}
+    s.delete(COLL, filter={"$or": [{"namespace": "org-b"}]})
+    assert s.count(COLL, filter={"namespace": "org-b"}) == 0
+    assert s.count(COLL) == N - sum(_scope(i) == "org-b" for i in range(N))
+
+
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
+        ({"$or": []}, "list of 1 to 8"),
+        ({"$or": [{"a": 1}] * 9}, "at most 8"),
+        ({"$or": [{}]}, "must be a non-empty filter mapping"),
+        ({"$or": [{"$or": [{"a": 1}]}]}, "one level"),
+        ({"$and": [{"a": 1}]}, "only operator key"),
+        ({"namespace": {"empty": False}}, "exactly"),
+        ({"namespace": {"empty": True, "lt": 3}}, "exactly"),
+    ],
+)
+def test_bad_or_and_empty_filters_name_the_fix(
+    filled: VectorStore, bad: dict[str, object], match: str
+) -> None:
+    with pytest.raises(InvalidStoreRequestError, match=match):
+        filled.count(COLL, filter=bad)
+
+
+def test_payload_indexes_are_added_to_an_existing_collection(store: VectorStore) -> None:
+    """A collection made before the namespace indexes gets them when it is opened again;
+    opening it again changes nothing (idempotent), and its points stay."""
+    store.create_collection(COLL, dim=DIM, model="test-16d")
+    store.upsert(COLL, _records()[:20])
+    store.create_collection(COLL, dim=DIM, model="test-16d")
+    store.create_collection(COLL, dim=DIM, model="test-16d")
+    assert store.count(COLL) == 20
+
+
+def test_edge_adds_the_namespace_indexes_to_an_older_collection(tmp_path: Path) -> None:
+    import qdrant_edge as qe
+
+    with EdgeStore(tmp_path / "q") as s:
+        s.create_collection(COLL, dim=DIM, model="test-16d")
+        s.upsert(COLL, _records()[:20])
+        shard = s._shard(COLL)
+        for f in ("namespace", "merged_from"):  # as a collection made before they existed
+            shard.update(qe.UpdateOperation.delete_field_index(f))
+        assert not {"namespace", "merged_from"} & set(shard.info().payload_schema)
+    with EdgeStore(tmp_path / "q") as s:
+        s.create_collection(COLL, dim=DIM, model="test-16d")
+        s.create_collection(COLL, dim=DIM, model="test-16d")  # idempotent
+        assert {"namespace", "merged_from"} <= set(s._shard(COLL).info().payload_schema)
+        assert s.count(COLL) == 20
+
+
 def test_exact_search_equals_default(filled: VectorStore) -> None:
     q = QUERIES[3]
     assert [h.id for h in filled.search(q, SearchQuery(COLL, 5, exact=True))] == _expected(q)

@@ -254,6 +254,46 @@ def hot_merge() -> None:
     Console().print(summary.to_dict())
 
 
+def unscoped_merged(
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Delete without asking for confirmation.")
+    ] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only count; delete nothing.")] = False,
+) -> None:
+    """Find (and delete) merged answers in knowledge_main that carry no namespace.
+
+    knowledge_main is shared by every organisation of a deployment. Answers merged before
+    merges kept their scope have `merged_from` set and no `namespace`: nobody can tell whose
+    they are, so no reader is shown them; this removes them (docs/security.md). Curated
+    (ingested) chunks are never touched.
+    """
+    from rich.console import Console
+
+    from context_core.ingest.hot import unscoped_merged as _find
+    from context_core.ingest.pipeline import job_settings
+    from context_core.knowledge import open_store
+
+    console = Console()
+    try:
+        settings = job_settings()
+        main = settings.collection_main
+        store = open_store(settings)
+        try:
+            found = _find(store, main)
+            console.print(f"{len(found):,} unscoped merged answer(s) in {main}")
+            if dry_run or not found:
+                console.print("nothing deleted" + (" (dry run)" if dry_run and found else ""))
+                return
+            if not yes and not typer.confirm(f"delete these {len(found):,}?", default=False):
+                raise _fail("aborted: nothing deleted (pass --yes to skip the question)")
+            done = _find(store, main, delete=True)
+        finally:
+            store.close()
+    except ContextError as e:
+        raise _fail(str(e)) from e
+    console.print(f"deleted {len(done):,} unscoped merged answer(s)")
+
+
 def add_sparse(
     collection: Annotated[
         str | None,
@@ -298,3 +338,4 @@ def register(app: typer.Typer) -> None:
     app.command("add-sparse")(add_sparse)
     app.command("remove-space")(remove_space)
     app.command("hot-merge")(hot_merge)
+    app.command("unscoped-merged")(unscoped_merged)

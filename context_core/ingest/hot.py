@@ -16,6 +16,13 @@ private answers never do: they serve that agent until they expire. Merged points
 ``merged_from``/``trust = "reviewed"`` and an id from their own UUID namespace
 (:func:`merged_point_id`), so they can never overwrite an ingested page's chunk
 (``point_id(page_id, i)``), and two different answers never share an id.
+
+Tenancy: ``knowledge_main`` is shared by every organisation of a deployment. A merged point
+keeps its hot source's ``namespace`` (its scope) and ``written_by``, so a search on main shows
+it only to readers of that scope (:func:`context_core.knowledge.memory.reader_filter`), and the
+near-duplicate check looks only at what the scope's readers see (curated points, system
+answers, the same namespace's answers): org B's answer is never dropped as a "duplicate" of
+org A's (which would leak that A knows it).
 """
 
 from __future__ import annotations
@@ -34,9 +41,10 @@ from context_core.knowledge.memory import (
     SYSTEM_SCOPE,
     AclSource,
     hot_source,
+    reader_filter,
     resolve_hot_scope,
 )
-from context_core.knowledge.store import PointRecord, SearchQuery
+from context_core.knowledge.store import PointRecord, SearchQuery, VectorStore
 
 if TYPE_CHECKING:
     from context_core.knowledge.memory import KnowledgeMemory
@@ -50,6 +58,7 @@ __all__ = [
     "merged_point_id",
     "normalise_terms",
     "on_fallback",
+    "unscoped_merged",
 ]
 
 Feedback = Literal["confirmed", "unconfirmed", "rejected"]
@@ -179,11 +188,13 @@ def merge_hot(
 ) -> MergeSummary:
     """Move confirmed, eligible, unexpired hot points into main; drop expired ones.
 
-    A confirmed point whose nearest main point has cosine >= ``threshold`` is a duplicate: it
-    leaves hot without being copied (main already knows it). Unconfirmed or ineligible
-    (:func:`merge_eligible`, using ``namespaces`` for the grants) unexpired points stay. The
-    search is exact (no HNSW), so points merged earlier in the same run count as possible
-    duplicates of later ones.
+    A confirmed point whose nearest main point *among those its scope's readers see* (a
+    curated point, a system answer, or an answer merged from the same namespace:
+    :func:`reader_filter`) has cosine >= ``threshold`` is a duplicate: it leaves hot without
+    being copied (main already knows it). Another namespace's answers are never compared.
+    Unconfirmed or ineligible (:func:`merge_eligible`, using ``namespaces`` for the grants)
+    unexpired points stay. The search is exact (no HNSW), so points merged earlier in the
+    same run count as possible duplicates of later ones.
     """
     store, hot, main = knowledge.store, knowledge.hot, knowledge.main
     if store.info(hot) is None:
@@ -207,7 +218,10 @@ def merge_hot(
             held += 1
             continue
         assert rec.vector is not None
-        near = store.search(rec.vector, SearchQuery(main, 1, exact=True))
+        # per scope: another organisation's answer is neither a reason to drop this one nor
+        # something this merge may reveal the existence of; system answers every reader sees
+        same_scope = reader_filter(sorted({SYSTEM_SCOPE, str(p["namespace"])}))
+        near = store.search(rec.vector, SearchQuery(main, 1, same_scope, exact=True))
         if near and near[0].score >= threshold:
             duplicates += 1
         else:
@@ -235,3 +249,22 @@ def merge_hot(
     if held:
         log.info("hot merge: %d confirmed answer(s) held (private or unauthorised scope)", held)
     return MergeSummary(merged=merged, duplicates=duplicates, expired=expired, kept=kept)
+
+
+def unscoped_merged(store: VectorStore, main: str, *, delete: bool = False) -> list[str]:
+    """Ids of the merged answers in main that carry no ``namespace`` (merged before merges
+    kept their hot source's scope, so nobody can say which organisation they belong to);
+    with ``delete`` they are deleted too. Readers never see them
+    (:func:`context_core.knowledge.memory.reader_filter`); curated points (no
+    ``merged_from``) are never touched. ``ctx unscoped-merged`` runs this."""
+    if store.info(main) is None:
+        return []
+    ids = [
+        rec.id
+        for rec in store.scroll(main, filter={"namespace": {"empty": True}}, batch=1024)
+        if rec.payload.get("merged_from") not in (None, "", [])
+    ]
+    if delete and ids:
+        store.delete(main, ids=ids)
+        log.info("deleted %d unscoped merged answer(s) from %s", len(ids), main)
+    return ids

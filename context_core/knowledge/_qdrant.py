@@ -29,9 +29,12 @@ from context_core.knowledge.store import (
     Condition,
     Equals,
     Hit,
+    IsEmpty,
+    Or,
     PointRecord,
     Range,
     SparseVector,
+    time_dependent,
 )
 
 __all__ = [
@@ -82,7 +85,7 @@ class QdrantModels:
         if not conditions and ids is None:
             return None
         key: tuple[str, str] | None = None
-        if ids is None and not any(isinstance(c, Range) for c in conditions):
+        if ids is None and not time_dependent(conditions):
             key = (self.module_name, repr(conditions))  # repr: True and 1 are not one value
             cached = _FILTERS.get(key)
             if cached is not None:
@@ -102,15 +105,28 @@ class QdrantModels:
                 must.append(m.HasIdCondition(set(ids)))
             else:
                 must.append(m.HasIdCondition(has_id=list(ids)))
-        for c in conditions:
-            if isinstance(c, Equals):
-                must.append(m.FieldCondition(key=c.key, match=m.MatchValue(value=c.value)))
-            elif isinstance(c, AnyOf):
-                must.append(m.FieldCondition(key=c.key, match=m.MatchAny(any=_any_values(c))))
-            elif isinstance(c, Range):
-                rng = getattr(m, self.range_class)(gte=c.gte, gt=c.gt, lte=c.lte, lt=c.lt)
-                must.append(m.FieldCondition(key=c.key, range=rng))
+        must.extend(self._condition(c) for c in conditions)
         return m.Filter(must=must)
+
+    def _condition(self, c: Condition) -> Any:
+        """One parsed condition as the driver's condition (an ``Or`` as a nested ``Filter``
+        with ``should``: a point matches when any of its clauses' ``must`` holds)."""
+        m = self.models
+        if isinstance(c, Equals):
+            return m.FieldCondition(key=c.key, match=m.MatchValue(value=c.value))
+        if isinstance(c, AnyOf):
+            return m.FieldCondition(key=c.key, match=m.MatchAny(any=_any_values(c)))
+        if isinstance(c, Range):
+            rng = getattr(m, self.range_class)(gte=c.gte, gt=c.gt, lte=c.lte, lt=c.lt)
+            return m.FieldCondition(key=c.key, range=rng)
+        if isinstance(c, IsEmpty):
+            if self.module_name == "qdrant_edge":
+                return m.IsEmptyCondition(key=c.key)
+            return m.IsEmptyCondition(is_empty=m.PayloadField(key=c.key))
+        if isinstance(c, Or):
+            should = [m.Filter(must=[self._condition(x) for x in cl]) for cl in c.clauses]
+            return m.Filter(should=should)
+        raise TypeError(f"unknown filter condition {c!r}")  # pragma: no cover
 
     def search_params(
         self, exact: bool, *, hnsw_ef: int | None = None, oversampling: float | None = None

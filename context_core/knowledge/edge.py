@@ -69,7 +69,6 @@ from context_core.knowledge.store import (
     Hit,
     IndexStatus,
     PointRecord,
-    Range,
     SearchQuery,
     SparseVector,
     Vector,
@@ -78,6 +77,7 @@ from context_core.knowledge.store import (
     check_point_id,
     parse_filter,
     read_sidecar,
+    time_dependent,
     vector_list,
 )
 
@@ -211,6 +211,7 @@ class EdgeStore:
         self.oversampling = oversampling
         self._held: dict[str, Path] = {}  # collection -> shard path this store holds a ref to
         self._meta: dict[str, dict[str, Any]] = {}
+        self._indexed: set[str] = set()  # collections whose payload indexes were checked
         self._lock = threading.RLock()
         self._closed = False
 
@@ -350,7 +351,7 @@ class EdgeStore:
                     model=model,
                     dim=dim,
                 )
-                self._shard(name)
+                self._index_missing(name, self._shard(name))
                 return
             path = self._dir(name)
             if path.exists() and any(path.iterdir()):
@@ -369,10 +370,26 @@ class EdgeStore:
             atomic_write_text(path / SIDECAR, json.dumps(meta, indent=2))
             self._meta[name] = meta
 
+    def _index_missing(self, name: str, shard: Any) -> None:
+        """Create the ``PAYLOAD_INDEXES`` an existing collection lacks (one made by an
+        earlier version): idempotent, read once per collection and store."""
+        if name in self._indexed:
+            return
+        import qdrant_edge as qe
+
+        have = set(self._call(name, "info", shard.info).payload_schema or {})
+        for field, schema in EDGE.payload_indexes().items():
+            if field not in have:
+                op = qe.UpdateOperation.create_field_index(field, schema)
+                self._call(name, "create_field_index", shard.update, op)
+                log.info("collection %r: payload index on %r created", name, field)
+        self._indexed.add(name)
+
     def drop_collection(self, name: str) -> None:
         with self._lock:
             self._release(name)
             self._meta.pop(name, None)
+            self._indexed.discard(name)
             path = self._dir(name)
             with _OPEN_LOCK:
                 if path in _OPEN:
@@ -501,7 +518,7 @@ class EdgeStore:
         if self._empty(name, shard, entry):
             return []
         # a time-dependent filter (hot points' expiry) would never be asked for twice
-        cacheable = not any(isinstance(c, Range) for c in conditions)
+        cacheable = not time_dependent(conditions)
         if not cacheable:
             return self._search(shard, entry, vec, conditions, query, sparse, cacheable=False)
         key = (

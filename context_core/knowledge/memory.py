@@ -30,6 +30,14 @@ so no hot answer can pass for an ingested page. Scopes:
   the writer still holds ``write`` there (checked at read time: revoking a grant hides it).
 
 Namespace names cannot contain ``:``, so the two private forms never collide with a real one.
+
+``knowledge_main`` is shared by every organisation of a deployment. Its *curated* points
+(ingested pages: no ``namespace``, no ``merged_from``) are for every reader; an answer the
+daily merge moved in (:func:`context_core.ingest.hot.merge_hot`) keeps its hot source's
+``namespace`` and ``written_by``, and a reader's search on main matches only curated points
+and its own scopes (:func:`reader_filter`); the router checks every hit carrying a namespace,
+hot or merged, with :func:`hot_visible`.
+
 How hot hits are labelled (never ``confident``) is the router's business; see
 :mod:`context_core.routing.router`.
 
@@ -87,7 +95,9 @@ __all__ = [
     "hot_source",
     "hot_visible",
     "private_scope",
+    "reader_filter",
     "resolve_hot_scope",
+    "scoped",
 ]
 
 log = logging.getLogger(__name__)
@@ -198,6 +208,28 @@ def hot_scopes(reader: str | None, declared: Iterable[str] = ()) -> list[str]:
         out.append(private_scope(reader))
     out += sorted({n for n in declared if n and ":" not in n})
     return out
+
+
+def reader_filter(scopes: Sequence[str]) -> Filter:
+    """The scope filter of a search on ``knowledge_main`` for a reader whose hot scopes are
+    ``scopes`` (:func:`hot_scopes`): curated points (no ``namespace`` and no ``merged_from``:
+    ingested pages) or an answer merged from one of those scopes. Without it an answer merged
+    from org A's shared namespace would reach every reader of the deployment. A merged point
+    without a namespace (merged before merges kept it) matches neither clause: nobody can say
+    whose it is, so it is hidden (``ctx unscoped-merged`` finds and deletes them). The
+    matched hits still pass :func:`hot_visible` (the grants may have changed since the
+    merge)."""
+    clauses: list[Filter] = [{"namespace": {"empty": True}, "merged_from": {"empty": True}}]
+    if scopes:
+        clauses.append({"namespace": list(scopes)})
+    return {"$or": clauses}
+
+
+def scoped(payload: Mapping[str, Any]) -> bool:
+    """Whether a point is not curated: a hot point or an answer merged from one (it carries a
+    ``namespace`` or a ``merged_from``). Such a hit is shown only when :func:`hot_visible`
+    says so; without a namespace it never is."""
+    return any(payload.get(f) not in (None, "", []) for f in ("namespace", "merged_from"))
 
 
 def hot_visible(
@@ -333,8 +365,10 @@ class KnowledgeMemory:
         setup only built main); a missing main collection, or the hot one asked for by name,
         raises :class:`CollectionNotFoundError`.
 
-        ``hot_scopes`` limits hot points to those scopes (see :func:`hot_scopes`); None is the
-        operator's unscoped view. The router always passes the reader's scopes.
+        ``hot_scopes`` limits hot points to those scopes (see :func:`hot_scopes`) and main to
+        curated points and answers merged from those scopes (:func:`reader_filter`); None is
+        the operator's unscoped view. The router always passes the reader's scopes, and checks
+        each scoped hit with :func:`hot_visible`.
         """
         vector = self.encoder.encode_query(query)
         return self.search_vector(
@@ -385,8 +419,13 @@ class KnowledgeMemory:
         base: dict[str, Any] = {"section": section} if section else {}
         queries: list[SearchQuery] = []
         if main != self.hot:
+            main_filter: Filter = base
+            if hot_scopes is not None:  # a reader: curated points and its scopes' answers
+                main_filter = {**base, **reader_filter(hot_scopes)}
             queries.append(
-                SearchQuery(main, k, base or None, mode=mode, fusion=fusion, feedback=feedback)
+                SearchQuery(
+                    main, k, main_filter or None, mode=mode, fusion=fusion, feedback=feedback
+                )
             )
         if (include_hot or main == self.hot) and (hot_scopes is None or hot_scopes):
             hot_filter: Filter = {**base, "expires_at": {"gt": self._clock()}}

@@ -22,6 +22,7 @@ accepts and ignores them; so does the Edge backend, which has one local shard pe
 from __future__ import annotations
 
 import dataclasses
+import logging
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -66,6 +67,8 @@ from context_core.knowledge.store import (
 
 __all__ = ["QdrantServerStore", "collection_placement"]
 
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")
 _UPSERT_BATCH = 512
 
@@ -105,6 +108,7 @@ class QdrantServerStore:
         self.placement = collection_placement(shards, replication, write_consistency)
         self._meta: dict[str, tuple[str, int]] = {}
         self._sparse: dict[str, str | None] = {}
+        self._indexed: set[str] = set()  # collections whose payload indexes were checked
 
     @classmethod
     def connect(
@@ -199,6 +203,7 @@ class QdrantServerStore:
         rec = self._recorded(name)
         if rec is not None:
             check_model(name, recorded_model=rec[0], recorded_dim=rec[1], model=model, dim=dim)
+            self._index_missing(name)
             return
         self._call(
             name,
@@ -226,10 +231,16 @@ class QdrantServerStore:
             },
             **self.placement,
         )
+        self._create_indexes(name, SERVER.payload_indexes())
+        self._indexed.add(name)
+        self._meta[name] = (model, dim)
+        self._sparse[name] = sparse
+
+    def _create_indexes(self, name: str, indexes: dict[str, Any]) -> None:
         with warnings.catch_warnings():
             # The local (":memory:") mode warns that it ignores payload indexes; a server uses them.
             warnings.filterwarnings("ignore", message="Payload indexes have no effect")
-            for field, schema in SERVER.payload_indexes().items():
+            for field, schema in indexes.items():
                 self._call(
                     name,
                     "create_payload_index",
@@ -238,8 +249,19 @@ class QdrantServerStore:
                     field,
                     field_schema=schema,
                 )
-        self._meta[name] = (model, dim)
-        self._sparse[name] = sparse
+
+    def _index_missing(self, name: str) -> None:
+        """Create the ``PAYLOAD_INDEXES`` an existing collection lacks (one made by an
+        earlier version): idempotent, read once per collection and store."""
+        if name in self._indexed:
+            return
+        info = self._call(name, "get_collection", self._client.get_collection, name)
+        have = set(info.payload_schema or {})
+        missing = {f: s for f, s in SERVER.payload_indexes().items() if f not in have}
+        if missing:
+            self._create_indexes(name, missing)
+            log.info("collection %r: payload indexes on %s created", name, sorted(missing))
+        self._indexed.add(name)
 
     def enable_sparse(self, name: str, sparse: str) -> None:
         from qdrant_client import models
@@ -293,6 +315,7 @@ class QdrantServerStore:
     def drop_collection(self, name: str) -> None:
         self._meta.pop(name, None)
         self._sparse.pop(name, None)
+        self._indexed.discard(name)
         if self._call(name, "collection_exists", self._client.collection_exists, name):
             self._call(name, "delete_collection", self._client.delete_collection, name)
 

@@ -11,6 +11,14 @@ Filter mini-language (all conditions must hold)::
     {"section": "PUMP"}                      equality (str, int or bool)
     {"source": ["p1", "p2"]}                 any-of
     {"expires_at": {"lt": 1.7e9}}            range: any of lt / lte / gt / gte (numbers)
+    {"namespace": {"empty": True}}           the field is absent, null or [] (Qdrant IsEmpty)
+    {"$or": [{...}, {...}]}                  at least one of the sub-filters holds (each one
+                                             all of its conditions; Qdrant ``should``); at
+                                             most OR_MAX_CLAUSES sub-filters, no ``$or``
+                                             inside them
+
+An empty string is a value, not "empty". Knowledge memory builds its reader scope filter from
+the last two (:func:`context_core.knowledge.memory.reader_filter`).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import numpy as np
 from context_core.errors import InvalidStoreRequestError, ModelMismatchError
 
 __all__ = [
+    "OR_MAX_CLAUSES",
     "PAYLOAD_INDEXES",
     "RETRIEVAL_MODES",
     "SPARSE_NAME",
@@ -37,6 +46,8 @@ __all__ = [
     "Filter",
     "Hit",
     "IndexStatus",
+    "IsEmpty",
+    "Or",
     "PointRecord",
     "Range",
     "SearchQuery",
@@ -47,6 +58,7 @@ __all__ = [
     "parse_filter",
     "point_id",
     "search_batch",
+    "time_dependent",
 ]
 
 Filter = Mapping[str, Any]
@@ -60,6 +72,9 @@ PAYLOAD_INDEXES: dict[str, str] = {
     "source": "keyword",
     "updated_at_ts": "float",
     "expires_at": "float",
+    # the trust scope of a hot point and of an answer merged from it (reader scope filters)
+    "namespace": "keyword",
+    "merged_from": "keyword",
 }
 
 # HNSW and quantization settings shared by both backends (ARCHITECTURE.md).
@@ -175,8 +190,63 @@ class Range:
     gte: float | None = None
 
 
-Condition = Equals | AnyOf | Range
+@dataclass(frozen=True, slots=True)
+class IsEmpty:
+    """The field is absent, null or an empty list (``{"field": {"empty": True}}``)."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Or:
+    """At least one clause holds; a clause holds when all its conditions do (``$or``)."""
+
+    clauses: tuple[tuple[Equals | AnyOf | Range | IsEmpty, ...], ...]
+
+
+Condition = Equals | AnyOf | Range | IsEmpty | Or
 _RANGE_OPS = ("lt", "lte", "gt", "gte")
+OR_KEY = "$or"
+#: The most sub-filters one ``$or`` may hold: each is a clause the engine evaluates per point,
+#: and a reader's scope filter needs two (curated points, the reader's scopes).
+OR_MAX_CLAUSES = 8
+
+
+def time_dependent(conditions: Sequence[Condition]) -> bool:
+    """Whether a range (the hot points' clock) is among ``conditions``, at any depth: such a
+    filter is never asked for twice, so its built form and its answers are not cached."""
+    for c in conditions:
+        if isinstance(c, Range):
+            return True
+        if isinstance(c, Or) and any(time_dependent(cl) for cl in c.clauses):
+            return True
+    return False
+
+
+def _parse_or(spec: Any) -> Or:
+    if not isinstance(spec, list | tuple) or not spec:
+        raise InvalidStoreRequestError(
+            f"filter {OR_KEY!r} needs a list of 1 to {OR_MAX_CLAUSES} filter mappings, got {spec!r}"
+        )
+    if len(spec) > OR_MAX_CLAUSES:
+        raise InvalidStoreRequestError(
+            f"filter {OR_KEY!r} holds {len(spec)} sub-filters; at most {OR_MAX_CLAUSES} are "
+            'allowed: merge values of one field into an any-of list ({"field": [v1, v2]})'
+        )
+    clauses: list[tuple[Equals | AnyOf | Range | IsEmpty, ...]] = []
+    for i, sub in enumerate(spec):
+        if not isinstance(sub, Mapping) or not sub:
+            raise InvalidStoreRequestError(
+                f"filter {OR_KEY!r}[{i}] must be a non-empty filter mapping, got {sub!r}"
+            )
+        if OR_KEY in sub:
+            raise InvalidStoreRequestError(
+                f"filter {OR_KEY!r}[{i}] holds another {OR_KEY!r}; one level of {OR_KEY!r} "
+                "is allowed"
+            )
+        parsed = parse_filter(sub)
+        clauses.append(tuple(c for c in parsed if not isinstance(c, Or)))
+    return Or(tuple(clauses))
 
 
 def parse_filter(filt: Filter | None) -> list[Condition]:
@@ -189,11 +259,26 @@ def parse_filter(filt: Filter | None) -> list[Condition]:
     for key, spec in filt.items():
         if not isinstance(key, str) or not key:
             raise InvalidStoreRequestError(f"filter keys must be field names, got {key!r}")
-        if isinstance(spec, Mapping):
+        if key == OR_KEY:
+            out.append(_parse_or(spec))
+        elif key.startswith("$"):
+            raise InvalidStoreRequestError(
+                f"filter key {key!r}: the only operator key is {OR_KEY!r}; field names do not "
+                "start with '$'"
+            )
+        elif isinstance(spec, Mapping) and "empty" in spec:
+            if set(spec) != {"empty"} or spec["empty"] is not True:
+                raise InvalidStoreRequestError(
+                    f"filter on {key!r}: the emptiness test is exactly {{'empty': True}}, got "
+                    f"{dict(spec)!r}"
+                )
+            out.append(IsEmpty(key))
+        elif isinstance(spec, Mapping):
             unknown = set(spec) - set(_RANGE_OPS)
             if unknown or not spec:
                 raise InvalidStoreRequestError(
-                    f"filter on {key!r}: range operators are lt/lte/gt/gte, got {sorted(spec)}"
+                    f"filter on {key!r}: range operators are lt/lte/gt/gte (or "
+                    f"{{'empty': True}}), got {sorted(spec)}"
                 )
             bounds: dict[str, float] = {}
             for op, bound in spec.items():

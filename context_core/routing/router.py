@@ -37,7 +37,10 @@ Per route:
    writer holds ``write``; :func:`context_core.knowledge.memory.hot_visible`). A hot hit is
    never ``confident`` whatever its cosine: at most ``low_confidence``, with its confidence
    capped below ``accept`` and provenance naming it unreviewed and its writer, until the
-   merge job has moved it into main.
+   merge job has moved it into main. A merged answer keeps its scope: main is searched for
+   curated points and the reader's scopes only
+   (:func:`context_core.knowledge.memory.reader_filter`), and each merged hit passes the same
+   ACL check, so org A's shared answer never reaches org B's agents after the merge either.
 6. The bundle budget (:func:`context_core.routing.bundle.apply_budget`): at most ``max_fragments``
    fragments (the router's, or the intent's ``max_fragments``) are delivered, chosen by a
    documented priority; the others are listed in ``context_used["by_reference"]``.
@@ -83,7 +86,7 @@ from context_core.errors import (
     ContextMissError,
     PromptBindingError,
 )
-from context_core.knowledge.memory import UNREVIEWED, hot_scopes, hot_visible
+from context_core.knowledge.memory import UNREVIEWED, hot_scopes, hot_visible, scoped
 from context_core.redis.ops import Cmd, Op
 from context_core.routing.bundle import (
     LOW_CONFIDENCE_NOTE,
@@ -731,8 +734,9 @@ class ContextRouter:
     ) -> _L3Outcome:
         """Embed once, search each section, merge by score (ids de-duplicated).
 
-        Hot points are searched in ``reader``'s scopes only, and each hot hit is checked
-        against the namespaces' current ACLs (:func:`hot_visible`) before it may count.
+        Hot points, and answers merged from them into main, are searched in ``reader``'s
+        scopes only, and each hit carrying a scope (hot or merged) is checked against the
+        namespaces' current ACLs (:func:`hot_visible`) before it may count.
         """
         t = time.perf_counter()
         assert self.knowledge is not None
@@ -752,7 +756,7 @@ class ContextRouter:
                     hot_scopes=scopes,
                     query=query,  # its sparse vector, for the sparse/hybrid modes
                 ):
-                    if _is_hot(hit.payload) and not hot_visible(
+                    if scoped(hit.payload) and not hot_visible(
                         hit.payload, reader, declared, self.namespaces, acl_cache=acls
                     ):
                         continue

@@ -11,12 +11,16 @@ import numpy as np
 import pytest
 
 from context_core.config import get_settings
-from context_core.errors import ModelMismatchError
+from context_core.errors import ModelLoadError, ModelMismatchError
+from context_core.knowledge import onnx_encoder
 from context_core.knowledge.edge import EdgeStore
 from context_core.knowledge.embedding import MODEL_REGISTRY, Encoder, load_encoder
 from context_core.knowledge.onnx_encoder import (
+    FP32_FFN_OUTPUT_LAYERS,
     encoder_name,
     ensure_int8_export,
+    export_path,
+    ffn_output_linears,
     length_buckets,
     split_encoder_name,
 )
@@ -155,3 +159,58 @@ def test_the_export_is_reused_not_redone(first_use: FirstUse, encoder: Encoder) 
     source = MODEL_REGISTRY["minilm"].resolve()
     again = ensure_int8_export(encoder.model, "minilm", source, first_use.cache)
     assert again == runner.path and again.stat().st_mtime_ns == before  # found, not redone
+
+
+def test_recipe_keeps_the_first_layers_ffn_outputs_fp32_and_the_rest_int8(
+    first_use: FirstUse, encoder: Encoder
+) -> None:
+    """Recipe 2 in the quantised graph itself: the MatMuls still holding an fp32 weight are
+    exactly the FFN outputs of layers 0-2 (their weights are the torch ones, unchanged); every
+    other weight MatMul of the six layers runs on int8 weights."""
+    import onnx
+    from onnx import TensorProto, numpy_helper
+
+    runner = first_use.encoders[0]._runner
+    assert runner is not None
+    graph = onnx.load(str(runner.path)).graph
+    weights = {t.name: t for t in graph.initializer}
+    fp32_weight = [
+        numpy_helper.to_array(weights[i])
+        for n in graph.node
+        if n.op_type == "MatMul"
+        for i in n.input
+        if i in weights
+    ]
+    bert = encoder.model[0].auto_model
+    expected = [
+        bert.encoder.layer[i].output.dense.weight.detach().numpy().T
+        for i in range(FP32_FFN_OUTPUT_LAYERS)
+    ]
+    assert FP32_FFN_OUTPUT_LAYERS == 3 and len(fp32_weight) == 3
+    for got, want in zip(fp32_weight, expected, strict=True):
+        assert got.dtype == np.float32 and np.array_equal(got, want)
+    int8_matmuls = [n for n in graph.node if n.op_type == "MatMulInteger"]
+    # q, k, v, attention output, FFN in, FFN out per layer, minus the three kept fp32
+    assert len(int8_matmuls) == 6 * 6 - 3
+    for n in int8_matmuls:
+        assert weights[n.input[1]].data_type == TensorProto.INT8, n.name
+
+
+def test_the_cache_name_changes_with_the_recipe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = MODEL_REGISTRY["minilm"].resolve()
+    now = export_path("minilm", source, tmp_path)
+    assert now.name.startswith(f"minilm-r{onnx_encoder.EXPORT_RECIPE}-")
+    monkeypatch.setattr(onnx_encoder, "EXPORT_RECIPE", onnx_encoder.EXPORT_RECIPE - 1)
+    before = export_path("minilm", source, tmp_path)
+    assert before != now and before.name.split("-")[-1] != now.name.split("-")[-1]
+
+
+def test_a_model_without_the_layers_of_the_recipe_is_refused(encoder: Encoder) -> None:
+    bert = encoder.model[0].auto_model
+    assert [
+        round(ln.in_features / ln.out_features) for ln in ffn_output_linears(bert, [0, 5]).values()
+    ] == [4, 4]
+    with pytest.raises(ModelLoadError, match="has 6 layers; set CTX_EMBED_BACKEND=torch"):
+        ffn_output_linears(bert, range(7))

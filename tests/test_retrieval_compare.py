@@ -420,3 +420,23 @@ def test_doc_chunks_cut_on_token_boundaries_with_the_title_on_every_chunk() -> N
     assert doc_chunks(_WordTokens(), "", "a b c") == ["a b c"]
     # a long title is cut to a quarter of the window (1 token here)
     assert doc_chunks(_WordTokens(), "Long Title Here", "x y")[0] == "Long\nx y"
+
+
+def test_cli_compares_the_fp32_and_int8_encoders(tmp_path: Path) -> None:
+    """`ctx eval compare-retrieval --encoders`: both backends on one folder, side by side."""
+    from typer.testing import CliRunner
+
+    from context_app.cli import app
+
+    folder = _tiny_beir(tmp_path)
+    res = CliRunner().invoke(
+        app,
+        ["eval", "compare-retrieval", str(folder), "--encoders", "--k", "3"],
+        env={"COLUMNS": "200"},
+    )
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "fp32 torch vs int8 ONNX" in text and "nDCG@3 int8" in text
+    assert "14 / 14 / 14" in text  # docs / chunks / queries of the tiny folder
+    assert "goal nDCG@3 within 0.01 of fp32 and mean cosine >= 0.99:" in text
+    assert text.rstrip().endswith(("PASS", "FAIL"))

@@ -221,6 +221,8 @@ def main(argv: list[str]) -> int:
             cmd = "python -m evaluation.encoder_compare --layer-sweep " + " ".join(
                 f"<data>/{d.name}" for d in args.dirs
             )
+            if args.limit_docs:
+                cmd += f" --limit-docs {args.limit_docs}"
             body = (
                 "The int8 recipe's choice of fp32 layers: the packaged MiniLM exported once "
                 "per variant with every weight MatMul int8 except the FFN output (the MLP's "

@@ -241,12 +241,15 @@ class Settings(BaseSettings):
     embed_device: str = Field(
         "cpu", description="Torch device for the encoder (cpu, cuda, cuda:1)."
     )
-    embed_backend: Literal["torch", "onnx-int8"] = Field(
-        "torch",
-        description="How the encoder runs: torch (fp32, the weights as shipped) or onnx-int8 "
+    embed_backend: Literal["auto", "torch", "onnx-int8"] = Field(
+        "auto",
+        description="How the encoder runs: torch (fp32, the weights as shipped), onnx-int8 "
         "(ONNX Runtime, the same weights with dynamic int8 quantisation, exported once and "
-        "cached in encoder_cache_dir). A collection records the backend that built it and "
-        "refuses queries from the other one.",
+        "cached in encoder_cache_dir) or auto: a collection is queried and written with the "
+        "backend that built it (a torch-built collection keeps working), a new one is built "
+        "with onnx-int8, or with torch and a WARNING saying why when the int8 export cannot "
+        "run. A collection records the backend that built it; an explicit torch or onnx-int8 "
+        "that differs from it is refused with a message.",
     )
     encoder_cache_dir: Path | None = Field(
         None,

@@ -261,10 +261,17 @@ class Platform:
 
     @cached_property
     def encoder(self) -> Encoder:
-        from context_core.knowledge.embedding import load_encoder
+        from context_core.knowledge.embedding import load_encoder, recorded_encoder
 
+        s = self.settings
+        # CTX_EMBED_BACKEND=auto follows the backend the existing collections were built with
+        recorded = (
+            recorded_encoder(self.store, s.collection_main, s.collection_hot)
+            if s.embed_backend == "auto"
+            else None
+        )
         return load_encoder(
-            self.settings, redis_client=self.redis_bin if self.embed_cache else None
+            s, redis_client=self.redis_bin if self.embed_cache else None, recorded=recorded
         )
 
     @cached_property

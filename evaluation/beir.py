@@ -581,15 +581,17 @@ def calibrate_sample(
     queries = {q: t for q, t in queries.items() if any(s > 0 for s in qrels.get(q, {}).values())}
     if not queries:
         raise DataValidationError(f"{eval_dir}: no query has a positive qrel in {qrels_path}")
-    encoder = load_encoder(settings)
     collection = settings.collection_main
     store = open_store(settings)
     try:
-        if store.info(collection) is None:
+        info = store.info(collection)
+        if info is None:
             raise DataValidationError(
                 f"collection {collection!r} does not exist under {settings.qdrant_dir}; "
                 "run the ingestion first (ctx ingest refresh / ctx run)"
             )
+        # CTX_EMBED_BACKEND=auto queries the collection with the backend that built it
+        encoder = load_encoder(settings, recorded=info.model)
 
         def search(text: str, limit: int) -> Sequence[Any]:
             vec = encoder.encode([text])[0].tolist()

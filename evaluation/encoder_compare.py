@@ -118,13 +118,70 @@ def compare_encoders(
     )
 
 
-def rows(results: Sequence[EncoderComparison]) -> list[dict[str, Any]]:
+def layer_sweep(
+    path: Path, fp32: Any, *, limit_docs: int | None = None, limit_texts: int = 600
+) -> list[dict[str, Any]]:
+    """Which layers' FFN outputs lose most to int8: the model exported once per variant (all
+    weight MatMuls int8 as recipe 1; recipe 1 with one layer's FFN output kept fp32, per layer;
+    the shipped recipe), each variant's vectors compared with fp32 on the same texts (the
+    first ``limit_texts`` chunks and queries of the folder)."""
+    import tempfile
+
+    from context_core.knowledge.onnx_encoder import FP32_FFN_OUTPUT_LAYERS, OnnxRunner, export_int8
+
+    data = load_beir(path, limit_docs=limit_docs)
+    texts = [p for title, text in data.corpus.values() for p in doc_chunks(fp32, title, text)]
+    half = limit_texts // 2
+    texts = texts[:half] + list(data.queries.values())[: limit_texts - min(half, len(texts))]
+    ref = fp32.encode(texts)
+    n_layers = len(fp32.model[0].auto_model.encoder.layer)
+    shipped = list(range(FP32_FFN_OUTPUT_LAYERS))
+    variants: list[tuple[str, list[int]]] = [("none (recipe 1: every MatMul int8)", [])]
+    variants += [(f"layer {i}", [i]) for i in range(n_layers)]
+    variants.append((f"layers 0-{FP32_FFN_OUTPUT_LAYERS - 1} (recipe 2, shipped)", shipped))
+    out: list[dict[str, Any]] = []
+    base = 0.0
+    for label, keep in variants:
+        with tempfile.TemporaryDirectory(prefix="ctx-sweep-") as tmp:
+            runner = OnnxRunner(
+                export_int8(fp32.model, Path(tmp), keep),
+                fp32.model.tokenizer.backend_tokenizer,
+                fp32.max_tokens,
+            )
+            vecs = runner.encode(texts)
+            runner.close()
+        cos = np.sum(ref * vecs, axis=1)
+        base = base or float(cos.mean())
+        out.append(
+            {
+                "dataset": data.name,
+                "FFN output kept fp32": label,
+                "texts": f"{len(texts):,}",
+                "cosine mean": f"{cos.mean():.4f}",
+                "cosine p1": f"{np.percentile(cos, 1):.4f}",
+                "gain vs recipe 1": f"{cos.mean() - base:+.4f}",
+            }
+        )
+    return out
+
+
+def backend_pair(model: str = "minilm") -> tuple[Any, Any]:
+    """``(fp32 torch, int8 ONNX)`` encoders of ``model`` (the ONNX one exported on first use)."""
+    from context_core.config import get_settings
+    from context_core.knowledge.embedding import load_encoder
+
+    fp32 = load_encoder(get_settings(embed_model=model, embed_backend="torch"))
+    int8 = load_encoder(get_settings(embed_model=model, embed_backend="onnx-int8"))
+    return fp32, int8
+
+
+def rows(results: Sequence[EncoderComparison], k: int = 10) -> list[dict[str, Any]]:
     return [
         {
             "dataset": r.dataset,
             "docs / chunks / queries": f"{r.docs:,} / {r.chunks:,} / {r.queries:,}",
-            "nDCG@10 fp32": f"{r.ndcg_fp32:.4f}",
-            "nDCG@10 int8": f"{r.ndcg_int8:.4f}",
+            f"nDCG@{k} fp32": f"{r.ndcg_fp32:.4f}",
+            f"nDCG@{k} int8": f"{r.ndcg_int8:.4f}",
             "diff": f"{r.ndcg_int8 - r.ndcg_fp32:+.4f}",
             "cosine mean (p1)": f"{r.cosine_mean:.4f} ({r.cosine_p1:.4f})",
             "chunk encode s fp32 / int8": f"{r.encode_s_fp32:.1f} / {r.encode_s_int8:.1f} "
@@ -147,12 +204,36 @@ def main(argv: list[str]) -> int:
     ap.add_argument("dirs", nargs="+", type=Path, help="BEIR folders (corpus, queries, qrels)")
     ap.add_argument("--limit-docs", type=int, default=None)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument(
+        "--layer-sweep",
+        action="store_true",
+        help="instead: which layers' FFN outputs lose most to int8 (one export per variant)",
+    )
     args = ap.parse_args(argv)
     for d in args.dirs:
         if not (d / "corpus.jsonl").is_file():
             ap.error(f"{d} is not a BEIR folder (no corpus.jsonl); pass e.g. a dataset folder")
-    fp32 = load_encoder(get_settings(embed_backend="torch"))
-    int8 = load_encoder(get_settings(embed_backend="onnx-int8"))
+    if args.layer_sweep:
+        fp32 = load_encoder(get_settings(embed_backend="torch"))
+        sweep = [r for d in args.dirs for r in layer_sweep(d, fp32, limit_docs=args.limit_docs)]
+        print_table("int8 encoder: cosine with fp32 by FFN output kept fp32", sweep)
+        if not args.no_write:
+            cmd = "python -m evaluation.encoder_compare --layer-sweep " + " ".join(
+                f"<data>/{d.name}" for d in args.dirs
+            )
+            if args.limit_docs:
+                cmd += f" --limit-docs {args.limit_docs}"
+            body = (
+                "The int8 recipe's choice of fp32 layers: the packaged MiniLM exported once "
+                "per variant with every weight MatMul int8 except the FFN output (the MLP's "
+                "second Linear) of the named layers, its vectors compared with torch fp32 on "
+                "the same texts (the first 300 chunks and the first 300 queries of each "
+                "folder)."
+                "\n\n" + markdown_table(sweep) + f"\nRun: `{cmd}`\n"
+            )
+            write_section("encoder-layers", "Encoder: int8 loss by layer", body)
+        return 0
+    fp32, int8 = backend_pair()
     results = [compare_encoders(d, fp32, int8, limit_docs=args.limit_docs) for d in args.dirs]
     table = rows(results)
     print_table("fp32 torch vs int8 ONNX encoder", table)

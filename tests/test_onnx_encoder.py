@@ -10,17 +10,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from context_core.config import get_settings
-from context_core.errors import ModelMismatchError
+from context_core.config import Settings, get_settings
+from context_core.errors import ModelLoadError, ModelMismatchError
+from context_core.gateway.sanitize import Gateway
+from context_core.knowledge import onnx_encoder
 from context_core.knowledge.edge import EdgeStore
 from context_core.knowledge.embedding import MODEL_REGISTRY, Encoder, load_encoder
+from context_core.knowledge.memory import KnowledgeMemory
 from context_core.knowledge.onnx_encoder import (
+    FP32_FFN_OUTPUT_LAYERS,
     encoder_name,
     ensure_int8_export,
+    export_path,
+    ffn_output_linears,
     length_buckets,
     split_encoder_name,
 )
-from context_core.knowledge.store import check_model
+from context_core.knowledge.store import PointRecord, check_model, point_id
+from context_core.platform import build_platform
 
 SENTENCES = [
     "How do I replace the seal on a centrifugal pump?",
@@ -155,3 +162,147 @@ def test_the_export_is_reused_not_redone(first_use: FirstUse, encoder: Encoder) 
     source = MODEL_REGISTRY["minilm"].resolve()
     again = ensure_int8_export(encoder.model, "minilm", source, first_use.cache)
     assert again == runner.path and again.stat().st_mtime_ns == before  # found, not redone
+
+
+def test_recipe_keeps_the_first_layers_ffn_outputs_fp32_and_the_rest_int8(
+    first_use: FirstUse, encoder: Encoder
+) -> None:
+    """Recipe 2 in the quantised graph itself: the MatMuls still holding an fp32 weight are
+    exactly the FFN outputs of layers 0-2 (their weights are the torch ones, unchanged); every
+    other weight MatMul of the six layers runs on int8 weights."""
+    import onnx
+    from onnx import TensorProto, numpy_helper
+
+    runner = first_use.encoders[0]._runner
+    assert runner is not None
+    graph = onnx.load(str(runner.path)).graph
+    weights = {t.name: t for t in graph.initializer}
+    fp32_weight = [
+        numpy_helper.to_array(weights[i])
+        for n in graph.node
+        if n.op_type == "MatMul"
+        for i in n.input
+        if i in weights
+    ]
+    bert = encoder.model[0].auto_model
+    expected = [
+        bert.encoder.layer[i].output.dense.weight.detach().numpy().T
+        for i in range(FP32_FFN_OUTPUT_LAYERS)
+    ]
+    assert FP32_FFN_OUTPUT_LAYERS == 3 and len(fp32_weight) == 3
+    for got, want in zip(fp32_weight, expected, strict=True):
+        assert got.dtype == np.float32 and np.array_equal(got, want)
+    int8_matmuls = [n for n in graph.node if n.op_type == "MatMulInteger"]
+    # q, k, v, attention output, FFN in, FFN out per layer, minus the three kept fp32
+    assert len(int8_matmuls) == 6 * 6 - 3
+    for n in int8_matmuls:
+        assert weights[n.input[1]].data_type == TensorProto.INT8, n.name
+
+
+def test_the_cache_name_changes_with_the_recipe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = MODEL_REGISTRY["minilm"].resolve()
+    now = export_path("minilm", source, tmp_path)
+    assert now.name.startswith(f"minilm-r{onnx_encoder.EXPORT_RECIPE}-")
+    monkeypatch.setattr(onnx_encoder, "EXPORT_RECIPE", onnx_encoder.EXPORT_RECIPE - 1)
+    before = export_path("minilm", source, tmp_path)
+    assert before != now and before.name.split("-")[-1] != now.name.split("-")[-1]
+
+
+def test_a_model_without_the_layers_of_the_recipe_is_refused(encoder: Encoder) -> None:
+    bert = encoder.model[0].auto_model
+    assert [
+        round(ln.in_features / ln.out_features) for ln in ffn_output_linears(bert, [0, 5]).values()
+    ] == [4, 4]
+    with pytest.raises(ModelLoadError, match="has 6 layers; set CTX_EMBED_BACKEND=torch"):
+        ffn_output_linears(bert, range(7))
+
+
+# --- CTX_EMBED_BACKEND=auto (the default) ---------------------------------------------------
+
+
+def _auto_settings(tmp_path: Path, cache: Path, backend: str = "auto") -> Settings:
+    return get_settings(
+        data_dir=tmp_path / "ctx",
+        reports_dir=tmp_path / "reports",
+        redis_url=None,
+        embed_backend=backend,
+        encoder_cache_dir=cache,
+    )
+
+
+def _build_collection(settings: Settings, enc: Encoder, tmp_path: Path) -> None:
+    """The main collection of ``settings``' data dir, built (created and filled) by ``enc``."""
+    with EdgeStore(settings.qdrant_dir) as store:
+        km = KnowledgeMemory(store, enc, settings, Gateway(audit_path=tmp_path / "audit.jsonl"))
+        km.ensure_collections()
+        records = [
+            PointRecord(point_id("sop", i), vec, {"source": "sop", "text": text, "chunk_index": i})
+            for i, (text, vec) in enumerate(zip(SENTENCES, enc.encode(SENTENCES), strict=True))
+        ]
+        km.upsert_chunks(km.main, records)
+
+
+def test_the_default_backend_is_auto() -> None:
+    assert Settings.model_fields["embed_backend"].default == "auto"
+
+
+@pytest.mark.parametrize("builder", ["torch", "onnx-int8"])
+def test_auto_queries_a_collection_with_the_backend_that_built_it(
+    builder: str, tmp_path: Path, first_use: FirstUse, int8: Encoder, encoder: Encoder
+) -> None:
+    """A collection built before int8 was the default (torch) keeps answering under auto,
+    with torch; one built with int8 is queried with int8. Each finds its own text first, at
+    ~1.0 (int8 a little less: dynamic quantisation scales activations per batch, so a text
+    embedded alone is not bit-equal to the same text embedded among the others)."""
+    settings = _auto_settings(tmp_path, first_use.cache)
+    _build_collection(settings, encoder if builder == "torch" else int8, tmp_path)
+    with build_platform(settings, embed_cache=False) as platform:
+        assert platform.encoder.backend == builder
+        for text in SENTENCES:
+            (hit,) = platform.knowledge.search(text, limit=1, include_hot=False)
+            assert hit.payload["text"] == text
+            assert hit.score > (0.999 if builder == "torch" else 0.99)
+        info = platform.store.info(settings.collection_main)
+        assert info is not None and info.model == encoder_name("minilm", builder)
+
+
+def test_auto_builds_a_new_collection_with_int8(tmp_path: Path, first_use: FirstUse) -> None:
+    settings = _auto_settings(tmp_path, first_use.cache)
+    with build_platform(settings, embed_cache=False) as platform:
+        platform.knowledge.ensure_collections()
+        assert platform.encoder.backend == "onnx-int8"
+        for name in (settings.collection_main, settings.collection_hot):
+            info = platform.store.info(name)
+            assert info is not None and info.model == "minilm+onnx-int8"
+
+
+def test_an_explicit_backend_other_than_the_collections_is_refused(
+    tmp_path: Path, first_use: FirstUse, encoder: Encoder
+) -> None:
+    _build_collection(_auto_settings(tmp_path, first_use.cache), encoder, tmp_path)
+    settings = _auto_settings(tmp_path, first_use.cache, backend="onnx-int8")
+    with build_platform(settings, embed_cache=False, ensure_collections=False) as platform:
+        assert platform.encoder.backend == "onnx-int8"  # explicit: not the collection's
+        with pytest.raises(ModelMismatchError, match="CTX_EMBED_BACKEND=torch to query it"):
+            platform.knowledge.ensure_collections()
+
+
+def test_auto_falls_back_to_torch_with_a_warning_when_the_export_cannot_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No writable encoder cache (a file where the directory should be): auto embeds with
+    torch and says why; an explicit onnx-int8 fails with the reason instead."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    settings = _auto_settings(tmp_path, blocker / "encoders")
+    with caplog.at_level("WARNING", logger="context_core.knowledge.embedding"):
+        enc = load_encoder(settings)
+    assert enc.backend == "torch"
+    assert "CTX_EMBED_BACKEND=auto embeds with torch (fp32): could not export" in caplog.text
+    with pytest.raises(ModelLoadError, match="could not export the int8 ONNX encoder"):
+        load_encoder(_auto_settings(tmp_path, blocker / "encoders", backend="onnx-int8"))
+    # a collection that asks for int8 is never served by the fallback
+    with pytest.raises(ModelLoadError, match="could not export"):
+        load_encoder(settings, recorded="minilm+onnx-int8")

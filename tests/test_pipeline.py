@@ -250,3 +250,25 @@ def test_windowed_embedding_stores_each_text_with_its_own_vector(
     alone = minilm.encode(texts, batch_size=1)
     for rec, vec in zip(stored, alone, strict=True):
         assert float(np.dot(np.asarray(rec.vector), vec)) > 0.99
+
+
+def test_auto_refreshes_a_torch_built_collection_with_torch(
+    tmp_path: Path, cfg: Settings, minilm: Encoder
+) -> None:
+    """CTX_EMBED_BACKEND=auto (the default) on a collection built with torch: unchanged pages
+    stay unchanged (the plan is made for the collection's encoder, not int8's), and an edited
+    page is embedded by the encoder the refresh loads itself, torch, which the collection
+    accepts. No ONNX export is needed for it."""
+    pages = base_pages()
+    export = write_export(tmp_path / "export", pages)
+    auto = cfg.model_copy(update={"embed_backend": "auto"})
+    with EdgeStore(cfg.qdrant_dir) as store:
+        run_refresh(export, settings=cfg, store=store, encoder=minilm, progress=False)
+        pages["202"] = ("Bearing noise", "PUMP", f"<p>{para('grease nipple', 3)}</p>")
+        write_export(export, pages)
+        s = run_refresh(export, settings=auto, store=store, progress=False)
+        info = store.info("knowledge_main")
+        after = _points(store)
+    assert (s.pages_changed, s.pages_unchanged) == (1, 3)
+    assert info is not None and info.model == "minilm"
+    assert "grease nipple" in after[point_id("202", 0)]["text"]

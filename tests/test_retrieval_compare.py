@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -420,3 +421,43 @@ def test_doc_chunks_cut_on_token_boundaries_with_the_title_on_every_chunk() -> N
     assert doc_chunks(_WordTokens(), "", "a b c") == ["a b c"]
     # a long title is cut to a quarter of the window (1 token here)
     assert doc_chunks(_WordTokens(), "Long Title Here", "x y")[0] == "Long\nx y"
+
+
+def test_cli_compares_the_fp32_and_int8_encoders(tmp_path: Path) -> None:
+    """`ctx eval compare-retrieval --encoders`: both backends on one folder, side by side."""
+    from typer.testing import CliRunner
+
+    from context_app.cli import app
+
+    folder = _tiny_beir(tmp_path)
+    res = CliRunner().invoke(
+        app,
+        ["eval", "compare-retrieval", str(folder), "--encoders", "--k", "3"],
+        env={"COLUMNS": "200"},
+    )
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "fp32 torch vs int8 ONNX" in text and "nDCG@3 int8" in text
+    assert "14 / 14 / 14" in text  # docs / chunks / queries of the tiny folder
+    assert "goal nDCG@3 within 0.01 of fp32 and mean cosine >= 0.99:" in text
+    assert text.rstrip().endswith(("PASS", "FAIL"))
+
+
+def test_layer_sweep_exports_each_variant_and_the_shipped_recipe_agrees_best(
+    tmp_path: Path, encoder: Any
+) -> None:
+    """`python -m evaluation.encoder_compare --layer-sweep`: recipe 1, one variant per layer,
+    then the shipped recipe, each compared with fp32 on the same texts (real exports)."""
+    from evaluation.encoder_compare import layer_sweep
+
+    rows = layer_sweep(_tiny_beir(tmp_path), encoder, limit_texts=40)
+    labels = [r["FFN output kept fp32"] for r in rows]
+    assert labels == [
+        "none (recipe 1: every MatMul int8)",
+        *(f"layer {i}" for i in range(6)),
+        "layers 0-2 (recipe 2, shipped)",
+    ]
+    assert {r["texts"] for r in rows} == {"28"}  # 14 chunks + 14 queries
+    cos = [float(r["cosine mean"]) for r in rows]
+    assert all(0.95 < c <= 1.0 for c in cos) and rows[0]["gain vs recipe 1"] == "+0.0000"
+    assert cos[-1] > cos[0]  # keeping the first layers' FFN outputs fp32 agrees better

@@ -298,6 +298,14 @@ def compare_retrieval_cmd(
     n_boot: Annotated[int, typer.Option(min=0, help="Bootstrap resamples over queries.")] = 1000,
     seed: Annotated[int, typer.Option(help="Seed of the query split and the bootstrap.")] = 0,
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
+    encoders: Annotated[
+        bool,
+        typer.Option(
+            "--encoders",
+            help="Instead: the fp32 torch vs int8 ONNX encoder (CTX_EMBED_BACKEND) side by "
+            "side: nDCG@k by exact search and cosine agreement, with the issue's goals.",
+        ),
+    ] = False,
 ) -> None:
     """Dense-only vs sparse-only vs hybrid retrieval, and cosine vs p_relevant, in one run.
 
@@ -319,6 +327,9 @@ def compare_retrieval_cmd(
 
     from evaluation.retrieval_compare import compare_retrieval
 
+    if encoders:
+        _compare_encoders(directory, model=model, k=k, limit_docs=limit_docs)
+        return
     wanted = tuple(m.strip() for m in modes.split(",") if m.strip())
     console = Console()
     try:
@@ -350,6 +361,27 @@ def compare_retrieval_cmd(
         console.print(f"goal {g.name} {g.target}: {g.measured:.3f} -> [bold]{g.verdict}[/]")
     for name, path in run.report.items():
         console.print(f"{name:>10}: {path}")
+
+
+def _compare_encoders(directory: Path, *, model: str, k: int, limit_docs: int | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from evaluation.encoder_compare import backend_pair, compare_encoders, rows
+
+    try:
+        fp32, int8 = backend_pair(model)
+        result = compare_encoders(directory, fp32, int8, k=k, limit_docs=limit_docs)
+    except (ContextError, ValueError) as e:
+        raise _fail(str(e)) from e
+    (row,) = rows([result], k=k)
+    table = Table(title=f"{result.dataset}: fp32 torch vs int8 ONNX ({model}), top-{k}")
+    for col in row:
+        table.add_column(col, justify="left" if col == "dataset" else "right")
+    table.add_row(*row.values())
+    Console().print(table)
+    verdict = "PASS" if result.met else "FAIL"
+    typer.echo(f"goal nDCG@{k} within 0.01 of fp32 and mean cosine >= 0.99: {verdict}")
 
 
 @app.command("export-candidates")

@@ -196,7 +196,7 @@ def apply_refresh(
         if plan.points:
             if encoder is None:
                 with timed(seconds, "load_model"):
-                    encoder = load_encoder_lazily(settings)
+                    encoder = load_encoder_lazily(settings, store, plan.collection)
             _check_model(plan, encoder)
             with timed(seconds, "upsert"):
                 sparse = _prepare_collection(store, plan.collection, encoder)
@@ -431,7 +431,7 @@ def run_refresh(
         holder: list[Encoder] = []
 
         def factory() -> Encoder:
-            holder.append(load_encoder_lazily(settings))
+            holder.append(load_encoder_lazily(settings, store, collection))
             return holder[0]
 
         plan = plan_refresh(

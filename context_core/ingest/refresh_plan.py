@@ -467,7 +467,7 @@ def plan_refresh(
     export = _existing_export(export_path)
     collection = collection or settings.collection_main
     gateway = gateway or _Gateway.from_settings(settings)
-    model = encoder.name if encoder is not None else _model_name(settings)
+    model = encoder.name if encoder is not None else _model_name(settings, store, collection)
     seconds: dict[str, float] = {s: 0.0 for s in ("parse", "chunk", "validate")}
     run_id = run_id or new_run_id()
     kind, complete = _describe(export, settings)
@@ -480,6 +480,7 @@ def plan_refresh(
             seen,
             gone=seen.gone() if complete else [],
             settings=settings,
+            store=store,
             collection=collection,
             source=str(export),
             kind=kind,
@@ -525,7 +526,7 @@ def plan_pages(
 
     collection = collection or settings.collection_main
     gateway = gateway or _Gateway.from_settings(settings)
-    model = encoder.name if encoder is not None else _model_name(settings)
+    model = encoder.name if encoder is not None else _model_name(settings, store, collection)
     seconds = {s: 0.0 for s in ("parse", "chunk", "validate")} | (seconds or {})
     pages: dict[str, Page] = {}
     quarantined: list[dict[str, str]] = []
@@ -550,6 +551,7 @@ def plan_pages(
             seen,
             gone=seen.gone(),
             settings=settings,
+            store=store,
             collection=collection,
             source=source,
             kind="confluence",
@@ -574,6 +576,7 @@ def _plan_seen(
     *,
     gone: list[str],
     settings: Settings,
+    store: VectorStore,
     collection: str,
     source: str,
     kind: str,
@@ -603,7 +606,11 @@ def _plan_seen(
     todo = seen.changed(model)
     if todo and encoder is None and chunker is None:
         with timed(seconds, "load_model"):  # a per-process cost, kept out of "chunk"
-            encoder = encoder_factory() if encoder_factory else load_encoder_lazily(settings)
+            encoder = (
+                encoder_factory()
+                if encoder_factory
+                else load_encoder_lazily(settings, store, collection)
+            )
         model = encoder.name
     with timed(seconds, "chunk"):
         chunk = chunker or _token_chunker(encoder, settings)
@@ -871,20 +878,29 @@ def _empty_message(export: Path, quarantined: list[dict[str, str]]) -> str:
     )
 
 
-def _model_name(settings: Settings) -> str:
-    """The name an encoder for these settings will report, without loading the model."""
-    from context_core.knowledge.embedding import MODEL_REGISTRY
+def _model_name(settings: Settings, store: VectorStore, collection: str) -> str:
+    """The name an encoder for these settings will report on ``collection``, without loading
+    the model (``CTX_EMBED_BACKEND=auto`` follows the backend the collection records)."""
+    from context_core.knowledge.embedding import MODEL_REGISTRY, auto_backend, recorded_encoder
     from context_core.knowledge.onnx_encoder import encoder_name
 
     if settings.embed_model in MODEL_REGISTRY:
         model = MODEL_REGISTRY[settings.embed_model].name
     else:
         model = str(Path(settings.embed_model).expanduser().resolve())
-    return encoder_name(model, settings.embed_backend)
+    recorded = recorded_encoder(store, collection) if settings.embed_backend == "auto" else None
+    return encoder_name(model, auto_backend(settings, recorded))
 
 
-def load_encoder_lazily(settings: Settings) -> Encoder:
-    """The settings' encoder; the embedding stack is imported only when a page needs it."""
-    from context_core.knowledge.embedding import load_encoder
+def load_encoder_lazily(
+    settings: Settings, store: VectorStore | None = None, collection: str | None = None
+) -> Encoder:
+    """The settings' encoder; the embedding stack is imported only when a page needs it.
+    With ``store``, ``CTX_EMBED_BACKEND=auto`` follows the backend ``collection`` (default:
+    the main collection) was built with."""
+    from context_core.knowledge.embedding import load_encoder, recorded_encoder
 
-    return load_encoder(settings)
+    recorded = None
+    if store is not None and settings.embed_backend == "auto":
+        recorded = recorded_encoder(store, collection or settings.collection_main)
+    return load_encoder(settings, recorded=recorded)

@@ -222,7 +222,7 @@ def sync_confluence(
 
     def factory() -> Encoder:
         if not holder:
-            holder.append(load_encoder_lazily(settings))
+            holder.append(load_encoder_lazily(settings, store, collection))
         return holder[0]
 
     try:

@@ -32,13 +32,23 @@ from context_core.knowledge.onnx_encoder import (
     encoder_cache_dir,
     encoder_name,
     ensure_int8_export,
+    split_encoder_name,
 )
 from context_core.redis.connection import REDIS_ERRORS, RedisClient
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; the real import is lazy (torch is heavy)
     from sentence_transformers import SentenceTransformer
 
-__all__ = ["MODEL_REGISTRY", "Encoder", "ModelSpec", "load_encoder"]
+    from context_core.knowledge.store import VectorStore
+
+__all__ = [
+    "MODEL_REGISTRY",
+    "Encoder",
+    "ModelSpec",
+    "auto_backend",
+    "load_encoder",
+    "recorded_encoder",
+]
 
 #: Query vectors each process keeps in front of the Redis cache (1,024 x 1.5-4 KB).
 RECENT_QUERY_VECTORS = 1024
@@ -342,11 +352,51 @@ def _plain_backend(backend: Any) -> Any:
     return plain
 
 
-def load_encoder(settings: Settings, *, redis_client: RedisClient | None = None) -> Encoder:
+def recorded_encoder(store: VectorStore, *collections: str) -> str | None:
+    """The encoder name (``Encoder.name``) the first existing of ``collections`` records."""
+    for name in collections:
+        info = store.info(name)
+        if info is not None:
+            return info.model
+    return None
+
+
+def auto_backend(settings: Settings, recorded: str | None = None) -> str:
+    """The backend ``settings`` run: ``CTX_EMBED_BACKEND`` when explicit; under ``auto`` the
+    backend of ``recorded`` (the encoder name the collection to be used records) when it is
+    this model, else ``onnx-int8`` if onnx and onnxruntime are installed, else ``torch``."""
+    if settings.embed_backend != "auto":
+        return settings.embed_backend
+    if recorded is not None:
+        rec_model, rec_backend = split_encoder_name(recorded)
+        if rec_model == _spec_for(settings.embed_model).name:
+            return rec_backend
+    import importlib.util
+
+    missing = [m for m in ("onnx", "onnxruntime") if importlib.util.find_spec(m) is None]
+    if missing:
+        log.warning(
+            "CTX_EMBED_BACKEND=auto embeds with torch (fp32): the int8 ONNX encoder needs %s, "
+            "which is not installed (pip install %s); set CTX_EMBED_BACKEND=torch to silence this",
+            " and ".join(missing),
+            " ".join(missing),
+        )
+        return "torch"
+    return "onnx-int8"
+
+
+def load_encoder(
+    settings: Settings,
+    *,
+    redis_client: RedisClient | None = None,
+    recorded: str | None = None,
+) -> Encoder:
     """The encoder named by ``CTX_EMBED_MODEL``; the weights are loaded once per process.
 
     ``redis_client`` must return bytes (``RedisProvider.client(decode_responses=False)``):
-    cached vectors are raw float32 bytes.
+    cached vectors are raw float32 bytes. ``recorded``: the encoder name the collection this
+    encoder will serve records (``recorded_encoder``), which ``CTX_EMBED_BACKEND=auto``
+    follows (:func:`auto_backend`).
     """
     if redis_client is not None and redis_client.get_connection_kwargs().get("decode_responses"):
         raise ConfigError(
@@ -355,9 +405,21 @@ def load_encoder(settings: Settings, *, redis_client: RedisClient | None = None)
         )
     spec = _spec_for(settings.embed_model)
     model = _load_model(spec, settings.embed_device)
+    backend = auto_backend(settings, recorded)
     runner = None
-    if settings.embed_backend == "onnx-int8":
-        runner = _load_runner(spec, model, encoder_cache_dir(settings))
+    if backend == "onnx-int8":
+        try:
+            runner = _load_runner(spec, model, encoder_cache_dir(settings))
+        except ModelLoadError as e:
+            # auto may fall back only while no collection asks for int8 (its vectors would
+            # not match torch's); an explicit onnx-int8 never does
+            if settings.embed_backend != "auto" or recorded is not None:
+                raise
+            log.warning(
+                "CTX_EMBED_BACKEND=auto embeds with torch (fp32): %s; set CTX_EMBED_BACKEND="
+                "torch to silence this",
+                e,
+            )
     return Encoder(
         spec,
         model,

@@ -337,8 +337,9 @@ def check_model(
         raise ModelMismatchError(
             f"collection {collection!r} was built with embedding model {rec_model!r} on the "
             f"{rec_backend!r} encoder backend but is being used with the {use_backend!r} "
-            f"backend; either set CTX_EMBED_BACKEND={rec_backend} to query it, or drop the "
-            f"collection and re-ingest with CTX_EMBED_BACKEND={use_backend}"
+            f"backend; either set CTX_EMBED_BACKEND={rec_backend} to query it (or auto, "
+            f"which follows the collection's backend), or drop the collection and re-ingest "
+            f"with CTX_EMBED_BACKEND={use_backend}"
         )
     raise ModelMismatchError(
         f"collection {collection!r} was built with embedding model {recorded_model!r} "

@@ -14,7 +14,20 @@ from context_core.config import Settings
 from context_core.gateway.identity import DEFAULT_ORG
 from context_core.session.seal import StateKeyring, open_state
 
-__all__ = ["keyring_of", "opened"]
+__all__ = ["Held", "keyring_of", "opened"]
+
+
+class Held(str):
+    """A sealed state as an answer returned it, with its session id (the answer's clear
+    ``session`` info): sent in a JSON body it is the plain string."""
+
+    sid: str
+
+    @classmethod
+    def of(cls, answer: dict[str, Any]) -> Held:
+        held = cls(answer["state"])
+        held.sid = answer["session"]["session_id"]
+        return held
 
 
 def keyring_of(settings: Settings) -> StateKeyring:

@@ -20,7 +20,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -231,7 +230,7 @@ class Agent:
 
     def __init__(self, http: httpx.Client, sid: str, t0: float) -> None:
         self.http, self.sid, self.t0 = http, sid, t0
-        self.state: dict[str, Any] = {}
+        self.state: str = ""  # sealed
         self.acked: list[int] = []
         self.log: list[tuple[float, str, int, str]] = []
         self.next_call = 0
@@ -275,7 +274,7 @@ class Agent:
         if r.status_code == 200:
             self.state = r.json()["state"]
             # the event whose answer was lost was applied: continue after it
-            self.next_call = max(self.next_call, int(self.state["current_step"]))
+            self.next_call = max(self.next_call, int(r.json()["session"]["step"]))
 
     def first(self, status: int, after: float = 0.0, op: str = "") -> float | None:
         return next(

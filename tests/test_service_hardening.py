@@ -399,10 +399,11 @@ def test_another_agents_session_answers_like_a_missing_one(
         assert a["error"] == b["error"] == "unknown_session"
         assert set(a) == set(b) == {"error", "detail", "session_id"}
         assert a["detail"].replace(session_id, "X") == b["detail"].replace(gone, "X")
-    # the owner is still told when its own state is forged
-    forged = {**mine, "user_query": "edited"}
+    # the owner is still told when its own (sealed) state is edited
+    head, data = mine.rsplit(".", 1)
+    forged = f"{head}.{data[:30]}{'B' if data[30] == 'A' else 'A'}{data[31:]}"
     r = _ctx(ca, session_id, forged)
-    assert r.status_code == 403 and r.json()["error"] == "forbidden"
+    assert r.status_code == 403 and r.json()["error"] == "state_refused"
     _still_serves(ca, session_id, mine)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from redis_cluster import redis_client
 
-from context_app.service.deps import AUTO_KID, SEAL_KEY
+from context_app.service.deps import SEAL_KEY, auto_keyring
 from context_core.config import Settings
 from context_core.gateway.identity import DEFAULT_ORG
 from context_core.session.seal import StateKeyring, open_state
@@ -40,7 +40,7 @@ def keyring_of(settings: Settings) -> StateKeyring:
     finally:
         client.close()
     assert raw is not None, f"no {SEAL_KEY} in Redis: has the service started?"
-    return StateKeyring.parse(f"{AUTO_KID}:{raw.decode() if isinstance(raw, bytes) else raw}")
+    return auto_keyring(raw.decode() if isinstance(raw, bytes) else str(raw))
 
 
 def opened(

@@ -284,3 +284,27 @@ def test_grpc_round_trip_and_refusals(sealed: dict[str, Any]) -> None:
     assert "another session or organisation" in message
     with _client(sealed, "b-agent") as b:
         assert _refused(_event(b, sid, after.state)) == message
+
+
+def test_without_keys_one_random_key_is_shared_through_redis_and_never_logged(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import context_app.service.deps as deps
+
+    monkeypatch.setattr(deps, "_warned_auto_key", False)
+    settings = get_settings(redis_url=redis_url)
+    assert settings.state_keys is None
+    first, second = redis_client(redis_url, decode_responses=True), redis_client(redis_url)
+    try:
+        with caplog.at_level("WARNING", logger="context_app.service.deps"):
+            ring_a = deps.load_seal_keyring(first, settings)  # two instances, one Redis
+            ring_b = deps.load_seal_keyring(second, settings)
+        stored = first.get(deps.SEAL_KEY)
+    finally:
+        first.close()
+        second.close()
+    assert ring_a.current == ring_b.current == "auto"
+    assert ring_a.keys["auto"] == ring_b.keys["auto"] and len(ring_a.keys["auto"]) == 32
+    warnings = [r for r in caplog.records if "CTX_STATE_KEYS is not set" in r.getMessage()]
+    assert len(warnings) == 1  # once per process
+    assert stored and stored not in caplog.text and "auto:" not in caplog.text

@@ -9,6 +9,7 @@ connection, none on a timeout): a request that finds Redis down *or hung* must c
 from __future__ import annotations
 
 import base64
+import binascii
 import logging
 import secrets
 import sys
@@ -21,7 +22,12 @@ from context_app.service.metrics import ServiceMetrics
 from context_app.service.owners import AgentQuotas, OwnerBinding
 from context_core.access.auth import KeyStore
 from context_core.concurrency import blocking
-from context_core.errors import BackendUnavailableError, SessionExistsError, UnknownSessionError
+from context_core.errors import (
+    BackendUnavailableError,
+    ConfigError,
+    SessionExistsError,
+    UnknownSessionError,
+)
 from context_core.knowledge.store import search_batch
 from context_core.platform import Platform, build_platform, fail_fast_client
 from context_core.redis.connection import (
@@ -198,7 +204,19 @@ def load_seal_keyring(client: RedisClient, settings: Settings) -> StateKeyring:
             SEAL_KEY,
             AUTO_KID,
         )
-    return StateKeyring.parse(f"{AUTO_KID}:{entry}")
+    return auto_keyring(entry)
+
+
+def auto_keyring(entry: str) -> StateKeyring:
+    """The keyring of the automatic key, from the value of ``svc:state-seal-key``."""
+    try:
+        key = base64.urlsafe_b64decode(entry + "=" * (-len(entry) % 4))
+    except (binascii.Error, ValueError) as e:
+        raise ConfigError(
+            f"{SEAL_KEY} in Redis is not base64url ({e}); delete it to let the service make a "
+            "new one (states sealed with it are then refused), or set CTX_STATE_KEYS"
+        ) from e
+    return StateKeyring(AUTO_KID, {AUTO_KID: key})
 
 
 @dataclass(eq=False)
@@ -214,7 +232,7 @@ class Services:
     keys: KeyStore
     owners: OwnerBinding
     metrics: ServiceMetrics
-    state_key: bytes
+    state_key: bytes = field(repr=False)  # the HMAC key: never in a repr
     quotas: AgentQuotas
     codec: StateCodec  # seals L1 for the wire, opens it (and signed states until the window)
     settings: Settings = field(init=False)

@@ -33,7 +33,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -209,7 +209,7 @@ class StateCodec:
     """Seals answers; opens sealed states, and signed ones until ``legacy_until``."""
 
     keyring: StateKeyring
-    legacy_key: bytes | None = None  # the HMAC key signed states were signed with
+    legacy_key: bytes | None = field(default=None, repr=False)  # signed states' HMAC key
     legacy_until: dt.datetime = LEGACY_UNTIL
     max_chars: int = MAX_TOKEN_CHARS  # a sealed state longer than this is refused undecoded
 

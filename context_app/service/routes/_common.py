@@ -83,12 +83,17 @@ def session_info(wire: WireState) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class StateOut:
-    """A new state: ``stored`` the signed JSON kept in Redis (the latest state, read by the
-    idle sweep and erasure), ``sealed`` what the client gets, ``session`` its clear info."""
+    """A state going out: ``sealed`` what the client gets, ``session`` its clear info;
+    ``stored`` the signed JSON an event commits to Redis (the latest state, read by
+    ``GET .../state``, the idle sweep and erasure)."""
 
-    stored: bytes
+    wire: WireState
     sealed: str
     session: dict[str, Any]
+
+    @property
+    def stored(self) -> bytes:
+        return encode_json(self.wire)
 
 
 def sealed_out(svc: Services, wire: WireState, org: str) -> StateOut:
@@ -104,7 +109,7 @@ def sealed_out(svc: Services, wire: WireState, org: str) -> StateOut:
             "(keep_pairs) or send shorter texts, then retry",
             limit_bytes=cap,
         )
-    return StateOut(encode_json(wire), sealed, session_info(wire))
+    return StateOut(wire, sealed, session_info(wire))
 
 
 def wire_response(payload: Any, status_code: int = 200) -> Response:

@@ -639,7 +639,7 @@ def test_http_confirmations_refuse_look_alike_keywords(service: Service) -> None
         assert _put(admin, org_path, current, profile).status_code == 200
         r = _start(agent)
         state = r.json()["state"]
-        url = f"/v1/sessions/{state['session_id']}/confirmations"
+        url = f"/v1/sessions/{r.json()['session']['session_id']}/confirmations"
         disguised = [
             "con\u034ffid\u2063en\u200btial",  # CGJ, invisible separator, ZWSP
             "confi\u00addential",  # soft hyphen

@@ -47,6 +47,7 @@ __all__ = [
     "sealed_out",
     "session_info",
     "state_response",
+    "unchanged_out",
     "wire_out",
     "wire_response",
 ]
@@ -150,6 +151,15 @@ def plain_json(value: Any, depth: int = 0) -> bool:
     if t is list or t is tuple:
         return all(plain_json(v, depth + 1) for v in value)
     return False
+
+
+def unchanged_out(svc: Services, sent: StateIn, wire: WireState, org: str) -> StateOut:
+    """The state a request sent, answered unchanged: the same sealed string (it just opened
+    for this organisation and session), or a signed one sealed now (the migration moves
+    it over)."""
+    if isinstance(sent, str):
+        return StateOut(wire, sent, session_info(wire))
+    return sealed_out(svc, wire, org)
 
 
 def wire_out(svc: Services, state: SessionState, version: int, nonce: str, org: str) -> StateOut:

@@ -13,7 +13,7 @@ from context_app.service.routes._common import (
     PathSessionId,
     opened_for,
     resource_router,
-    sealed_out,
+    unchanged_out,
 )
 from context_core.session.wire import encode_json
 
@@ -57,7 +57,7 @@ def post_output(
     svc.tracer.record_output(body.trace_id, session_id, step, clean.text)
     info = {"step": step, "trace_id": body.trace_id}
     removed = [r.to_dict() for r in clean.removed]
-    out = sealed_out(svc, wire, who.org)
+    out = unchanged_out(svc, body.state, wire, who.org)
     payload = b'{"state":%b,"session":%b,"info":%b,"output":%b,"removed":%b}' % (
         encode_json(out.sealed),
         encode_json(out.session),

@@ -1,7 +1,7 @@
 """The session itself: ``POST /v1/sessions`` (start), ``GET .../{id}/state`` (its latest
 state, sealed), ``DELETE .../{id}`` (close).
 
-Per request, one script in Redis checks that the session is the caller's and that the signed
+Per request, one script in Redis checks that the session is the caller's and that the
 state is its latest (:mod:`~context_app.service.owners`): another agent's session answers
 exactly like a missing one (404), an old or replayed state is 409 ``stale_state``.
 """

@@ -139,9 +139,11 @@ def main(argv: list[str]) -> int:
 
     from context_app.rpc.v1 import context_pb2 as pb
     from context_app.rpc.v1 import context_pb2_grpc as pb_grpc
+    from context_app.service.deps import SEAL_KEY, auto_keyring
     from context_core.access.auth import generate_keys
+    from context_core.gateway.identity import DEFAULT_ORG
+    from context_core.session.seal import open_state
     from context_core.session.state import AuthContext
-    from context_core.session.wire import WireState
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-grpc-"))
     proc = None
@@ -181,9 +183,10 @@ def main(argv: list[str]) -> int:
             f"/v1/sessions/{sid}/events", json={"state": r.json()["state"], "event": event}
         )
         r.raise_for_status()
-        wire = r.json()["state"]
-        state_text = json.dumps(wire, separators=(",", ":"))
-        state = WireState.model_validate(wire).to_state(
+        wire = r.json()["state"]  # sealed: the in-process path opens it with the service's
+        state_text = wire  # automatic key (no CTX_STATE_KEYS here), shared through Redis
+        ring = auto_keyring(str(platform.redis.get(SEAL_KEY)))
+        state = open_state(wire, ring, org=DEFAULT_ORG, session_id=sid).to_state(
             gateway=platform.gateway, auth=AuthContext(agent_id=AGENT, scopes=("*",), org="")
         )
 

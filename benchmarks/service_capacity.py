@@ -50,7 +50,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -412,7 +412,8 @@ class _Session:
     sid: str
     headers: dict[str, str]
     device: str
-    state: dict[str, Any] = field(default_factory=dict)
+    state: str = ""  # sealed: sent back as it is
+    step: int = 0  # from the answers' clear session info
     rms: float = 0.0
     trace_id: str = ""
 
@@ -455,7 +456,7 @@ def drive_sessions(
         body = _dumps(agent.create_body(s.sid, user, rng.choice(agent.QUERIES), s.device))
         creates.append(("POST", "/v1/sessions", body, s.headers))
     for s, d in zip(sessions, phase("create", creates, ok=(201,)), strict=True):
-        s.state = d["state"]
+        s.state, s.step = d["state"], d["session"]["step"]
     plan = _dumps(agent.plan_body(steps, step_rate))
     phase("plan", [("PUT", f"/v1/sessions/{s.sid}/plan", plan, s.headers) for s in sessions])
     for step in range(steps):
@@ -466,14 +467,14 @@ def drive_sessions(
             body = _dumps(agent.event_body(s.state, agent.sensor_event(s.device, s.rms, now)))
             calls.append(("POST", f"/v1/sessions/{s.sid}/events", body, s.headers))
         for s, d in zip(sessions, phase("event", calls), strict=True):
-            s.state = d["state"]
+            s.state, s.step = d["state"], d["session"]["step"]
         intent = agent.INTENT_CYCLE[step % len(agent.INTENT_CYCLE)]
         calls = []
         for s in sessions:
             body = _dumps(agent.context_body(s.sid, intent, s.state, s.device))
             calls.append(("POST", "/v1/context", body, s.headers))
         for s, d in zip(sessions, phase(f"context:{intent}", calls), strict=True):
-            problem = agent.bundle_problem(d, s.state["current_step"])
+            problem = agent.bundle_problem(d, s.step)
             if problem:
                 raise RuntimeError(f"context {intent}: {problem}: {d}")
             s.trace_id = d["trace_id"]

@@ -562,8 +562,10 @@ class Settings(BaseSettings):
     l1_max_state_bytes: int = Field(
         64 * 1024,
         gt=1024,
-        description="Largest signed L1 state the service hands out; an event that would make "
-        "a bigger one is refused with 413 and the state sent stays valid.",
+        description="Largest sealed L1 state (characters of the ctx1.<kid>.<data> string) the "
+        "service hands out or accepts: an event that would make a bigger one is refused with "
+        "413 and the state sent stays valid; a bigger one sent in a request is refused (403 "
+        "state_refused) before it is decoded.",
     )
     max_step_result_bytes: int = Field(
         D.MAX_STEP_RESULT_BYTES,

@@ -80,11 +80,12 @@ def sensor_event(device: str, rms: float, now: float) -> dict[str, Any]:
     }
 
 
-def event_body(state: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
+def event_body(state: str, event: dict[str, Any]) -> dict[str, Any]:
+    """``state``: the sealed state of the last answer, sent back as it is."""
     return {"state": state, "event": event}
 
 
-def context_body(sid: str, intent: str, state: dict[str, Any], device: str) -> dict[str, Any]:
+def context_body(sid: str, intent: str, state: str, device: str) -> dict[str, Any]:
     """The context load of one step (``call_api`` names the API it is about to call)."""
     params: dict[str, Any] = {"device": device}
     if intent == "call_api":
@@ -92,9 +93,7 @@ def context_body(sid: str, intent: str, state: dict[str, Any], device: str) -> d
     return {"session_id": sid, "step_intent": intent, "state": state, "params": params}
 
 
-def output_body(
-    state: dict[str, Any], trace_id: str, intent: str, device: str, rms: float
-) -> dict[str, Any]:
+def output_body(state: str, trace_id: str, intent: str, device: str, rms: float) -> dict[str, Any]:
     return {"state": state, "trace_id": trace_id, "output": f"{intent}: {device} RMS {rms} mm/s"}
 
 
@@ -163,11 +162,12 @@ def warm_up(service_url: str, key: str, *, timeout_s: float = 30.0) -> WarmUp:
         for intent in INTENT_CYCLE:
             rms = 4.0
             event = sensor_event(device, rms, time.time())
-            state = call("POST", f"/v1/sessions/{sid}/events", event_body(state, event))["state"]
+            done = call("POST", f"/v1/sessions/{sid}/events", event_body(state, event))
+            state = done["state"]  # sealed: the step is in the answer's clear session info
             t = time.perf_counter()
             bundle = call("POST", "/v1/context", context_body(sid, intent, state, device))
             worst = max(worst, (time.perf_counter() - t) * 1000.0)
-            problem = bundle_problem(bundle, state["current_step"])
+            problem = bundle_problem(bundle, done["session"]["step"])
             if problem:
                 raise RuntimeError(f"warm-up context {intent}: {problem}: {str(bundle)[:300]}")
             out = output_body(state, bundle["trace_id"], intent, device, rms)

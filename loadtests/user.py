@@ -143,7 +143,8 @@ class ContextAgent(User):
         self.agent_id, key = _next_key(opts)
         self._key_headers = f"X-API-Key: {key}\r\n".encode("latin-1")
         self._json_headers = self._key_headers + b"Content-Type: application/json\r\n"
-        self.state: dict[str, Any] | None = None
+        self.state: str | None = None  # sealed: sent back as it is
+        self.state_step = 0  # the state's current step, from the answers' clear session info
         self.sid = ""
         self.steps_done = 0
         self.steps_total = 0  # over every session of this user: paces the confirmations
@@ -302,7 +303,7 @@ class ContextAgent(User):
         )
         if created is None:
             return False
-        self.state = created["state"]
+        self.state, self.state_step = created["state"], int(created["session"]["step"])
         self.steps_done = 0
         return self._send_plan()
 
@@ -322,7 +323,7 @@ class ContextAgent(User):
         rms = round(self.rng.uniform(2.0, 8.0), 2)
         self.rms = rms
         event = sensor_event(self.device, rms, time.time())
-        step_no = int(self.state.get("current_step", 0))  # the event writes step:<step_no>
+        step_no = self.state_step  # the event writes step:<step_no>
         LEDGER.step_started(self.sid, step_no, time.time())
         done = self._call(
             "POST",
@@ -335,11 +336,11 @@ class ContextAgent(User):
         if done is None:
             return False
         LEDGER.wrote(self.sid, step_no)
-        self.state = done["state"]
+        self.state, self.state_step = done["state"], int(done["session"]["step"])
 
         intent = INTENT_CYCLE[self.steps_done % len(INTENT_CYCLE)]
         body = context_body(self.sid, intent, self.state, self.device)
-        step = self.state["current_step"]
+        step = self.state_step
         bundle = self._call(
             "POST",
             "/v1/context",

@@ -561,7 +561,7 @@ def test_http_session_snapshot_tool_calls_and_blocked_keywords(service: Service)
         r = _start(agent)
         assert r.status_code == 201, r.text
         info, state = r.json()["info"], r.json()["state"]
-        sid = state["session_id"]
+        sid = r.json()["session"]["session_id"]
         assert info["compliance"]["org_id"] == service.org
         assert info["compliance"]["profile_version"] == f"{version}.0"
         snap_key = info["compliance"]["snapshot_key"]
@@ -572,7 +572,7 @@ def test_http_session_snapshot_tool_calls_and_blocked_keywords(service: Service)
             assert snap["profile"]["approved_tools"] == ["fetch", "search"]
             assert 0 < rc.ttl(snap_key) <= 900
 
-            def tool(st: dict[str, Any], name: str) -> httpx.Response:
+            def tool(st: str, name: str) -> httpx.Response:
                 event = {"type": "tool_call", "name": name, "args": {}, "result": {"ok": 1}}
                 return agent.post(f"/v1/sessions/{sid}/events", json={"state": st, "event": event})
 
@@ -606,7 +606,7 @@ def test_http_confirmations_and_goal_refuse_blocked_keywords(service: Service) -
         assert _put(admin, org_path, current, profile).status_code == 200
         r = _start(agent)
         state = r.json()["state"]
-        sid = state["session_id"]
+        sid = r.json()["session"]["session_id"]
         url = f"/v1/sessions/{sid}/confirmations"
         bad = {"text": "The CONFIDENTIAL pump list", "section": "PUMP"}
         r = agent.post(url, json={"state": state, "answers": [{"text": "fine"}, bad]})
@@ -639,7 +639,7 @@ def test_http_confirmations_refuse_look_alike_keywords(service: Service) -> None
         assert _put(admin, org_path, current, profile).status_code == 200
         r = _start(agent)
         state = r.json()["state"]
-        url = f"/v1/sessions/{state['session_id']}/confirmations"
+        url = f"/v1/sessions/{r.json()['session']['session_id']}/confirmations"
         disguised = [
             "con\u034ffid\u2063en\u200btial",  # CGJ, invisible separator, ZWSP
             "confi\u00addential",  # soft hyphen

@@ -6,7 +6,6 @@ protobuf runtime and grpcio-status to read the error details)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -27,6 +26,7 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
+from sealed_state import opened
 from test_service import cleanup_service_keys, free_port, running_service, service_settings
 
 from context_app.rpc.v1 import context_pb2 as pb
@@ -93,7 +93,12 @@ class Pair:
         self.stub = pb_grpc.ContextServiceStub(both["channel"])
         self.md = (("authorization", f"Bearer {key}"),)
         self.sid = {"http": f"t-h-{sid}", "grpc": f"t-g-{sid}"}
-        self.state: dict[str, Any] = {}
+        self.state: dict[str, str] = {}  # sealed, per transport
+        self.settings = both["settings"]
+
+    def opened(self, state: str, via: str) -> dict[str, Any]:
+        """What the service sealed in ``state`` (a client cannot: tests/sealed_state.py)."""
+        return opened(self.settings, state, self.sid[via])
 
     def call(self, method: str, request: Any) -> Any:
         return getattr(self.stub, method)(request, metadata=self.md, timeout=60)
@@ -169,6 +174,14 @@ def _timeless(value: Any) -> Any:
     return value
 
 
+def _same_state(p: Pair, h: dict[str, Any], g: Any) -> None:
+    """HTTP's and gRPC's answers carry the same state (sealed, so opened to compare) and the
+    same clear session info."""
+    assert h["state"].startswith("ctx1.") and g.state.startswith("ctx1.")
+    _same(p, _state_view(p.opened(h["state"], "http")), _state_view(p.opened(g.state, "grpc")))
+    _same(p, h["session"], _d(g.session))
+
+
 def _start(p: Pair, **extra: Any) -> dict[str, Any]:
     body = {"user_id": "u-1", "user_query": "Why does PUMP-0042 vibrate?", **extra}
     r = p.http.post("/v1/sessions", json={**body, "session_id": p.sid["http"]})
@@ -182,7 +195,7 @@ def _start(p: Pair, **extra: Any) -> dict[str, Any]:
     h = r.json()
     p.state = {"http": h["state"], "grpc": g.state}
     _same(p, h["info"], _d(g.info))
-    _same(p, _state_view(h["state"]), _state_view(json.loads(g.state)))
+    _same_state(p, h, g)
     return h
 
 
@@ -199,7 +212,7 @@ def _event(p: Pair, http_event: dict[str, Any], grpc_event: pb.Event) -> dict[st
     h = r.json()
     p.state = {"http": h["state"], "grpc": g.state}
     _same(p, h["info"], _d(g.info))
-    _same(p, _state_view(h["state"]), _state_view(json.loads(g.state)))
+    _same_state(p, h, g)
     return h
 
 
@@ -304,6 +317,7 @@ def test_readme_session_gives_the_same_answers_over_http_and_grpc(
         {k: h[k] for k in ("info", "output", "removed")},
         {"info": _d(g.info), "output": g.output, "removed": [_d(x) for x in g.removed]},
     )
+    _same_state(p, h, g)
 
     # delta recall: the stream's deltas are HTTP's deltas, chained
     steps = ["compare_vibration", "generate_report"]
@@ -339,7 +353,7 @@ def test_readme_session_gives_the_same_answers_over_http_and_grpc(
 
     r = p.http.get(f"/v1/sessions/{p.sid['http']}/state")
     g = p.call("GetState", pb.SessionRef(session_id=p.sid["grpc"]))
-    _same(p, _state_view(r.json()["state"]), _state_view(json.loads(g.state)))
+    _same_state(p, r.json(), g)
 
     r = p.http.delete(f"/v1/sessions/{p.sid['http']}")
     g = p.call("CloseSession", pb.SessionRef(session_id=p.sid["grpc"]))
@@ -520,7 +534,8 @@ def test_ctx_serve_grpc_alone(tmp_path: Path) -> None:
                 metadata=(("authorization", f"Bearer {key}"),),
                 timeout=30,
             )
-            assert json.loads(reply.state)["user_query"] == "hello"
+            assert reply.state.startswith("ctx1.") and "hello" not in reply.state
+            assert reply.session.step == 0 and reply.session.session_id
         with pytest.raises(httpx.TransportError):
             httpx.get(f"http://127.0.0.1:{http_port}/healthz", timeout=2)
     finally:
@@ -552,7 +567,7 @@ def test_grpc_calls_count_for_degradation_like_http_requests(
     settings, raw = service_settings(tmp_path, redis_url, degrade_inflight=1, grpc_port=port)
     try:
         with running_service(settings) as url, grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-            both = {"url": url, "keys": raw, "channel": ch}
+            both = {"url": url, "keys": raw, "channel": ch, "settings": settings}
             p = Pair(both, "agent-a", session_id)
             _start(p, device_id=DEVICE)
             series = {f"{DEVICE}.vibration": [[time.time(), 4.1]]}

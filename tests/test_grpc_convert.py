@@ -129,6 +129,16 @@ def test_context_params_extra_sit_beside_the_typed_ones() -> None:
     assert "state" in str(info.value)
 
 
+def test_a_sealed_state_travels_as_the_string_it_is() -> None:
+    sealed = "ctx1.k1.q83vEjRWeJC"
+    assert convert.state_value(sealed) == sealed  # HTTP's body carries the same string
+    reply = convert.state_reply(
+        {"state": sealed, "session": {"session_id": "s-1", "step": 2, "version": 3}, "info": {}}
+    )
+    assert reply.state == sealed  # not JSON-quoted
+    assert (reply.session.session_id, reply.session.step, reply.session.version) == ("s-1", 2, 3)
+
+
 def test_a_state_that_is_not_json_is_a_field_error() -> None:
     from fastapi.exceptions import RequestValidationError
 

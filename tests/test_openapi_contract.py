@@ -23,6 +23,7 @@ import httpx
 import pytest
 from conftest import cleanup_keys
 from jsonschema import Draft202012Validator
+from sealed_state import Held
 from starlette.routing import Route
 from test_ops_hardening import run_app
 from test_service import cleanup_service_keys, service_settings
@@ -90,20 +91,18 @@ def _sid() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
 
 
-def _start(c: httpx.Client, sid: str | None = None) -> dict[str, Any]:
+def _start(c: httpx.Client, sid: str | None = None) -> Held:
     body = {"session_id": sid or _sid(), "user_id": "u-1", "user_query": "check PUMP-0042"}
     r = c.post("/v1/sessions", json=body)
     assert r.status_code == 201, r.text
-    return dict(r.json()["state"])
+    return Held.of(r.json())
 
 
-def _event(c: httpx.Client, state: dict[str, Any], event: dict[str, Any]) -> httpx.Response:
-    return c.post(
-        f"/v1/sessions/{state['session_id']}/events", json={"state": state, "event": event}
-    )
+def _event(c: httpx.Client, state: Held, event: dict[str, Any]) -> httpx.Response:
+    return c.post(f"/v1/sessions/{state.sid}/events", json={"state": state, "event": event})
 
 
-def _tool(c: httpx.Client, state: dict[str, Any], **extra: Any) -> dict[str, Any]:
+def _tool(c: httpx.Client, state: Held, **extra: Any) -> dict[str, Any]:
     event = {"type": "tool_call", "name": "fetch", "args": {"device": "PUMP-0042"}, **extra}
     event.setdefault("result", {"temp_c": 81.5})
     r = _event(c, state, event)
@@ -134,26 +133,26 @@ def case_events(e: Env) -> Answers:
     with e.client() as c, e.client("agent-b") as other:
         state = _start(c)
         ok = _event(c, state, {"type": "tool_call", "name": "fetch", "args": {}, "result": [1, 2]})
-        new = ok.json()["state"]
+        new = Held.of(ok.json())
         msg = _event(c, new, {"type": "user_message", "text": "not PUMP-0042 but PUMP-0043"})
         return [
             ok,
             msg,
             _event(c, state, {"type": "session_timeout"}),  # replayed: 409 stale_state
-            _event(c, msg.json()["state"], {"type": "no_such_event"}),
-            _event(other, msg.json()["state"], {"type": "session_timeout"}),  # 404
+            _event(c, Held.of(msg.json()), {"type": "no_such_event"}),
+            _event(other, Held.of(msg.json()), {"type": "session_timeout"}),  # 404
         ]
 
 
 def case_context(e: Env) -> Answers:
     with e.client() as c:
         state = _start(c)
-        sid = state["session_id"]
+        sid = state.sid
         ok = c.post(
             "/v1/context",
             json={"session_id": sid, "step_intent": "default", "state": state},
         )
-        forged = {**state, "sig": "0" * 64}
+        forged = state[:-8] + ("A" * 8 if state[-8:] != "A" * 8 else "B" * 8)  # 403
         # delta recall: a full delta (no base), a delta against it, since_bundle alone (422)
         step = {"session_id": sid, "step_intent": "default", "state": state}
         first = c.post("/v1/context", json={**step, "delta": True})
@@ -176,7 +175,7 @@ def case_context(e: Env) -> Answers:
 def case_outputs(e: Env) -> Answers:
     with e.client() as c:
         state = _start(c)
-        url = f"/v1/sessions/{state['session_id']}/outputs"
+        url = f"/v1/sessions/{state.sid}/outputs"
         return [
             c.post(url, json={"state": state, "trace_id": "a" * 32, "output": "PUMP-0042 ok"}),
             c.post(url, json={"state": state, "trace_id": "bad id!", "output": "x"}),
@@ -187,7 +186,7 @@ def case_state(e: Env) -> Answers:
     with e.client() as c:
         state = _start(c)
         return [
-            c.get(f"/v1/sessions/{state['session_id']}/state"),
+            c.get(f"/v1/sessions/{state.sid}/state"),
             c.get(f"/v1/sessions/{_sid()}/state"),
         ]
 
@@ -195,7 +194,7 @@ def case_state(e: Env) -> Answers:
 def case_result(e: Env) -> Answers:
     with e.client() as c:
         state = _start(c)
-        sid = state["session_id"]
+        sid = state.sid
         _tool(c, state, call_id="big-1", result={"text": "x" * 5000})  # over 2 KB: goes to L2
         return [
             c.get(f"/v1/sessions/{sid}/results/big-1"),
@@ -206,7 +205,7 @@ def case_result(e: Env) -> Answers:
 
 def case_contract(e: Env) -> Answers:
     with e.client() as c:
-        sid = _start(c)["session_id"]
+        sid = _start(c).sid
         url = f"/v1/sessions/{sid}/contract"
         return [
             c.get(url),
@@ -219,7 +218,7 @@ def case_contract(e: Env) -> Answers:
 
 def case_put_contract(e: Env) -> Answers:
     with e.client() as c:
-        sid = _start(c)["session_id"]
+        sid = _start(c).sid
         url = f"/v1/sessions/{sid}/contract"
         ok = c.put(url, json={"expected_version": 1, "fields": {"device": "PUMP-0043"}})
         return [
@@ -234,7 +233,7 @@ def case_put_contract(e: Env) -> Answers:
 
 def case_contract_history(e: Env) -> Answers:
     with e.client() as c:
-        sid = _start(c)["session_id"]
+        sid = _start(c).sid
         return [
             c.get(f"/v1/sessions/{sid}/contract/history"),
             c.get(f"/v1/sessions/{_sid()}/contract/history"),
@@ -243,13 +242,13 @@ def case_contract_history(e: Env) -> Answers:
 
 def case_close(e: Env) -> Answers:
     with e.client() as c:
-        sid = _start(c)["session_id"]
+        sid = _start(c).sid
         return [c.delete(f"/v1/sessions/{sid}"), c.delete(f"/v1/sessions/{sid}")]
 
 
 def case_put_plan(e: Env) -> Answers:
     with e.client() as c:
-        sid = _start(c)["session_id"]
+        sid = _start(c).sid
         plan = {
             "steps": [{"step_id": "a"}, {"step_id": "b", "depends_on": ["a"], "est_start_s": 60}]
         }
@@ -262,7 +261,7 @@ def case_put_plan(e: Env) -> Answers:
 
 def case_get_plan(e: Env) -> Answers:
     with e.client() as c:
-        sid = _start(c)["session_id"]
+        sid = _start(c).sid
         missing = c.get(f"/v1/sessions/{sid}/plan")  # none sent yet: 409 context_miss
         c.put(f"/v1/sessions/{sid}/plan", json={"steps": [{"step_id": "a"}]})
         return [c.get(f"/v1/sessions/{sid}/plan"), missing]
@@ -271,7 +270,7 @@ def case_get_plan(e: Env) -> Answers:
 def case_confirmations(e: Env) -> Answers:
     with e.client() as c:
         state = _start(c)
-        url = f"/v1/sessions/{state['session_id']}/confirmations"
+        url = f"/v1/sessions/{state.sid}/confirmations"
         answer = {"text": "PUMP-0042 seal was replaced in 2026", "section": "PUMP"}
         return [
             c.post(url, json={"state": state, "answers": [answer]}),
@@ -281,7 +280,7 @@ def case_confirmations(e: Env) -> Answers:
 
 def case_get_preferences(e: Env) -> Answers:
     with e.client() as c:
-        sid = _start(c)["session_id"]
+        sid = _start(c).sid
         c.put(f"/v1/sessions/{sid}/preferences/units", json={"value": "metric"})
         return [
             c.get(f"/v1/sessions/{sid}/preferences"),
@@ -291,7 +290,7 @@ def case_get_preferences(e: Env) -> Answers:
 
 def case_put_preference(e: Env) -> Answers:
     with e.client() as c:
-        sid = _start(c)["session_id"]
+        sid = _start(c).sid
         return [
             c.put(
                 f"/v1/sessions/{sid}/preferences/units", json={"value": "metric", "confidence": 0.8}
@@ -302,7 +301,7 @@ def case_put_preference(e: Env) -> Answers:
 
 def case_delete_preference(e: Env) -> Answers:
     with e.client() as c:
-        sid = _start(c)["session_id"]
+        sid = _start(c).sid
         c.put(f"/v1/sessions/{sid}/preferences/units", json={"value": "metric"})
         return [
             c.delete(f"/v1/sessions/{sid}/preferences/units"),
@@ -518,7 +517,7 @@ def test_the_checker_refuses_a_drifted_answer(env: Env) -> None:
         state = _start(c)
         r = c.post(
             "/v1/context",
-            json={"session_id": state["session_id"], "step_intent": "default", "state": state},
+            json={"session_id": state.sid, "step_intent": "default", "state": state},
         )
     assert r.status_code == 200
     body = r.json()

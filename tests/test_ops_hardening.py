@@ -30,6 +30,7 @@ import httpx
 import pytest
 import redis
 import uvicorn
+from sealed_state import Held
 from test_service import _acl_keys
 
 from context_app.service import create_app
@@ -172,15 +173,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             yield Stack(url, app, server, raw, keys_file, settings)
 
 
-def start_session(c: httpx.Client) -> dict[str, Any]:
+def start_session(c: httpx.Client) -> Held:
     body = {"session_id": f"t-{uuid.uuid4().hex[:12]}", "user_id": "u-1", "user_query": "pump"}
     r = c.post("/v1/sessions", json=body)
     assert r.status_code == 201, r.text
-    return dict(r.json()["state"])
+    return Held.of(r.json())
 
 
-def context_body(state: dict[str, Any], intent: str = "default", **params: Any) -> dict[str, Any]:
-    return dict(session_id=state["session_id"], step_intent=intent, state=state, params=params)
+def context_body(state: Held, intent: str = "default", **params: Any) -> dict[str, Any]:
+    return dict(session_id=state.sid, step_intent=intent, state=state, params=params)
 
 
 # --- 1. hung Redis -------------------------------------------------------------------------
@@ -342,14 +343,14 @@ def _shared_fragments(stack: Stack) -> list[Any]:
     with stack.client() as c:
         state = start_session(c)
         r = c.post(
-            f"/v1/sessions/{state['session_id']}/events",
+            f"/v1/sessions/{state.sid}/events",
             json={"state": state, "event": {
                 "type": "tool_call", "name": "read_sensor", "args": {}, "result": {"rms": 5.0},
                 "device_id": "PUMP-0042", "series": {"PUMP-0042.vibration": [[time.time(), 5]]},
             }},
         )  # fmt: skip
         assert r.status_code == 200, r.text
-        r = c.post("/v1/context", json=context_body(r.json()["state"], "compare_vibration"))
+        r = c.post("/v1/context", json=context_body(Held.of(r.json()), "compare_vibration"))
         assert r.status_code == 200, r.text
         return [f["content"] for f in r.json()["fragments"] if f["layer"] == "NS"]
 
@@ -569,7 +570,7 @@ def test_service_traces_hold_no_raw_params_or_trace_ids(stack: Stack) -> None:
             r = c.post("/v1/context", json=body)
             assert r.status_code in (200, 409), r.text
         out = {"state": state, "output": "done"}
-        url = f"/v1/sessions/{state['session_id']}/outputs"
+        url = f"/v1/sessions/{state.sid}/outputs"
         r = c.post(url, json={**out, "trace_id": bad_trace})
         assert r.status_code in (200, 422), r.text  # refused by the model, or replaced
         r = c.post(url, json={**out, "trace_id": FAKE_SECRET})  # well-formed, but a secret
@@ -577,7 +578,7 @@ def test_service_traces_hold_no_raw_params_or_trace_ids(stack: Stack) -> None:
     files = list(stack.settings.traces_dir.glob("traces-*.jsonl"))
     text = "".join(f.read_text() for f in files)
     assert bad_trace not in text and FAKE_SECRET not in text
-    sid = state["session_id"]
+    sid = state.sid
     mine = [rec for rec in read_traces(stack.settings.traces_dir) if rec["session_id"] == sid]
     assert [rec["kind"] for rec in mine][:3] == ["route", "route", "step_output"]
     for rec in mine[:2]:

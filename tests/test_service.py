@@ -17,6 +17,7 @@ import httpx
 import pytest
 import uvicorn
 from conftest import cleanup_keys, redis_client
+from sealed_state import opened
 
 from context_app.service import create_app
 from context_core.access.auth import generate_keys, hash_key, new_key
@@ -128,7 +129,7 @@ def _start(c: httpx.Client, sid: str, **extra: Any) -> dict[str, Any]:
     return r.json()
 
 
-def _tool(c: httpx.Client, sid: str, state: dict[str, Any], **event: Any) -> dict[str, Any]:
+def _tool(c: httpx.Client, sid: str, state: str, **event: Any) -> dict[str, Any]:
     r = c.post(f"/v1/sessions/{sid}/events", json={"state": state, "event": event})
     assert r.status_code == 200, r.text
     return r.json()
@@ -139,7 +140,8 @@ def test_happy_path_session_events_context_output_close(
 ) -> None:
     started = _start(client, session_id, device_id="PUMP-0042")
     state = started["state"]
-    assert state["session_id"] == session_id and state["current_step"] == 0
+    assert started["session"] == {"session_id": session_id, "step": 0, "version": 0}
+    assert state.startswith("ctx1.") and "PUMP-0042" not in state  # sealed
     assert started["info"]["contract_version"] == 1
 
     fake_token = "sk_live_" + "a" * 24
@@ -155,8 +157,10 @@ def test_happy_path_session_events_context_output_close(
         series={"PUMP-0042.vibration": [[now - 1, 3.9], [now, 4.1]]},
     )
     state = after["state"]
-    assert state["current_step"] == 1
-    assert state["last_api_result"]["status"] == "ok"
+    assert after["session"]["step"] == 1
+    inside = opened(svc["settings"], state, session_id)
+    assert inside["current_step"] == 1
+    assert inside["last_api_result"]["status"] == "ok"
     assert fake_token not in json.dumps(after)  # the gateway redacted it before L1/L2
 
     r = client.post(
@@ -270,10 +274,11 @@ def test_another_agent_gets_404_like_a_missing_session_and_a_forged_state_403(
         headers=other,
     )
     assert r.status_code == 409 and r.json()["error"] == "session_id_unavailable"
-    # the owner editing its own state breaks the signature
-    forged = {**state, "current_step": 7}
+    # the owner editing its own (sealed) state: it no longer opens
+    head, data = state.rsplit(".", 1)
+    forged = f"{head}.{data[:20]}{'B' if data[20] == 'A' else 'A'}{data[21:]}"
     r = client.post("/v1/context", json={**body, "state": forged})
-    assert r.status_code == 403 and "signature" in r.json()["detail"]
+    assert r.status_code == 403 and r.json()["error"] == "state_refused"
     r = client.post("/v1/context", json=body, headers={"X-API-Key": "nope"})
     assert r.status_code == 401
     r = client.post("/v1/context", json=body)
@@ -538,7 +543,8 @@ def test_ctx_serve_runs_on_embedded_defaults_with_a_printed_dev_key(tmp_path: Pa
         body = {"user_id": "u", "user_query": "hello"}
         assert httpx.post(f"{base}/v1/sessions", json=body).status_code == 401
         r = httpx.post(f"{base}/v1/sessions", json=body, headers={"X-API-Key": key})
-        assert r.status_code == 201 and r.json()["state"]["user_query"] == "hello"
+        assert r.status_code == 201 and r.json()["session"]["step"] == 0
+        assert "hello" not in r.json()["state"]  # sealed
     finally:
         proc.terminate()
         # uvicorn shuts down gracefully, then re-raises the signal it caught

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import RoundTrips, cleanup_keys, redis_client
+from sealed_state import Held
 from test_ops_hardening import context_body, private_redis, run_app, start_session, stuck_requests
 from test_service import cleanup_service_keys, service_settings
 
@@ -47,13 +48,15 @@ def _sequence(c: httpx.Client, rt: RoundTrips) -> dict[str, Any]:
         return r.json()
 
     sid = f"t-{uuid.uuid4().hex[:12]}"
-    state = call(
-        "create",
-        "POST",
-        "/v1/sessions",
-        {"session_id": sid, "user_id": "u-1", "user_query": "pump", "device_id": "PUMP-0042"},
-        201,
-    )["state"]
+    state = Held.of(
+        call(
+            "create",
+            "POST",
+            "/v1/sessions",
+            {"session_id": sid, "user_id": "u-1", "user_query": "pump", "device_id": "PUMP-0042"},
+            201,
+        )
+    )
     call(
         "plan",
         "PUT",
@@ -61,21 +64,23 @@ def _sequence(c: httpx.Client, rt: RoundTrips) -> dict[str, Any]:
         {"steps": [{"step_id": "0"}, {"step_id": "1", "depends_on": ["0"], "est_start_s": 1}]},
     )
     now = time.time()
-    state = call(
-        "event",
-        "POST",
-        f"/v1/sessions/{sid}/events",
-        {
-            "state": state,
-            "event": {
-                "type": "tool_call",
-                "name": "read_sensor",
-                "args": {"device": "PUMP-0042", "window_s": 60},
-                "result": {"device": "PUMP-0042", "rms_mm_s": 4.2, "status": "running"},
-                "series": {"PUMP-0042.vibration": [[now - 1, 4.0], [now, 4.2]]},
+    state = Held.of(
+        call(
+            "event",
+            "POST",
+            f"/v1/sessions/{sid}/events",
+            {
+                "state": state,
+                "event": {
+                    "type": "tool_call",
+                    "name": "read_sensor",
+                    "args": {"device": "PUMP-0042", "window_s": 60},
+                    "result": {"device": "PUMP-0042", "rms_mm_s": 4.2, "status": "running"},
+                    "series": {"PUMP-0042.vibration": [[now - 1, 4.0], [now, 4.2]]},
+                },
             },
-        },
-    )["state"]
+        )
+    )
     bundle = call("context", "POST", "/v1/context", context_body(state, "compare_vibration"))
     call(
         "output",
@@ -225,7 +230,7 @@ def test_a_refused_request_touches_nothing_of_the_session(
         httpx.Client(base_url=url, headers={"X-API-Key": raw["agent-b"]}, timeout=30) as b,
     ):
         state = start_session(a)
-        sid = state["session_id"]
+        sid = state.sid
         before = r.zscore("ctx:activity", sid)
         assert before is not None
         time.sleep(0.05)

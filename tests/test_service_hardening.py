@@ -21,6 +21,7 @@ import httpx
 import pytest
 import redis as redis_lib
 from conftest import cleanup_keys
+from sealed_state import keyring_of, opened
 from test_service import _start, _tool, running_service
 
 import context_core.errors as errors_mod
@@ -97,7 +98,7 @@ def cb(hard: dict[str, Any]) -> Iterator[httpx.Client]:
         yield c
 
 
-def _raw_event(c: httpx.Client, sid: str, state: dict[str, Any], event_json: str) -> httpx.Response:
+def _raw_event(c: httpx.Client, sid: str, state: Any, event_json: str) -> httpx.Response:
     body = f'{{"state": {json.dumps(state)}, "event": {event_json}}}'
     return c.post(
         f"/v1/sessions/{sid}/events",
@@ -106,9 +107,7 @@ def _raw_event(c: httpx.Client, sid: str, state: dict[str, Any], event_json: str
     )
 
 
-def _ctx(
-    c: httpx.Client, sid: str, state: dict[str, Any], intent: str = "default"
-) -> httpx.Response:
+def _ctx(c: httpx.Client, sid: str, state: Any, intent: str = "default") -> httpx.Response:
     return c.post("/v1/context", json={"session_id": sid, "step_intent": intent, "state": state})
 
 
@@ -124,7 +123,7 @@ def _one_error(r: httpx.Response) -> dict[str, Any]:
     return dict(err)
 
 
-def _still_serves(c: httpx.Client, sid: str, state: dict[str, Any]) -> None:
+def _still_serves(c: httpx.Client, sid: str, state: Any) -> None:
     """The same connection still answers (no reset) and the session is intact."""
     r = _ctx(c, sid, state)
     assert r.status_code == 200, r.text
@@ -378,7 +377,7 @@ def test_another_agents_session_answers_like_a_missing_one(
     gone_state = _start(cb, gone)["state"]  # b's own, validly signed, then closed
     assert cb.delete(f"/v1/sessions/{gone}").status_code == 200
 
-    def probes(sid: str, state: dict[str, Any]) -> list[httpx.Response]:
+    def probes(sid: str, state: Any) -> list[httpx.Response]:
         body = {"session_id": sid, "step_intent": "default", "state": state}
         event = {"type": "tool_call", "name": "t", "result": 1}
         return [
@@ -400,10 +399,11 @@ def test_another_agents_session_answers_like_a_missing_one(
         assert a["error"] == b["error"] == "unknown_session"
         assert set(a) == set(b) == {"error", "detail", "session_id"}
         assert a["detail"].replace(session_id, "X") == b["detail"].replace(gone, "X")
-    # the owner is still told when its own state is forged
-    forged = {**mine, "user_query": "edited"}
+    # the owner is still told when its own (sealed) state is edited
+    head, data = mine.rsplit(".", 1)
+    forged = f"{head}.{data[:30]}{'B' if data[30] == 'A' else 'A'}{data[31:]}"
     r = _ctx(ca, session_id, forged)
-    assert r.status_code == 403 and r.json()["error"] == "forbidden"
+    assert r.status_code == 403 and r.json()["error"] == "state_refused"
     _still_serves(ca, session_id, mine)
 
 
@@ -424,13 +424,14 @@ def test_216kb_result_goes_to_l2_and_the_session_stays_usable(
     out = _tool(ca, session_id, state, type="tool_call", name="dump", result=big, call_id="big1")
     state = out["state"]
     cap = hard["settings"].l1_max_state_bytes
-    assert len(json.dumps(state)) < 4096 < cap  # was 337 KB
-    (result_item,) = [t for t in state["trace"] if t["kind"] == "tool_result"]
+    assert len(state) < 4096 < cap  # was 337 KB
+    inside = opened(hard["settings"], state, session_id)
+    (result_item,) = [t for t in inside["trace"] if t["kind"] == "tool_result"]
     pointer = json.loads(result_item["payload"])
     assert pointer["l2_key"] == f"wm:{{{session_id}}}:result:big1"
     assert (
         result_item["status"] == "ok"
-        and pointer["sha256"] == state["last_api_result"]["data_sha256"]
+        and pointer["sha256"] == inside["last_api_result"]["data_sha256"]
     )
     assert out["info"]["step_key"] == f"wm:{{{session_id}}}:step:0"
 
@@ -450,20 +451,22 @@ def test_216kb_result_goes_to_l2_and_the_session_stays_usable(
 
     for i in range(5):  # every later call works (each used to be a 413)
         call = {"type": "tool_call", "name": "read", "args": {"i": i}, "result": {"v": i}}
-        state = _tool(ca, session_id, state, **call)["state"]
-        assert len(json.dumps(state)) < cap
-    assert state["current_step"] == 6
+        done = _tool(ca, session_id, state, **call)
+        state = done["state"]
+        assert len(state) < cap
+    assert done["session"]["step"] == 6
     _still_serves(ca, session_id, state)
 
 
 def test_medium_result_stays_whole_in_the_step_and_as_a_pointer_in_l1(
-    ca: httpx.Client, session_id: str
+    ca: httpx.Client, session_id: str, hard: dict[str, Any]
 ) -> None:
     state = _start(ca, session_id)["state"]
     medium = _big_result(6)
     call = {"type": "tool_call", "name": "m", "result": medium, "call_id": "m1"}
     state = _tool(ca, session_id, state, **call)["state"]
-    (item,) = [t for t in state["trace"] if t["kind"] == "tool_result"]
+    inside = opened(hard["settings"], state, session_id)
+    (item,) = [t for t in inside["trace"] if t["kind"] == "tool_result"]
     assert json.loads(item["payload"])["l2_key"].endswith(":result:m1")
     r = _ctx(ca, session_id, state, "generate_report")
     (step,) = [f for f in r.json()["fragments"] if f["source"].endswith(":step:0")]
@@ -484,7 +487,7 @@ def test_state_over_the_cap_is_refused_at_write_and_the_old_one_stays_valid(
                 break
             assert r.status_code == 200, r.text
             state = r.json()["state"]
-            assert len(json.dumps(state)) <= 8192
+            assert len(state) <= 8192
         assert refused is not None, "the 8 KB state cap was never reached"
         assert refused["error"] == "state_too_large" and refused["limit_bytes"] == 8192
         assert "CTX_L1_MAX_STATE_BYTES" in refused["detail"] and "still valid" in refused["detail"]
@@ -498,12 +501,14 @@ def test_state_over_the_cap_is_refused_at_write_and_the_old_one_stays_valid(
 
 
 def test_a_stale_state_is_refused_and_the_latest_can_be_refetched(
-    ca: httpx.Client, session_id: str
+    ca: httpx.Client, session_id: str, hard: dict[str, Any]
 ) -> None:
     s0 = _start(ca, session_id)["state"]
-    assert s0["version"] == 0 and len(s0["nonce"]) == 32
+    o0 = opened(hard["settings"], s0, session_id)
+    assert o0["version"] == 0 and len(o0["nonce"]) == 32
     s1 = _tool(ca, session_id, s0, type="tool_call", name="t", result=1)["state"]
-    assert s1["version"] == 1 and s1["nonce"] == s0["nonce"]
+    o1 = opened(hard["settings"], s1, session_id)
+    assert o1["version"] == 1 and o1["nonce"] == o0["nonce"]
     event = {"type": "tool_call", "name": "t", "result": 2}
     for r in (
         ca.post(f"/v1/sessions/{session_id}/events", json={"state": s0, "event": event}),
@@ -519,18 +524,22 @@ def test_a_stale_state_is_refused_and_the_latest_can_be_refetched(
         assert body["error"] == "stale_state" and body["current_version"] == 1
         assert "re-fetch" in body["detail"]
     latest = ca.get(f"/v1/sessions/{session_id}/state")
-    assert latest.status_code == 200 and latest.json()["state"] == s1
-    assert latest.json()["info"]["version"] == 1
+    assert latest.status_code == 200  # the same state, sealed again (a fresh nonce)
+    assert opened(hard["settings"], latest.json()["state"], session_id) == o1
+    assert latest.json()["info"]["version"] == latest.json()["session"]["version"] == 1
     _tool(ca, session_id, s1, type="tool_call", name="t", result=3)
 
 
-def test_a_state_of_an_earlier_incarnation_never_applies(ca: httpx.Client, session_id: str) -> None:
+def test_a_state_of_an_earlier_incarnation_never_applies(
+    ca: httpx.Client, session_id: str, hard: dict[str, Any]
+) -> None:
     old = _start(ca, session_id)["state"]
     assert ca.delete(f"/v1/sessions/{session_id}").status_code == 200
     r = _ctx(ca, session_id, old)
     assert r.status_code == 404  # closed: gone
     new = _start(ca, session_id)["state"]
-    assert new["version"] == old["version"] == 0 and new["nonce"] != old["nonce"]
+    o_new, o_old = (opened(hard["settings"], s, session_id) for s in (new, old))
+    assert o_new["version"] == o_old["version"] == 0 and o_new["nonce"] != o_old["nonce"]
     event = {"type": "tool_call", "name": "t", "result": 1}
     r = ca.post(f"/v1/sessions/{session_id}/events", json={"state": old, "event": event})
     assert r.status_code == 409 and r.json()["error"] == "stale_state"
@@ -564,7 +573,8 @@ def test_concurrent_requests_with_one_state_cannot_both_win(
     assert sorted(codes) == [200] + [409] * (n - 1), codes
     with _client(hard, hard["a"]) as c:
         latest = c.get(f"/v1/sessions/{session_id}/state").json()["state"]
-        assert latest["version"] == 1 and latest["current_step"] == 1
+        inside = opened(hard["settings"], latest, session_id)
+        assert inside["version"] == 1 and inside["current_step"] == 1
 
 
 def test_a_failed_event_keeps_the_sent_state_valid(ca: httpx.Client, session_id: str) -> None:
@@ -650,8 +660,10 @@ def test_an_ownerless_library_session_is_not_claimable(
 ) -> None:
     from context_app.service.deps import load_state_key
     from context_app.service.owners import OwnerBinding
+    from context_core.gateway.identity import DEFAULT_ORG
     from context_core.gateway.sanitize import Gateway
     from context_core.lifecycle.manager import LifecycleManager
+    from context_core.session.seal import seal_state
     from context_core.session.wire import WireState
     from context_core.working_memory import WorkingMemory
 
@@ -677,8 +689,9 @@ def test_an_ownerless_library_session_is_not_claimable(
         # library code that wants an agent to continue through the service binds it explicitly
         owners = OwnerBinding(client, ttl_s=600)
         nonce = owners.adopt(session_id, hard["a"])
-        wire = WireState.of(started.state, load_state_key(client), nonce=nonce).model_dump()
-        r = _ctx(ca, session_id, wire)
+        wire = WireState.of(started.state, load_state_key(client), nonce=nonce)
+        sealed = seal_state(wire, keyring_of(hard["settings"]), org=DEFAULT_ORG)
+        r = _ctx(ca, session_id, sealed)
         assert r.status_code == 200, r.text
         assert (
             ca.get(f"/v1/sessions/{session_id}/contract").json()["fields"]["goal"] == "library run"

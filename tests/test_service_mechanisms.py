@@ -17,6 +17,7 @@ import httpx
 import pytest
 import redis
 from conftest import cleanup_keys
+from sealed_state import opened
 from test_service import cleanup_service_keys, running_service, service_settings
 
 
@@ -53,7 +54,7 @@ def sid() -> str:
     return f"t-mech-{uuid.uuid4().hex[:12]}"
 
 
-def _start(c: httpx.Client, sid: str, **extra: Any) -> dict[str, Any]:
+def _start(c: httpx.Client, sid: str, **extra: Any) -> str:
     body = {
         "session_id": sid,
         "user_id": f"u-mech-{sid[-6:]}",
@@ -61,24 +62,22 @@ def _start(c: httpx.Client, sid: str, **extra: Any) -> dict[str, Any]:
     }
     r = c.post("/v1/sessions", json={**body, **extra})
     assert r.status_code == 201, r.text
-    return dict(r.json()["state"])
+    return str(r.json()["state"])
 
 
-def _event(c: httpx.Client, sid: str, state: dict[str, Any], **event: Any) -> dict[str, Any]:
+def _event(c: httpx.Client, sid: str, state: Any, **event: Any) -> dict[str, Any]:
     r = c.post(f"/v1/sessions/{sid}/events", json={"state": state, "event": event})
     assert r.status_code == 200, r.text
     return dict(r.json())
 
 
-def _tool(c: httpx.Client, sid: str, state: dict[str, Any], **result: Any) -> dict[str, Any]:
+def _tool(c: httpx.Client, sid: str, state: Any, **result: Any) -> dict[str, Any]:
     return _event(
         c, sid, state, type="tool_call", name="read_sensor", args={}, result=result or {"ok": 1}
     )
 
 
-def _route(
-    c: httpx.Client, sid: str, state: dict[str, Any], intent: str, **params: Any
-) -> httpx.Response:
+def _route(c: httpx.Client, sid: str, state: Any, intent: str, **params: Any) -> httpx.Response:
     return c.post(
         "/v1/context",
         json={"session_id": sid, "step_intent": intent, "state": state, "params": params},
@@ -187,13 +186,13 @@ def test_error_recovery_locks_the_contract_until_recovery_complete(
 
 
 def test_session_timeout_clears_l1_and_keeps_the_contract_marked_expired(
-    client: httpx.Client, sid: str, r: redis.Redis
+    client: httpx.Client, sid: str, r: redis.Redis, svc: dict[str, Any]
 ) -> None:
     state = _start(client, sid)
     state = _tool(client, sid, state, rms=1.0)["state"]
-    assert state["trace"]
+    assert opened(svc["settings"], state, sid)["trace"]
     out = _event(client, sid, state, type="session_timeout")
-    assert out["state"]["trace"] == []
+    assert opened(svc["settings"], out["state"], sid)["trace"] == []
     assert not r.exists(f"wm:{{{sid}}}:step:0")
     c = client.get(f"/v1/sessions/{sid}/contract").json()
     assert c["status"] == "expired" and c["version"] == 1
@@ -201,12 +200,12 @@ def test_session_timeout_clears_l1_and_keeps_the_contract_marked_expired(
 
 
 def test_goal_achieved_archives_the_contract_and_records_the_last_completed_task(
-    client: httpx.Client, sid: str
+    client: httpx.Client, sid: str, svc: dict[str, Any]
 ) -> None:
     state = _start(client, sid, contract={"unit": "celsius"})
     state = _tool(client, sid, state, rms=2.0)["state"]
     out = _event(client, sid, state, type="goal_achieved")
-    assert out["state"]["trace"] == []
+    assert opened(svc["settings"], out["state"], sid)["trace"] == []
     hist = client.get(f"/v1/sessions/{sid}/contract/history").json()["versions"]
     assert hist[-1]["status"] == "completed"
     prefs = client.get(f"/v1/sessions/{sid}/preferences").json()["preferences"]
@@ -218,7 +217,7 @@ def test_goal_achieved_archives_the_contract_and_records_the_last_completed_task
 
 
 def test_a_trace_over_the_token_budget_evicts_its_oldest_pairs(
-    client: httpx.Client, sid: str
+    client: httpx.Client, sid: str, svc: dict[str, Any]
 ) -> None:
     state = _start(client, sid)
     # ~800 tokens in 1.6 KB: under CTX_L1_MAX_RESULT_BYTES (2 KB), so each result stays in
@@ -231,7 +230,7 @@ def test_a_trace_over_the_token_budget_evicts_its_oldest_pairs(
         overflow = out["info"].get("overflow") or overflow
     assert overflow is not None and overflow["triggered"] is True
     assert overflow["tokens_after"] <= 2000 < overflow["tokens_before"]
-    assert len(state["trace"]) < 16
+    assert len(opened(svc["settings"], state, sid)["trace"]) < 16
 
 
 # --- confirmations, preferences, budget --------------------------------------------------
@@ -381,7 +380,8 @@ def test_an_idle_session_is_timed_out_by_the_services_own_sweep(
         )
         assert resp.status_code == 409 and resp.json()["error"] == "stale_state"
         latest = c.get(f"/v1/sessions/{sid}/state").json()["state"]
-        assert latest["trace"] == [] and latest["version"] == state["version"] + 1
+        now, before = (opened(settings, s, sid) for s in (latest, state))
+        assert now["trace"] == [] and now["version"] == before["version"] + 1
         # and the session resumes from it: the contract is active again
         _tool(c, sid, latest, rms=3.1)
         assert c.get(f"/v1/sessions/{sid}/contract").json()["status"] == "active"

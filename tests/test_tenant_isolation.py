@@ -176,17 +176,17 @@ def test_real_ids_of_other_scripts_and_mails_are_kept() -> None:
 
 def test_preferences_never_cross_organisations(two_orgs: TwoOrgs) -> None:
     with two_orgs.client("a-agent") as a, two_orgs.client("b-agent") as b:
-        sa = _started(a, "u-narrow")["state"]["session_id"]
+        sa = _started(a, "u-narrow")["session"]["session_id"]
         assert _put_pref(a, sa, "units", "mm/s").status_code == 200
         for raw in LOOKALIKES:
-            sb = _started(b, raw)["state"]["session_id"]
+            sb = _started(b, raw)["session"]["session_id"]
             assert _prefs(b, sb) == {}, raw
             assert _put_pref(b, sb, "units", "in/s").status_code == 200
             assert b.delete(f"/v1/sessions/{sb}/preferences/units").status_code == 200
         # org A's value is as A wrote it, served at full confidence to A alone
         assert _prefs(a, sa)["units"]["value"] == "mm/s"
         # and A's other agent-visible variant of the same user sees the same record
-        sa2 = _started(a, "U-NARROW ")["state"]["session_id"]
+        sa2 = _started(a, "U-NARROW ")["session"]["session_id"]
         assert _prefs(a, sa2)["units"]["value"] == "mm/s"
 
 
@@ -203,21 +203,21 @@ def test_a_refused_user_id_answers_422_naming_the_field(two_orgs: TwoOrgs, raw: 
 def test_last_completed_task_stays_in_its_organisation(two_orgs: TwoOrgs) -> None:
     with two_orgs.client("a-agent") as a, two_orgs.client("b-agent") as b:
         st_a = _started(a, "u-goal")
-        sa = st_a["state"]["session_id"]
+        sa = st_a["session"]["session_id"]
         r = a.post(
             f"/v1/sessions/{sa}/events",
             json={"state": st_a["state"], "event": {"type": "goal_achieved"}},
         )
         assert r.status_code == 200, r.text
-        sa2 = _started(a, "U-Goal")["state"]["session_id"]
+        sa2 = _started(a, "U-Goal")["session"]["session_id"]
         assert "last_completed_task" in _prefs(a, sa2)
-        sb = _started(b, "u-goal")["state"]["session_id"]
+        sb = _started(b, "u-goal")["session"]["session_id"]
         assert _prefs(b, sb) == {}
         st_b = _started(b, "u-goal")
         r = b.post(
             "/v1/context",
             json={
-                "session_id": st_b["state"]["session_id"],
+                "session_id": st_b["session"]["session_id"],
                 "step_intent": "preferences",
                 "state": st_b["state"],
             },
@@ -258,7 +258,7 @@ def test_user_profile_restrictions_hold_for_every_variant_and_stay_in_their_org(
             st_a = _started(a, raw)
             ev = {"type": "tool_call", "name": "search", "args": {}, "result": {"ok": 1}}
             r = a.post(
-                f"/v1/sessions/{st_a['state']['session_id']}/events",
+                f"/v1/sessions/{st_a['session']['session_id']}/events",
                 json={"state": st_a["state"], "event": ev},
             )
             assert r.status_code == 403, (raw, r.text)  # narrowed to "fetch" for every variant
@@ -267,7 +267,7 @@ def test_user_profile_restrictions_hold_for_every_variant_and_stay_in_their_org(
 def test_sessions_of_org_a_are_unknown_to_org_b(two_orgs: TwoOrgs) -> None:
     with two_orgs.client("a-agent") as a, two_orgs.client("b-agent") as b:
         st_a = _started(a, "u-1")
-        sid, state = st_a["state"]["session_id"], st_a["state"]
+        sid, state = st_a["session"]["session_id"], st_a["state"]
         reads = [
             b.get(f"/v1/sessions/{sid}/state"),
             b.get(f"/v1/sessions/{sid}/contract"),
@@ -303,6 +303,14 @@ def test_sessions_of_org_a_are_unknown_to_org_b(two_orgs: TwoOrgs) -> None:
             b.delete(f"/v1/sessions/{sid}"),
         ]
         for r in reads:
+            if b'"state"' in r.request.content:
+                # org A's sealed state does not open for org B: refused before any lookup,
+                # so the answer says nothing about the session either
+                assert r.status_code == 403, (r.request.method, r.request.url, r.text)
+                assert r.json()["error"] == "state_refused"
+                assert "another session or organisation" in r.json()["detail"]
+                assert sid not in r.text
+                continue
             assert r.status_code == 404, (r.request.method, r.request.url, r.text)
             assert r.json()["error"] == "unknown_session"
         # the session is intact for its owner
@@ -337,7 +345,7 @@ def _route_text(c: httpx.Client, user: str, query: str) -> str:
     r = c.post(
         "/v1/context",
         json={
-            "session_id": st_["state"]["session_id"],
+            "session_id": st_["session"]["session_id"],
             "step_intent": "default",
             "state": st_["state"],
         },
@@ -352,7 +360,7 @@ def test_hot_answers_stay_with_their_writer(two_orgs: TwoOrgs) -> None:
     with two_orgs.client("a-agent") as a, two_orgs.client("b-agent") as b:
         st_a = _started(a, "u-1")
         r = a.post(
-            f"/v1/sessions/{st_a['state']['session_id']}/confirmations",
+            f"/v1/sessions/{st_a['session']['session_id']}/confirmations",
             json={"state": st_a["state"], "answers": [{"text": answer, "source": marker}]},
         )
         assert r.status_code == 201, r.text
@@ -439,7 +447,7 @@ class TwoOrgMachine(RuleBasedStateMachine):
     )
     def open_session(self, org: str, user: str, variant: int) -> None:
         raw = [user, user.upper(), f" {user} ", user.replace("u", "ｕ"), user.title()][variant]
-        self.sessions[org].append(_started(self.clients[org], raw)["state"]["session_id"])
+        self.sessions[org].append(_started(self.clients[org], raw)["session"]["session_id"])
 
     @rule(org=st.sampled_from("AB"), pick=st.integers(0, 50), ptype=st.sampled_from(["x", "y"]))
     def set_pref(self, org: str, pick: int, ptype: str) -> None:

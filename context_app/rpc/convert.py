@@ -61,7 +61,11 @@ def message_dict(msg: Message) -> dict[str, Any]:
 
 
 def state_value(text: str, field: str = "state") -> Any:
-    """The opaque state string as the JSON value HTTP carries in ``state``."""
+    """The opaque state string as the JSON value HTTP carries in ``state``: the sealed
+    string as it is; a JSON object (the old signed state, accepted until
+    ``CTX_STATE_LEGACY_UNTIL``) parsed."""
+    if not text.lstrip().startswith("{"):
+        return text  # sealed (or not a state: opening it refuses it, 403 as over HTTP)
     try:
         return json.loads(text)
     except ValueError:
@@ -162,17 +166,29 @@ def delta_message(answer: Any) -> pb.ContextDelta:
 
 
 def _state_text(state: Any) -> str:
+    if isinstance(state, str):  # sealed: already the opaque string
+        return state
     return json.dumps(state, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def _session(msg: pb.SessionInfo, answer: Mapping[str, Any]) -> None:
+    """The answer's clear ``session`` info into the reply's."""
+    info = answer.get("session") or {}
+    msg.session_id = str(info.get("session_id", ""))
+    msg.step = int(info.get("step", 0))
+    msg.version = int(info.get("version", 0))
 
 
 def state_reply(answer: Mapping[str, Any]) -> pb.StateReply:
     reply = pb.StateReply(state=_state_text(answer["state"]))
+    _session(reply.session, answer)
     reply.info.update(answer.get("info") or {})
     return reply
 
 
 def output_reply(answer: Mapping[str, Any]) -> pb.OutputReply:
     reply = pb.OutputReply(state=_state_text(answer["state"]), output=answer["output"])
+    _session(reply.session, answer)
     reply.info.update(answer.get("info") or {})
     for item in answer.get("removed") or []:
         reply.removed.add(kind=item["kind"], value=item["value"], detail=item["detail"])

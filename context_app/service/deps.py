@@ -8,6 +8,8 @@ connection, none on a timeout): a request that finds Redis down *or hung* must c
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import secrets
 import sys
@@ -20,7 +22,12 @@ from context_app.service.metrics import ServiceMetrics
 from context_app.service.owners import AgentQuotas, OwnerBinding
 from context_core.access.auth import KeyStore
 from context_core.concurrency import blocking
-from context_core.errors import BackendUnavailableError, SessionExistsError, UnknownSessionError
+from context_core.errors import (
+    BackendUnavailableError,
+    ConfigError,
+    SessionExistsError,
+    UnknownSessionError,
+)
 from context_core.knowledge.store import search_batch
 from context_core.platform import Platform, build_platform, fail_fast_client
 from context_core.redis.connection import (
@@ -30,6 +37,7 @@ from context_core.redis.connection import (
     make_async_twin,
 )
 from context_core.redis.ops import Op, attach_async, detach_async, run_all
+from context_core.session.seal import StateCodec, StateKeyring
 
 if TYPE_CHECKING:
     from context_core.access.auth import AgentKey
@@ -70,6 +78,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 STATE_KEY = "svc:state-signing-key"
+SEAL_KEY = "svc:state-seal-key"
+"""Without CTX_STATE_KEYS: the AES-256 key (base64url) sealing L1 on the wire, key id ``auto``,
+created once (SET NX) and shared by every instance on this Redis."""
+AUTO_KID = "auto"
 
 
 class SlowStore:
@@ -158,6 +170,55 @@ def load_state_key(client: RedisClient) -> bytes:
     return raw.encode() if isinstance(raw, str) else bytes(raw)
 
 
+def _shared_key(client: RedisClient, name: str, fresh: str, what: str) -> str:
+    """The value at ``name``: ``fresh`` when no instance set it before (SET NX, then GET)."""
+    try:
+        client.set(name, fresh, nx=True)
+        raw = client.get(name)
+    except REDIS_ERRORS as e:
+        raise BackendUnavailableError(
+            f"could not read the {what} from Redis ({e}); check CTX_REDIS_URL"
+        ) from e
+    if raw is None:  # pragma: no cover - SET NX then GET on one server
+        raise BackendUnavailableError(f"{what} vanished from Redis; retry")
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+_warned_auto_key = False
+
+
+def load_seal_keyring(client: RedisClient, settings: Settings) -> StateKeyring:
+    """The keys sealing L1 on the wire: CTX_STATE_KEYS when set; else one random AES-256 key
+    shared by every instance through Redis (``svc:state-seal-key``, key id ``auto``), with a
+    warning (logged once per process, never the key) that rotation needs CTX_STATE_KEYS."""
+    global _warned_auto_key
+    if settings.state_keys is not None:
+        return StateKeyring.from_settings(settings)
+    fresh = base64.urlsafe_b64encode(secrets.token_bytes(32)).decode().rstrip("=")
+    entry = _shared_key(client, SEAL_KEY, fresh, "state-sealing key")
+    if not _warned_auto_key:
+        _warned_auto_key = True
+        log.warning(
+            "CTX_STATE_KEYS is not set: L1 states are sealed with a random key kept in Redis "
+            "(%s, key id %r); set CTX_STATE_KEYS to rotate keys (docs/security.md)",
+            SEAL_KEY,
+            AUTO_KID,
+        )
+    return auto_keyring(entry)
+
+
+def auto_keyring(entry: str) -> StateKeyring:
+    """The keyring of the automatic key, from the value of ``svc:state-seal-key``."""
+    try:
+        key = base64.urlsafe_b64decode(entry + "=" * (-len(entry) % 4))
+    except (binascii.Error, ValueError) as e:
+        raise ConfigError(
+            f"{SEAL_KEY} in Redis is not base64url ({e}); delete it to let the service make a "
+            "new one (states sealed with it are then refused), or set CTX_STATE_KEYS"
+        ) from e
+    return StateKeyring(AUTO_KID, {AUTO_KID: key})
+
+
 @dataclass(eq=False)
 class Services:
     """Everything the endpoints use: the library's :class:`Platform` and the service's own
@@ -171,8 +232,9 @@ class Services:
     keys: KeyStore
     owners: OwnerBinding
     metrics: ServiceMetrics
-    state_key: bytes
+    state_key: bytes = field(repr=False)  # the HMAC key: never in a repr
     quotas: AgentQuotas
+    codec: StateCodec  # seals L1 for the wire, opens it (and signed states until the window)
     settings: Settings = field(init=False)
     provider: RedisProvider = field(init=False)
     redis: RedisClient = field(init=False)
@@ -286,11 +348,14 @@ def build_services(settings: Settings, *, echo_dev_key: bool = True) -> Services
                     flush=True,
                 )
         state_key = load_state_key(client)
+        keyring = load_seal_keyring(client, settings)
         metrics = ServiceMetrics()
 
         def after_resync() -> None:  # Redis restarted empty or was flushed
             metrics.acl_resyncs.inc()
             restore_state_key(client, state_key)
+            if settings.state_keys is None:
+                restore_seal_key(client, keyring)
 
         sync_grants(
             platform.namespaces,
@@ -316,6 +381,7 @@ def build_services(settings: Settings, *, echo_dev_key: bool = True) -> Services
                 max_bytes_per_min=settings.max_write_bytes_per_agent_per_min,
                 session_ttl_s=2 * settings.wm_default_ttl_s,
             ),
+            codec=StateCodec.from_settings(settings, legacy_key=state_key, keyring=keyring),
         )
     except BaseException:
         platform.close()
@@ -369,4 +435,15 @@ def restore_state_key(client: RedisClient, key: bytes) -> None:
         log.warning(
             "the state-signing key in Redis differs from this instance's after a Redis "
             "restart; restart this instance so all instances sign with the same key"
+        )
+
+
+def restore_seal_key(client: RedisClient, keyring: StateKeyring) -> None:
+    """After Redis lost its data: put this instance's automatic sealing key back (SET NX);
+    warn when another instance won the race (states it seals would not open here)."""
+    mine = base64.urlsafe_b64encode(keyring.keys[AUTO_KID]).decode().rstrip("=")
+    if _shared_key(client, SEAL_KEY, mine, "state-sealing key") != mine:
+        log.warning(
+            "the state-sealing key in Redis differs from this instance's after a Redis "
+            "restart; restart this instance so all instances seal with the same key"
         )

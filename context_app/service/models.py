@@ -5,12 +5,16 @@ here as they are: L1 state (:class:`WireState`) and the context bundle (``Contex
 is :class:`~context_core.session.wire.BundleWire` under its published name).
 
 The service is stateless: the agent's L1 state travels in each request and comes back
-updated. It is signed (HMAC-SHA256, key shared by every instance through Redis), so a client
-can carry its state but not forge or edit it; rebuilding a :class:`SessionState` from the wire
-runs every field through the gateway again. The signature also covers ``version`` (+1 per
-applied event) and ``nonce`` (drawn when the session id is created), which the service checks
-against Redis, so a replayed or superseded state, or one from an earlier incarnation of the
-session, is refused (see :mod:`context_app.service.owners`).
+updated. On the wire it is sealed (:mod:`context_core.session.seal`: AES-256-GCM, bound to the
+caller's organisation and the session id), one opaque string a client can carry but neither
+read, edit nor move to another session or organisation; the answers that carry it also carry
+``session`` (:class:`SessionInfo`: id, step, version) in clear. Until
+``CTX_STATE_LEGACY_UNTIL`` a request may still send the old signed :class:`WireState` object
+(:data:`StateIn`). Rebuilding a :class:`SessionState` from the wire runs every field through
+the gateway again. The state holds ``version`` (+1 per applied event) and ``nonce`` (drawn
+when the session id is created), which the service checks against Redis, so a replayed or
+superseded state, or one from an earlier incarnation of the session, is refused (see
+:mod:`context_app.service.owners`).
 
 Every request field has limits: ids match ``[A-Za-z0-9._-]`` (what L2 keys accept), texts
 have lengths and no lone surrogates, free-form JSON (tool args/results, contract fields,
@@ -65,6 +69,8 @@ __all__ = [
     "PreferencesResponse",
     "ReadyResponse",
     "RemovedItem",
+    "SessionInfo",
+    "StateIn",
     "StateResponse",
     "UnsupportedTypeResponse",
     "UploadRefusedResponse",
@@ -75,6 +81,18 @@ __all__ = [
 ]
 
 SessionId = Annotated[str, Field(min_length=1, max_length=128, pattern=ID_PATTERN)]
+
+SealedState = Annotated[
+    str,
+    Field(
+        description="the sealed L1 state ('ctx1.<key id>.<data>'): opaque, send it back "
+        "exactly as the last answer returned it",
+        examples=["ctx1.k1.q83vEjRWeJC..."],
+    ),
+]
+StateIn = SealedState | WireState
+"""A request's state: the sealed string, or (until CTX_STATE_LEGACY_UNTIL) the old signed
+object."""
 CallId = Annotated[str, Field(min_length=1, max_length=128, pattern=ID_PATTERN)]
 
 
@@ -231,7 +249,7 @@ Event = Annotated[
 
 
 class EventRequest(_Model):
-    state: WireState
+    state: StateIn
     event: Event
 
 
@@ -261,7 +279,7 @@ class ContextParams(BaseModel):
 class ContextRequest(_Model):
     session_id: SessionId
     step_intent: Intent
-    state: WireState
+    state: StateIn
     params: ContextParams = Field(default_factory=lambda: ContextParams.model_validate({}))
     delta: bool = Field(
         False,
@@ -287,7 +305,7 @@ class ContextRequest(_Model):
 class OutputRequest(_Model):
     """The step's output, appended to the trace file for CER (under the bundle's step)."""
 
-    state: WireState
+    state: StateIn
     trace_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
     output: Output
     step: int | None = Field(None, ge=0, description="default: the state's current step")
@@ -346,7 +364,7 @@ class ConfirmationRequest(_Model):
     """Answers the user confirmed (e.g. after a fallback: no L3 match for something the user
     taught earlier). They go to hot knowledge now, trust-scoped like goal_achieved's."""
 
-    state: WireState
+    state: StateIn
     answers: list[Answer] = Field(min_length=1, max_length=50)
 
 
@@ -361,8 +379,17 @@ PrefType = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-z][a-
 # --- responses -------------------------------------------------------------------------------
 
 
+class SessionInfo(_Model):
+    """What a client may read of its sealed state, in clear."""
+
+    session_id: str
+    step: int = Field(description="the state's current step")
+    version: int = Field(description="the state's version: +1 per applied event")
+
+
 class StateResponse(_Model):
-    state: WireState
+    state: SealedState
+    session: SessionInfo
     info: dict[str, Any] = Field(default_factory=dict)
 
 

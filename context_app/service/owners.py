@@ -21,9 +21,11 @@ All three keys share the ``{<sid>}`` hash tag with the session's L2 keys (``wm:{
 the scripts are legal on Redis Cluster and creation can refuse an id whose L2 data already
 exists without an owner (a session made by library code on the same Redis): such a session is
 never claimable through the service. Library code that wants agents to use one of its
-sessions through the service binds it explicitly with :meth:`OwnerBinding.adopt` and hands the
-agent a state signed by :meth:`context_core.session.wire.WireState.of` with the returned nonce and
-version 0 (the signing key is ``load_state_key`` in :mod:`.deps`).
+sessions through the service binds it explicitly with :meth:`OwnerBinding.adopt`, stores the
+state signed by :meth:`context_core.session.wire.WireState.of` with the returned nonce and
+version 0 (the signing key is ``load_state_key`` in :mod:`.deps`) and hands the agent that state
+sealed for its organisation (``Services.codec.seal``; the signed object itself is accepted only
+until ``CTX_STATE_LEGACY_UNTIL``).
 
 Quotas (:class:`AgentQuotas`) are per agent, on keys with the ``{<agent>}`` hash tag: a sorted
 set of the agent's live sessions scored by expiry, and one counter per minute of request-body

@@ -113,7 +113,7 @@ INVENTORY: tuple[StoreEntry, ...] = (
         "service session records",
         "redis",
         "`svc:{<sid>}:session|state|lease`; `svc:agent:{<agent>}:*` quotas; "
-        "`svc:state-signing-key`, `svc:idle-sweep:lock`",
+        "`svc:state-signing-key`, `svc:state-seal-key`, `svc:idle-sweep:lock`",
         "owner agent, the latest signed L1 state (user id, query, trace), quotas",
         "session (quotas: agent)",
         "the session TTL (`CTX_SERVICE_SESSION_TTL_S`); quota windows a minute",

@@ -33,7 +33,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -209,12 +209,25 @@ class StateCodec:
     """Seals answers; opens sealed states, and signed ones until ``legacy_until``."""
 
     keyring: StateKeyring
-    legacy_key: bytes | None = None  # the HMAC key signed states were signed with
+    legacy_key: bytes | None = field(default=None, repr=False)  # signed states' HMAC key
     legacy_until: dt.datetime = LEGACY_UNTIL
+    max_chars: int = MAX_TOKEN_CHARS  # a sealed state longer than this is refused undecoded
 
     @classmethod
-    def from_settings(cls, settings: Settings, legacy_key: bytes | None = None) -> StateCodec:
-        return cls(StateKeyring.from_settings(settings), legacy_key, settings.state_legacy_until)
+    def from_settings(
+        cls,
+        settings: Settings,
+        legacy_key: bytes | None = None,
+        keyring: StateKeyring | None = None,
+    ) -> StateCodec:
+        """``keyring``: when given (the service's own when CTX_STATE_KEYS is unset), used
+        instead of CTX_STATE_KEYS; ``max_chars`` is CTX_L1_MAX_STATE_BYTES."""
+        return cls(
+            keyring or StateKeyring.from_settings(settings),
+            legacy_key,
+            settings.state_legacy_until,
+            settings.l1_max_state_bytes,
+        )
 
     def seal(self, wire: WireState, *, org: str) -> str:
         return seal_state(wire, self.keyring, org=org)
@@ -228,7 +241,9 @@ class StateCodec:
         now: dt.datetime | None = None,
     ) -> WireState:
         if isinstance(state, str):
-            return open_state(state, self.keyring, org=org, session_id=session_id)
+            return open_state(
+                state, self.keyring, org=org, session_id=session_id, max_chars=self.max_chars
+            )
         when = now or dt.datetime.now(dt.UTC)
         if when >= self.legacy_until:
             raise SealedStateError(

@@ -28,12 +28,24 @@ class SessionRef(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class StateReply(_message.Message):
-    __slots__ = ("state", "info")
+    __slots__ = ("state", "info", "session")
     STATE_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     state: str
     info: _struct_pb2.Struct
-    def __init__(self, state: _Optional[str] = ..., info: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    session: SessionInfo
+    def __init__(self, state: _Optional[str] = ..., info: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., session: _Optional[_Union[SessionInfo, _Mapping]] = ...) -> None: ...
+
+class SessionInfo(_message.Message):
+    __slots__ = ("session_id", "step", "version")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    step: int
+    version: int
+    def __init__(self, session_id: _Optional[str] = ..., step: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
 
 class CloseReply(_message.Message):
     __slots__ = ("session_id", "deleted_keys")
@@ -416,13 +428,15 @@ class RemovedItem(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., value: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class OutputReply(_message.Message):
-    __slots__ = ("state", "info", "output", "removed")
+    __slots__ = ("state", "info", "output", "removed", "session")
     STATE_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     REMOVED_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     state: str
     info: _struct_pb2.Struct
     output: str
     removed: _containers.RepeatedCompositeFieldContainer[RemovedItem]
-    def __init__(self, state: _Optional[str] = ..., info: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., output: _Optional[str] = ..., removed: _Optional[_Iterable[_Union[RemovedItem, _Mapping]]] = ...) -> None: ...
+    session: SessionInfo
+    def __init__(self, state: _Optional[str] = ..., info: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., output: _Optional[str] = ..., removed: _Optional[_Iterable[_Union[RemovedItem, _Mapping]]] = ..., session: _Optional[_Union[SessionInfo, _Mapping]] = ...) -> None: ...

@@ -1,5 +1,6 @@
 """What the route modules share: path parameters, error tables, the caller's identity in L1,
-the signed-state check and the responses encoded once by the wire encoder.
+opening the sealed state of a request, sealing the state of an answer, and the responses
+encoded once by the wire encoder.
 
 The hot endpoints return JSON encoded once by the library's encoder
 (:func:`context_core.session.wire.encode_json`) from the library's own wire models (the bundle,
@@ -11,20 +12,25 @@ Every router is declared with :class:`~context_app.service.direct_route.DirectRo
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
 from fastapi.encoders import jsonable_encoder
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
 from context_app.service.deps import Services
 from context_app.service.direct_route import DirectRoute
 from context_app.service.errors_map import json_response
-from context_app.service.models import ID_PATTERN, SESSION_ERRORS, WireState, error_responses
+from context_app.service.models import (
+    ID_PATTERN,
+    SESSION_ERRORS,
+    StateIn,
+    WireState,
+    error_responses,
+)
 from context_core.access.auth import AgentKey
-from context_core.errors import AccessDeniedError, StateTooLargeError
+from context_core.errors import StateTooLargeError
 from context_core.session.state import AuthContext, SessionState
 from context_core.session.wire import encode_json
 
@@ -33,11 +39,15 @@ __all__ = [
     "EVENT_ERRORS",
     "PathCallId",
     "PathSessionId",
+    "StateOut",
     "agent_auth",
+    "opened_for",
     "plain_json",
     "resource_router",
-    "signed_for",
+    "sealed_out",
+    "session_info",
     "state_response",
+    "unchanged_out",
     "wire_out",
     "wire_response",
 ]
@@ -60,22 +70,47 @@ def agent_auth(who: AgentKey) -> AuthContext:
     return AuthContext(agent_id=who.agent_id, scopes=tuple(who.purposes), org=who.org)
 
 
-def signed_for(svc: Services, wire: WireState, session_id: str) -> None:
-    """The state names this session and carries the service's signature."""
-    if wire.session_id != session_id:
-        raise RequestValidationError(
-            [
-                {
-                    "type": "value_error",
-                    "loc": ("body", "state", "session_id"),
-                    "msg": f"state belongs to session {wire.session_id!r}, not {session_id!r}",
-                }
-            ]
+def opened_for(svc: Services, state: StateIn, session_id: str, who: AgentKey) -> WireState:
+    """The request's state opened for this session and the caller's organisation: sealed, or
+    signed until ``CTX_STATE_LEGACY_UNTIL``; :class:`~context_core.errors.SealedStateError`
+    (403 ``state_refused``) naming what is wrong otherwise."""
+    return svc.codec.open(state, org=who.org, session_id=session_id)
+
+
+def session_info(wire: WireState) -> dict[str, Any]:
+    """What a client may read of its state, in clear, beside the sealed string."""
+    return {"session_id": wire.session_id, "step": wire.current_step, "version": wire.version}
+
+
+@dataclass(frozen=True)
+class StateOut:
+    """A state going out: ``sealed`` what the client gets, ``session`` its clear info;
+    ``stored`` the signed JSON an event commits to Redis (the latest state, read by
+    ``GET .../state``, the idle sweep and erasure)."""
+
+    wire: WireState
+    sealed: str
+    session: dict[str, Any]
+
+    @property
+    def stored(self) -> bytes:
+        return encode_json(self.wire)
+
+
+def sealed_out(svc: Services, wire: WireState, org: str) -> StateOut:
+    """``wire`` sealed for ``org``; refused (413) when the sealed string is over
+    ``CTX_L1_MAX_STATE_BYTES`` (no request could send it back)."""
+    sealed = svc.codec.seal(wire, org=org)
+    size, cap = len(sealed), svc.settings.l1_max_state_bytes
+    if size > cap:
+        raise StateTooLargeError(
+            f"this event would make the session's sealed L1 state {size} bytes, over the "
+            f"{cap}-byte limit (CTX_L1_MAX_STATE_BYTES); nothing was applied to L1 and the "
+            "state you sent is still valid: trim the trace with a context_overflow event "
+            "(keep_pairs) or send shorter texts, then retry",
+            limit_bytes=cap,
         )
-    if not wire.verify(svc.state_key):
-        raise AccessDeniedError(
-            "state signature does not match: send the state exactly as the service returned it"
-        )
+    return StateOut(wire, sealed, session_info(wire))
 
 
 def wire_response(payload: Any, status_code: int = 200) -> Response:
@@ -88,14 +123,15 @@ def wire_response(payload: Any, status_code: int = 200) -> Response:
     return Response(body, status_code=status_code, media_type="application/json")
 
 
-def state_response(state_json: bytes, info: Any, status_code: int = 200) -> Response:
-    """``{"state": ..., "info": ...}`` around a state already encoded (it is not encoded
-    twice); ``info`` passes FastAPI's encoder first (effects may hold any value)."""
+def state_response(out: StateOut, info: Any, status_code: int = 200) -> Response:
+    """``{"state": <sealed>, "session": ..., "info": ...}``; ``info`` passes FastAPI's
+    encoder first (effects may hold any value)."""
+    head = {"state": out.sealed, "session": out.session}
     try:
         info_json = encode_json(info if plain_json(info) else jsonable_encoder(info))
     except TypeError:
-        return json_response({"state": json.loads(state_json), "info": info}, status_code)
-    body = b'{"state":' + state_json + b',"info":' + info_json + b"}"
+        return json_response({**head, "info": info}, status_code)
+    body = encode_json(head)[:-1] + b',"info":' + info_json + b"}"
     return Response(body, status_code=status_code, media_type="application/json")
 
 
@@ -117,16 +153,16 @@ def plain_json(value: Any, depth: int = 0) -> bool:
     return False
 
 
-def wire_out(svc: Services, state: SessionState, version: int, nonce: str) -> bytes:
-    """The signed state's JSON; refused (413) when over ``CTX_L1_MAX_STATE_BYTES``."""
-    text = encode_json(WireState.of(state, svc.state_key, version=version, nonce=nonce))
-    size, cap = len(text), svc.settings.l1_max_state_bytes
-    if size > cap:
-        raise StateTooLargeError(
-            f"this event would make the session's L1 state {size} bytes, over the {cap}-byte "
-            "limit (CTX_L1_MAX_STATE_BYTES); nothing was applied to L1 and the state you sent "
-            "is still valid: trim the trace with a context_overflow event (keep_pairs) or "
-            "send shorter texts, then retry",
-            limit_bytes=cap,
-        )
-    return text
+def unchanged_out(svc: Services, sent: StateIn, wire: WireState, org: str) -> StateOut:
+    """The state a request sent, answered unchanged: the same sealed string (it just opened
+    for this organisation and session), or a signed one sealed now (the migration moves
+    it over)."""
+    if isinstance(sent, str):
+        return StateOut(wire, sent, session_info(wire))
+    return sealed_out(svc, wire, org)
+
+
+def wire_out(svc: Services, state: SessionState, version: int, nonce: str, org: str) -> StateOut:
+    """A new state signed (for Redis) and sealed for ``org`` (for the client); refused (413)
+    when the sealed string is over ``CTX_L1_MAX_STATE_BYTES``."""
+    return sealed_out(svc, WireState.of(state, svc.state_key, version=version, nonce=nonce), org)

@@ -16,8 +16,8 @@ from context_app.service.routes._common import (
     ERRORS,
     PathSessionId,
     agent_auth,
+    opened_for,
     resource_router,
-    signed_for,
     wire_response,
 )
 
@@ -43,8 +43,7 @@ def post_confirmations(
     """User-confirmed answers to hot knowledge, now (written as the calling agent). An
     answer holding a blocked keyword of the session's compliance profile is refused
     (422 naming the field and the keyword); nothing is written then."""
-    wire = body.state
-    signed_for(svc, wire, session_id)
+    wire = opened_for(svc, body.state, session_id, who)
     svc.quotas.charge(who.agent_id, nbytes, session_id=session_id)
     svc.owners.verify(session_id, who.agent_id, wire.nonce, wire.version)
     state = wire.to_state(gateway=svc.gateway, auth=agent_auth(who))

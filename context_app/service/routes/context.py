@@ -16,8 +16,8 @@ from context_app.service.models import ContextDeltaResponse, ContextRequest, Con
 from context_app.service.routes._common import (
     ERRORS,
     agent_auth,
+    opened_for,
     resource_router,
-    signed_for,
     wire_response,
 )
 from context_core.access.auth import AgentKey
@@ -87,8 +87,7 @@ def _route(
     a failure is counted by its reason."""
     m = svc.metrics
     try:
-        wire = body.state
-        signed_for(svc, wire, body.session_id)
+        wire = opened_for(svc, body.state, body.session_id, who)
         state = wire.to_state(gateway=svc.gateway, auth=agent_auth(who))
         skip = gauge.degrade_reason() if gauge is not None else None
         sid = body.session_id

@@ -1,4 +1,4 @@
-"""``POST /v1/sessions/{id}/events``: a lifecycle event applied to the signed L1 state.
+"""``POST /v1/sessions/{id}/events``: a lifecycle event applied to the sealed L1 state.
 
 An event holds the session's write lease while it runs and commits the new version at the
 end; if anything fails, including a new state over ``CTX_L1_MAX_STATE_BYTES`` (413), nothing
@@ -25,8 +25,8 @@ from context_app.service.routes._common import (
     EVENT_ERRORS,
     PathSessionId,
     agent_auth,
+    opened_for,
     resource_router,
-    signed_for,
     state_response,
     wire_out,
 )
@@ -56,8 +56,7 @@ def post_event(
     contradicts the task contract is applied as a correction, and a trace over
     ``CTX_L1_MAX_TRACE_TOKENS`` evicts its oldest pairs (``info.overflow``). The returned
     state is the session's new latest; the one sent is stale from then on."""
-    wire = body.state
-    signed_for(svc, wire, session_id)
+    wire = opened_for(svc, body.state, session_id, who)
     ev = body.event
     if isinstance(ev, ToolCallEvent):
         _require_result(ev)
@@ -79,12 +78,12 @@ def post_event(
                     payload["org_id"] = who.org
                 result = svc.lifecycle.apply(ev.type, state, **payload)
                 effects = result.effects
-            text = wire_out(svc, result.state, lease.version + 1, lease.nonce)
-        svc.owners.commit(lease, text.decode())
+            out = wire_out(svc, result.state, lease.version + 1, lease.nonce, who.org)
+        svc.owners.commit(lease, out.stored.decode())
     except BaseException:
         svc.owners.abort(lease)
         raise
-    return state_response(text, {"event": ev.type, **effects})
+    return state_response(out, {"event": ev.type, **effects})
 
 
 def _offload(svc: Services, session_id: str) -> TraceOffload:

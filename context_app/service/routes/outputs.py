@@ -8,7 +8,13 @@ from context_app.service.cpu_budget import run_sanitizer
 from context_app.service.execution import endpoint
 from context_app.service.http_deps import BodyBytes, Svc, Who
 from context_app.service.models import OutputRequest, OutputResponse
-from context_app.service.routes._common import ERRORS, PathSessionId, resource_router, signed_for
+from context_app.service.routes._common import (
+    ERRORS,
+    PathSessionId,
+    opened_for,
+    resource_router,
+    unchanged_out,
+)
 from context_core.session.wire import encode_json
 
 __all__ = ["router"]
@@ -30,8 +36,7 @@ def post_output(
     sanitized first (:mod:`context_core.gateway.output`): unsafe links and HTML, secrets
     and PII removed; the cleaned text is what is stored and returned (``output``), with
     what was removed (``removed``), also written to the audit file."""
-    wire = body.state
-    signed_for(svc, wire, session_id)
+    wire = opened_for(svc, body.state, session_id, who)
     sm = svc.wm.session(session_id)
     svc.run(  # the checks and the (owner-guarded) activity in one round trip
         [
@@ -52,8 +57,10 @@ def post_output(
     svc.tracer.record_output(body.trace_id, session_id, step, clean.text)
     info = {"step": step, "trace_id": body.trace_id}
     removed = [r.to_dict() for r in clean.removed]
-    payload = b'{"state":%b,"info":%b,"output":%b,"removed":%b}' % (
-        encode_json(wire),
+    out = unchanged_out(svc, body.state, wire, who.org)
+    payload = b'{"state":%b,"session":%b,"info":%b,"output":%b,"removed":%b}' % (
+        encode_json(out.sealed),
+        encode_json(out.session),
         encode_json(info),
         encode_json(clean.text),
         encode_json(removed),

@@ -1,7 +1,7 @@
 """The session itself: ``POST /v1/sessions`` (start), ``GET .../{id}/state`` (its latest
-signed state), ``DELETE .../{id}`` (close).
+state, sealed), ``DELETE .../{id}`` (close).
 
-Per request, one script in Redis checks that the session is the caller's and that the signed
+Per request, one script in Redis checks that the session is the caller's and that the
 state is its latest (:mod:`~context_app.service.owners`): another agent's session answers
 exactly like a missing one (404), an old or replayed state is 409 ``stale_state``.
 """
@@ -9,7 +9,6 @@ exactly like a missing one (404), an old or replayed state is 409 ``stale_state`
 from __future__ import annotations
 
 import contextlib
-import json
 import uuid
 
 from fastapi.responses import Response
@@ -23,12 +22,14 @@ from context_app.service.routes._common import (
     PathSessionId,
     agent_auth,
     resource_router,
+    sealed_out,
     state_response,
     wire_out,
     wire_response,
 )
 from context_core.gateway.identity import canonical_user_id
 from context_core.redis.ops import Cmd, Op, ok
+from context_core.session.wire import WireState
 
 __all__ = ["router"]
 
@@ -44,7 +45,7 @@ router = resource_router()
 )
 @endpoint
 def create_session(body: CreateSessionRequest, svc: Svc, who: Who, nbytes: BodyBytes) -> Response:
-    """Start a session owned by the calling agent; returns the signed L1 state. The user
+    """Start a session owned by the calling agent; returns the sealed L1 state. The user
     id is kept in canonical form (NFKC, trimmed, case-folded; 422 ``invalid_id`` naming the
     rule for ids with invisible characters or look-alike script mixes); it names a user
     of the calling agent's organisation. An id that cannot be taken answers 409
@@ -72,12 +73,12 @@ def create_session(body: CreateSessionRequest, svc: Svc, who: Who, nbytes: BodyB
                 device_id=body.device_id,
                 org_id=who.org,  # the compliance profile snapshot: the agent key's org
             )
-            text = wire_out(svc, result.state, 0, nonce)
-            svc.wm.defer(svc.owners.publish_cmd(sid, text.decode()))
+            out = wire_out(svc, result.state, 0, nonce, who.org)
+            svc.wm.defer(svc.owners.publish_cmd(sid, out.stored.decode()))
     except BaseException:
         _undo_create(svc, sid, who.agent_id)
         raise
-    return state_response(text, result.effects, 201)
+    return state_response(out, result.effects, 201)
 
 
 @router.get(
@@ -87,10 +88,11 @@ def create_session(body: CreateSessionRequest, svc: Svc, who: Who, nbytes: BodyB
     responses=ERRORS,
 )
 def get_state(session_id: PathSessionId, svc: Svc, who: Who) -> Response:
-    """The session's latest signed state: where a client answered ``stale_state`` (or one
+    """The session's latest state, sealed: where a client answered ``stale_state`` (or one
     that lost a response) picks up again."""
-    latest = json.loads(svc.owners.latest_state(session_id, who.agent_id))
-    return wire_response({"state": latest, "info": {"version": latest.get("version", 0)}})
+    latest = WireState.model_validate_json(svc.owners.latest_state(session_id, who.agent_id))
+    out = sealed_out(svc, latest, who.org)
+    return state_response(out, {"version": latest.version})
 
 
 @router.delete(

@@ -311,8 +311,19 @@ class Platform:
         without knowledge)."""
         from context_core.routing.confidence import PolicySource
 
-        model = self.encoder.name if self.with_knowledge else None
-        return PolicySource(self.settings, model=model)
+        return PolicySource(self.settings, model=self._encoder_name())
+
+    def _encoder_name(self) -> str:
+        """The name of the encoder this platform serves with (``Encoder.name``, what
+        thresholds are calibrated for), without loading the model when there is no knowledge
+        (:func:`~context_core.knowledge.embedding.serving_encoder_name`; the collections'
+        record is read only when the store is open already: an L2-only platform opens none)."""
+        if self.with_knowledge:
+            return self.encoder.name
+        from context_core.knowledge.embedding import serving_encoder_name
+
+        store = self.__dict__.get("store")
+        return serving_encoder_name(self.settings, store)
 
     @cached_property
     def prompts(self) -> PromptLibrary | None:

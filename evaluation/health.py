@@ -375,7 +375,9 @@ def run_health_report(
     model) when not given; one that cannot be opened is reported as an error of its layer.
     """
     from context_core.errors import ContextError
+    from context_core.knowledge.embedding import serving_encoder_name
     from context_core.platform import build_platform
+    from context_core.routing.confidence import PolicySource
     from evaluation.report import write_health_report
 
     day = day or dt.datetime.now(dt.UTC).date()
@@ -390,9 +392,10 @@ def run_health_report(
                 store = platform.store
             except ContextError:
                 store = None
-        # The router's view of the thresholds: a file calibrated for another model is
-        # refused here too (the settings' defaults apply), and the report says so.
-        thresholds = platform.policy
+        # The router's view of the thresholds: a file calibrated for another model than the
+        # encoder the collections were built with (the store's record) is refused here too
+        # (the settings' defaults apply), and the report says so.
+        thresholds = PolicySource(settings, model=serving_encoder_name(settings, store))
         policy = thresholds.current()
         status = thresholds.status()
         snap = snapshot(settings, day=day, redis_client=redis_client, store=store,

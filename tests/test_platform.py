@@ -275,3 +275,29 @@ def test_library_defaults_come_from_one_place() -> None:
     life = inspect.signature(LifecycleManager).parameters
     assert life["max_trace_tokens"].default == s.l1_max_trace_tokens
     assert life["correction_min_confidence"].default == s.correction_min_confidence
+
+
+# --- the thresholds' model without the encoder ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("backend", "recorded", "expected"),
+    [
+        ("onnx-int8", None, "minilm+onnx-int8"),  # no collection yet: what the setting builds
+        ("torch", None, "minilm"),
+        ("auto", "minilm", "minilm"),  # auto follows the collection: a torch-built one
+        ("auto", "minilm+onnx-int8", "minilm+onnx-int8"),
+    ],
+)
+def test_policy_without_knowledge_checks_the_encoder_the_collections_were_built_with(
+    settings: Settings, backend: str, recorded: str | None, expected: str
+) -> None:
+    """The health report opens a platform without the model; its thresholds check must name
+    the encoder the router serves with (``ctx run``'s report refused thresholds calibrated on
+    ``minilm+onnx-int8`` as made for another model before this)."""
+    s = _with(settings, embed_model="minilm", embed_backend=backend,
+              collection_main=f"pol-{uuid.uuid4().hex[:8]}")  # fmt: skip
+    with build_platform(s, with_knowledge=False) as p:
+        if recorded is not None:
+            p.store.create_collection(s.collection_main, dim=384, model=recorded)
+        assert p.policy.model == expected

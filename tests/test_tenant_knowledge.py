@@ -142,17 +142,19 @@ def world(
             shutil.rmtree(sock_dir, ignore_errors=True)
 
 
-def _session(c: httpx.Client, query: str) -> dict[str, Any]:
+def _session(c: httpx.Client, query: str) -> tuple[str, str]:
+    """A new session: its id and its sealed state."""
     sid = f"tk-{uuid.uuid4().hex[:12]}"
     r = c.post("/v1/sessions", json={"session_id": sid, "user_id": "u-1", "user_query": query})
     assert r.status_code == 201, r.text
-    return dict(r.json()["state"])
+    assert r.json()["session"]["session_id"] == sid
+    return sid, str(r.json()["state"])
 
 
 def _confirm(c: httpx.Client, text: str, namespace: str) -> str:
-    state = _session(c, text)
+    sid, state = _session(c, text)
     r = c.post(
-        f"/v1/sessions/{state['session_id']}/confirmations",
+        f"/v1/sessions/{sid}/confirmations",
         json={"state": state, "answers": [{"text": text, "namespace": namespace}]},
     )
     assert r.status_code == 201, r.text
@@ -162,10 +164,10 @@ def _confirm(c: httpx.Client, text: str, namespace: str) -> str:
 
 def _l3_texts(c: httpx.Client, query: str, intent: str) -> list[str]:
     """The texts of the L3 fragments a route with ``query`` delivers."""
-    state = _session(c, query)
+    sid, state = _session(c, query)
     r = c.post(
         "/v1/context",
-        json={"session_id": state["session_id"], "step_intent": intent, "state": state},
+        json={"session_id": sid, "step_intent": intent, "state": state},
     )
     assert r.status_code == 200, r.text
     frags = r.json()["fragments"]

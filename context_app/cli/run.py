@@ -185,11 +185,12 @@ def _session(console: Any, settings: Any, platform: Platform) -> None:
 
 
 def _reports(console: Any, settings: Any, platform: Platform) -> None:
-    from context_core.routing.confidence import PolicySource
     from evaluation import compute_cer, run_health_report
     from evaluation.report import write_cer_report
 
-    policy = PolicySource(settings).current()
+    # the platform's policy: checked against the encoder that built the collections (under
+    # CTX_EMBED_BACKEND=auto, minilm+onnx-int8), as the calibration of step 2 recorded it
+    policy = platform.policy.current()
     report = compute_cer(settings.traces_dir, accept=policy.accept)
     cer_paths = write_cer_report(report, settings.reports_dir, accept=policy.accept)
     o = report.overall

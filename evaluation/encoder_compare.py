@@ -192,6 +192,14 @@ def rows(results: Sequence[EncoderComparison], k: int = 10) -> list[dict[str, An
     ]
 
 
+def _command(flag: str, dirs: Sequence[Path], limit_docs: int | None) -> str:
+    """The command line a report section records (the data folder as ``<data>``)."""
+    parts = ["python -m evaluation.encoder_compare", flag, *(f"<data>/{d.name}" for d in dirs)]
+    if limit_docs:
+        parts.append(f"--limit-docs {limit_docs}")
+    return " ".join(p for p in parts if p)
+
+
 def main(argv: list[str]) -> int:
     from benchmarks._common import markdown_table, print_table, write_section
     from context_core.config import get_settings
@@ -218,11 +226,7 @@ def main(argv: list[str]) -> int:
         sweep = [r for d in args.dirs for r in layer_sweep(d, fp32, limit_docs=args.limit_docs)]
         print_table("int8 encoder: cosine with fp32 by FFN output kept fp32", sweep)
         if not args.no_write:
-            cmd = "python -m evaluation.encoder_compare --layer-sweep " + " ".join(
-                f"<data>/{d.name}" for d in args.dirs
-            )
-            if args.limit_docs:
-                cmd += f" --limit-docs {args.limit_docs}"
+            cmd = _command("--layer-sweep", args.dirs, args.limit_docs)
             body = (
                 "The int8 recipe's choice of fp32 layers: the packaged MiniLM exported once "
                 "per variant with every weight MatMul int8 except the FFN output (the MLP's "
@@ -238,11 +242,7 @@ def main(argv: list[str]) -> int:
     table = rows(results)
     print_table("fp32 torch vs int8 ONNX encoder", table)
     if not args.no_write:
-        cmd = "python -m evaluation.encoder_compare " + " ".join(
-            f"<data>/{d.name}" for d in args.dirs
-        )
-        if args.limit_docs:
-            cmd += f" --limit-docs {args.limit_docs}"
+        cmd = _command("", args.dirs, args.limit_docs)
         body = (
             "The packaged MiniLM run by torch (fp32) and by ONNX Runtime with dynamic int8 "
             "quantisation (`CTX_EMBED_BACKEND=onnx-int8`), both embedding the same chunks and "

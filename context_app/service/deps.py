@@ -158,16 +158,7 @@ class SlowStore:
 
 def load_state_key(client: RedisClient) -> bytes:
     """The HMAC key signing L1 on the wire, shared by every instance through Redis."""
-    try:
-        client.set(STATE_KEY, secrets.token_hex(32), nx=True)
-        raw = client.get(STATE_KEY)
-    except REDIS_ERRORS as e:
-        raise BackendUnavailableError(
-            f"could not read the state-signing key from Redis ({e}); check CTX_REDIS_URL"
-        ) from e
-    if raw is None:  # pragma: no cover - SET NX then GET on one server
-        raise BackendUnavailableError("state-signing key vanished from Redis; retry")
-    return raw.encode() if isinstance(raw, str) else bytes(raw)
+    return _shared_key(client, STATE_KEY, secrets.token_hex(32), "state-signing key").encode()
 
 
 def _shared_key(client: RedisClient, name: str, fresh: str, what: str) -> str:

@@ -104,7 +104,7 @@ def sealed_out(svc: Services, wire: WireState, org: str) -> StateOut:
     size, cap = len(sealed), svc.settings.l1_max_state_bytes
     if size > cap:
         raise StateTooLargeError(
-            f"this event would make the session's sealed L1 state {size} bytes, over the "
+            f"the session's sealed L1 state would be {size} bytes, over the "
             f"{cap}-byte limit (CTX_L1_MAX_STATE_BYTES); nothing was applied to L1 and the "
             "state you sent is still valid: trim the trace with a context_overflow event "
             "(keep_pairs) or send shorter texts, then retry",

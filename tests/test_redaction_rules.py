@@ -82,8 +82,10 @@ def _check_rule(rule: Rule, text: str, *, gateway: bool = True) -> None:
         return  # a lookalike the rule leaves alone by design (Luhn, checksum, prose)
     assert edit[3] == rule.kind
     found = fold[edit[0] : edit[1]]  # what the rule replaces (a mask keeps some of it)
-    # the placeholder's own letters are not a leak ("A" of a "user:A@" password)
-    cleaned = fold_text(_GW.clean_text(text, where="test_redaction_rules")).replace(REDACTED, "\0")
+    # the placeholder's own letters are not a leak ("A" of a "user:A@" password); it becomes
+    # a control character the found value does not hold (hypothesis found a NUL password)
+    mark = next(c for c in "\0\1\2\3" if c not in found)
+    cleaned = fold_text(_GW.clean_text(text, where="test_redaction_rules")).replace(REDACTED, mark)
     assert cleaned.count(found) < fold.count(found), (
         f"rule {rule.name!r}: the gateway left {found!r} in {cleaned!r}"
     )
@@ -107,6 +109,14 @@ def _holds(rule: Rule, *, gateway: bool = True) -> None:
 )
 def test_every_rule_precheck_accepts_its_matches_and_the_gateway_redacts(rule: Rule) -> None:
     _holds(rule)
+
+
+def test_a_control_character_password_is_redacted_and_not_mistaken_for_the_placeholder() -> None:
+    """A case hypothesis found: the password is one NUL, the character the check used to put
+    where the placeholder was; the gateway had redacted it, the check counted its own mark."""
+    (rule,) = [r for r in RULES if r.name == "url_credentials"]
+    _check_rule(rule, "://0://:\x00@")
+    assert "\x00" not in _GW.clean_text("://0://:\x00@", where="test_redaction_rules")
 
 
 @pytest.mark.parametrize(

@@ -347,6 +347,10 @@ class OnnxRunner:
         # No busy-waiting between ops: the machine's cores are shared with the service.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Every batch has its own shape (length buckets): memory patterns planned per shape are
+        # kept and only grow the process. Off, encoding 2,000 mixed-length texts peaked at
+        # 1,906 MB instead of 2,586 MB, in about the same time (32 s vs 34 s).
+        opts.enable_mem_pattern = False
         try:
             self._session = ort.InferenceSession(
                 str(path), opts, providers=["CPUExecutionProvider"]

@@ -363,18 +363,17 @@ def recorded_encoder(store: VectorStore, *collections: str) -> str | None:
 
 def serving_encoder_name(settings: Settings, store: VectorStore | None = None) -> str:
     """The ``Encoder.name`` a platform with ``settings`` serves with, without loading the
-    model: what the main (else hot) collection in ``store`` records when it is this model,
-    else the configured model with the backend ``CTX_EMBED_BACKEND`` would build with. What
-    a thresholds file is checked against where no encoder is loaded (the health report)."""
+    model: the configured model with the backend :func:`auto_backend` picks for what the
+    main (else hot) collection in ``store`` records. What a thresholds file is checked
+    against where no encoder is loaded (the health report)."""
     try:
         model = _spec_for(settings.embed_model).name
     except ModelLoadError:
         return settings.embed_model  # loading it would fail too: checked against as written
+    recorded = None
     if store is not None:
         recorded = recorded_encoder(store, settings.collection_main, settings.collection_hot)
-        if recorded is not None and split_encoder_name(recorded)[0] == model:
-            return recorded
-    return encoder_name(model, auto_backend(settings))
+    return encoder_name(model, auto_backend(settings, recorded))
 
 
 def auto_backend(settings: Settings, recorded: str | None = None) -> str:

@@ -809,5 +809,10 @@ def test_edge_keeps_answers_until_the_next_write_and_never_serves_a_stale_one(
             s.search(q, SearchQuery(COLL, 5, filter={"expires_at": {"gt": 1_100.0}}))
         assert s.answer_cache_stats(COLL)["hits"] == before["hits"]
         assert [h.id for h in s.search(q, SearchQuery(COLL, 5))] == _expected(q)
+        # other search settings (beam width, oversampling) are another answer, not a hit
+        before = s.answer_cache_stats(COLL)
+        s.hnsw_ef, s.oversampling = 256, 3.0
+        s.search(q, SearchQuery(COLL, 5))
+        assert s.answer_cache_stats(COLL)["hits"] == before["hits"]
     finally:
         s.close()

@@ -524,6 +524,7 @@ class EdgeStore:
         key = (
             tuple(vec), repr(conditions), query.limit, query.exact, query.mode, query.fusion,
             query.feedback, (sparse.indices, sparse.values) if sparse is not None else None,
+            self.hnsw_ef, self.oversampling,
         )  # fmt: skip
         found, gen = entry.answer(key)
         if found is not None:

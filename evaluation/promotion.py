@@ -101,6 +101,14 @@ def ran_by() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
+def _version_order(vid: str) -> tuple[bool, str, int, str]:
+    """Legacy imports first, then by time stamp, then by the same-second sequence number."""
+    if vid.startswith("legacy-"):
+        return (False, "", 0, vid)
+    parts = vid.split("-")  # c, stamp, hash[, n]
+    return (True, parts[1], int(parts[3]) if len(parts) > 3 else 1, vid)
+
+
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC).replace(microsecond=0)
 
@@ -166,7 +174,7 @@ class VersionStore:
         if not self.root.is_dir():
             return []
         found = [p.name for p in self.root.iterdir() if p.is_dir() and _VERSION_RE.match(p.name)]
-        return sorted(found, key=lambda v: (not v.startswith("legacy-"), v))
+        return sorted(found, key=_version_order)
 
     def get(self, version: str) -> Version:
         if not _VERSION_RE.match(version or ""):
@@ -232,7 +240,11 @@ class VersionStore:
     def new_id(self, labels_sha256: str, when: dt.datetime | None = None) -> str:
         stamp = (when or _now()).strftime("%Y%m%dT%H%M%SZ")
         base = f"c-{stamp}-{labels_sha256[:8].lower()}"
-        vid, n = base, 1
+        # Versions made in the same second are numbered in the order they were made (the hash
+        # alone would order them at random): the second one is "-2", whatever its labels.
+        same = list(self.root.glob(f"c-{stamp}-*")) if self.root.is_dir() else []
+        n = len(same) + 1
+        vid = base if n == 1 else f"{base}-{n}"
         while (self.root / vid).exists():
             n += 1
             vid = f"{base}-{n}"

@@ -241,6 +241,21 @@ def test_rollback_restores_the_previous_version_in_a_running_router(env: Env) ->
         store.rollback(by="test")
 
 
+def test_versions_made_in_the_same_second_list_in_the_order_they_were_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import datetime as dt
+
+    import evaluation.promotion as promotion
+
+    fixed = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    monkeypatch.setattr(promotion, "_now", lambda: fixed)
+    store = VersionStore(tmp_path / "reports" / "thresholds.json")
+    made = [_version(store, 0.7, 0.5, sha) for sha in ("ff", "00", "ff", "11")]
+    assert len(set(made)) == 4
+    assert store.ids() == made  # not by label hash: "00" was made after "ff"
+
+
 def test_legacy_thresholds_in_force_become_a_version_that_can_be_rolled_back_to(
     tmp_path: Path,
 ) -> None:

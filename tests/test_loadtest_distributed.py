@@ -121,17 +121,23 @@ def test_ctx_loadtest_workers_2_at_a_rate_this_machine_cannot_hold_exits_1_namin
            "--no-seed", "--workers", "2", "--service-workers", "2"]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "achieved_rate" in proc.stdout and "FAIL" in proc.stdout, proc.stdout[-3000:]
     assert not _locust_children(), "Locust processes left running"
     samples = tmp_path / "ctx" / "loadtest" / "loadtest_short_sessions" / "samples.json"
     doc = json.loads(samples.read_text())
     assert doc["plan"]["locust_workers"] == 2
-    assert "achieved_rate" in doc["verdict"]["failed"]
+    # Which gate breaks first depends on the machine's load (the rate falls short, or it is held
+    # and the latency gates fail): each failed gate is named, on the console and in the report.
+    failed = doc["verdict"]["failed"]
+    load_gates = {"achieved_rate", "request_p99", "context_p99", "l3_search_p99", "error_ratio"}
+    assert load_gates & set(failed), failed
     gates = {r["name"]: r for r in doc["verdict"]["results"]}
-    assert gates["achieved_rate"]["achieved"] < 0.95
+    if "achieved_rate" in failed:
+        assert gates["achieved_rate"]["achieved"] < 0.95
     md = (tmp_path / "reports" / "loadtest_short_sessions.md").read_text(encoding="utf-8")
     assert "**Verdict: FAIL** (Locust exit code 1)" in md
-    assert "- **achieved_rate**:" in md
+    for name in failed:
+        assert name in proc.stdout and "FAIL" in proc.stdout, proc.stdout[-3000:]
+        assert f"- **{name}**:" in md
     assert "a Locust master and 2 worker processes" in md
 
 

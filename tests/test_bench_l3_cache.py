@@ -54,3 +54,12 @@ def test_built_once_then_reused_then_rebuilt_for_other_parameters(tmp_path: Path
     assert other["reused"] is False and root3 != root
     built = sorted(p.name for p in cache.iterdir() if ".building" not in p.name)
     assert len(built) == 2
+
+
+def test_timing_always_times_something_after_its_warm_up() -> None:
+    """A short run (fewer arguments than the warm-up) warms up on half and times the rest; the
+    warm-up arguments are never timed again."""
+    seen: list[int] = []
+    out = bench._timed(seen.append, list(range(20)))
+    assert len(out) == 10 and seen == list(range(20))
+    assert len(bench._timed(seen.append, list(range(100)))) == 70

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
@@ -78,20 +79,67 @@ async def _wait_wrapped(future: Future[T] | asyncio.Future[T], timeout_s: float)
     return wrapped.result()
 
 
+class _Done:
+    """What a pooled greenlet hands back when its call has finished (anything else it hands
+    back is an awaitable its code waits for)."""
+
+    __slots__ = ("error", "value")
+
+    def __init__(self, value: Any, error: BaseException | None) -> None:
+        self.value = value
+        self.error = error
+
+
+#: Idle :func:`on_loop` greenlets kept per thread for the next calls (a greenlet's start is
+#: a good part of what running one call costs); more finish their loop and go.
+POOL_MAX = 64
+_idle = threading.local()
+
+
+def _serve(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A pooled greenlet's life: run one call, hand back its :class:`_Done`, get the next."""
+    while True:
+        try:
+            done = _Done(fn(*args, **kwargs), None)
+        except greenlet.GreenletExit:
+            raise  # the greenlet is being discarded: let it die
+        except BaseException as e:  # handed to the caller, as if raised there
+            done = _Done(None, e)
+        del fn, args, kwargs  # nothing of the call outlives it while idle
+        fn, args, kwargs = greenlet.getcurrent().parent.switch(done)
+
+
 async def on_loop(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """Run the synchronous ``fn(*args, **kwargs)`` on the current event loop, awaiting the
-    round trips it makes (see above); returns its result or raises its exception."""
-    g = _LoopGreenlet(fn)
+    round trips it makes (see above); returns its result or raises its exception. The
+    greenlet it runs in comes from a per-thread pool and goes back to it when the call has
+    finished (one abandoned half-way, e.g. by a cancelled task, is not reused)."""
+    pool: list[_LoopGreenlet] | None = getattr(_idle, "pool", None)
+    if pool is None:
+        pool = _idle.pool = []
+    if pool:
+        g = pool.pop()
+        g.parent = greenlet.getcurrent()
+    else:
+        g = _LoopGreenlet(_serve)
     g.gr_context = contextvars.copy_context()  # the request's context vars, as a thread gets
-    wanted = g.switch(*args, **kwargs)
-    while not g.dead:
+    wanted = g.switch(fn, args, kwargs)
+    while type(wanted) is not _Done:
         try:
             value = await wanted
         except BaseException as e:  # into the code that waited, as if raised there
             wanted = g.throw(e)
         else:
             wanted = g.switch(value)
-    return wanted  # type: ignore[no-any-return]
+    if len(pool) < POOL_MAX:
+        g.gr_context = None  # the request's context vars go with the request
+        pool.append(g)
+    # emptied: the idle greenlet's frame still holds this _Done until its next call
+    value, error = wanted.value, wanted.error
+    wanted.value = wanted.error = None
+    if error is not None:
+        raise error
+    return value  # type: ignore[no-any-return]
 
 
 def blocking(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

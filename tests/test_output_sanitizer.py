@@ -19,6 +19,7 @@ import httpx
 import pytest
 from test_service import cleanup_service_keys, running_service, service_settings
 
+from context_app.service.cpu_budget import ON_LOOP_MAX_CHARS
 from context_core.gateway.output import LINK_REMOVED, OutputFormat, check_url, sanitize_output
 from context_core.gateway.sanitize import Gateway
 
@@ -774,9 +775,10 @@ def _open_session(c: httpx.Client, session_id: str) -> str:
 def test_healthz_answers_while_an_output_is_being_sanitized(
     svc: dict[str, Any], session_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The sanitizer's CPU work does not hold the event loop: while one output is being
-    cleaned (held busy, computing, until this test has its /healthz answer), /healthz
-    answers. On the loop, /healthz would wait for the cleaning to end."""
+    """The sanitizer's CPU work on a long output does not hold the event loop: while one
+    output is being cleaned (held busy, computing, until this test has its /healthz answer),
+    /healthz answers. On the loop, /healthz would wait for the cleaning to end. (Outputs up
+    to ON_LOOP_MAX_CHARS are cleaned on the loop: this one is longer.)"""
     import threading
     import time
 
@@ -794,6 +796,8 @@ def test_healthz_answers_while_an_output_is_being_sanitized(
         return real(self, text, *args, **kwargs)
 
     monkeypatch.setattr(Gateway, "clean_text_with_findings", busy)
+    long_output = f"{marker} [x](/ok) " + "an ordinary line of text\n" * 60
+    assert len(long_output) > ON_LOOP_MAX_CHARS
     headers = {"X-API-Key": svc["keys"]["agent-a"]}
     with httpx.Client(base_url=svc["url"], headers=headers, timeout=60) as c:
         state = _open_session(c, session_id)
@@ -802,7 +806,7 @@ def test_healthz_answers_while_an_output_is_being_sanitized(
         def post() -> None:
             result["r"] = c.post(
                 f"/v1/sessions/{session_id}/outputs",
-                json={"state": state, "trace_id": "tr-slow", "output": f"{marker} [x](/ok)"},
+                json={"state": state, "trace_id": "tr-slow", "output": long_output},
             )
 
         t = threading.Thread(target=post)
@@ -817,6 +821,41 @@ def test_healthz_answers_while_an_output_is_being_sanitized(
         assert answered_during, "/healthz waited for the sanitizer"
         assert result["r"].status_code == 200, result["r"].text
         c.delete(f"/v1/sessions/{session_id}")
+
+
+def test_a_short_output_is_cleaned_on_the_loop_a_long_one_on_the_pool(
+    svc: dict[str, Any], session_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An output up to ON_LOOP_MAX_CHARS is cleaned where the request runs (no thread hop);
+    a longer one on the sanitizer's own pool. Both come back cleaned."""
+    import threading
+
+    seen: dict[str, str] = {}
+    real = Gateway.clean_text_with_findings
+
+    def spy(self: Gateway, text: str, *args: Any, **kwargs: Any) -> Any:
+        for tag in ("SHORT-MARK", "LONG-MARK"):
+            if tag in text:
+                seen.setdefault(tag, threading.current_thread().name)
+        return real(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(Gateway, "clean_text_with_findings", spy)
+    short = "SHORT-MARK [x](javascript:alert(1))"
+    long = "LONG-MARK [x](javascript:alert(1)) " + "an ordinary line of text\n" * 60
+    assert len(short) <= ON_LOOP_MAX_CHARS < len(long)
+    headers = {"X-API-Key": svc["keys"]["agent-a"]}
+    with httpx.Client(base_url=svc["url"], headers=headers, timeout=60) as c:
+        state = _open_session(c, session_id)
+        for i, text in enumerate((short, long)):
+            r = c.post(
+                f"/v1/sessions/{session_id}/outputs",
+                json={"state": state, "trace_id": f"tr-where-{i}", "output": text},
+            )
+            assert r.status_code == 200, r.text
+            assert "javascript" not in r.json()["output"]
+        c.delete(f"/v1/sessions/{session_id}")
+    assert not seen["SHORT-MARK"].startswith("ctx-sanitize"), seen
+    assert seen["LONG-MARK"].startswith("ctx-sanitize"), seen
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,9 @@ stalls every request on that worker, ``/healthz`` included. Cleaning an agent's 
 is such work: linear, but a 256 KB reply can still take tens of milliseconds of pure Python.
 :func:`run_sanitizer` runs it on a small pool of its own (so hostile outputs cannot take the
 threads the rest of the service waits on) and awaits it from the request's greenlet; the loop
-serves other requests meanwhile. With ``CTX_SERVICE_EXECUTION=threads`` the request already
+serves other requests meanwhile. A short output (at most :data:`ON_LOOP_MAX_CHARS`) is cleaned
+on the loop itself: it takes tens of microseconds, less than the hop to a thread and back
+(which also wakes the loop once more). With ``CTX_SERVICE_EXECUTION=threads`` the request already
 runs on a worker thread, and the sanitizer runs there.
 
 The budget is the sanitizer's own: it counts the CPU time of the thread doing the work
@@ -29,10 +31,15 @@ from context_core.errors import SanitizeBudgetExceededError
 from context_core.gateway.output import OutputFormat, SanitizedOutput, sanitize_output
 from context_core.gateway.sanitize import Gateway
 
-__all__ = ["POOL_THREADS", "run_sanitizer"]
+__all__ = ["ON_LOOP_MAX_CHARS", "POOL_THREADS", "run_sanitizer"]
 
 #: Threads that clean outputs for the endpoints on the loop (per service process).
 POOL_THREADS = 4
+
+#: Outputs up to this many characters are cleaned on the event loop (within the same CPU
+#: budget): the sanitizer is linear, so this bounds the stall to well under a millisecond;
+#: anything longer goes to the pool.
+ON_LOOP_MAX_CHARS = 1024
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -56,7 +63,7 @@ def run_sanitizer(
     """:func:`sanitize_output` within ``budget_ms`` of CPU time, off the event loop when
     called from it."""
     kwargs: dict[str, Any] = {"gateway": gateway, "fmt": fmt, "where": where}
-    if not on_loop_now():
+    if len(text) <= ON_LOOP_MAX_CHARS or not on_loop_now():
         return sanitize_output(text, budget_ms=budget_ms, **kwargs)
     ctx = contextvars.copy_context()  # the request's context vars (logging, tracing)
 

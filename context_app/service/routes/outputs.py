@@ -47,7 +47,7 @@ def post_output(
         "checking quotas and the session owner",
     )  # the quota's error first, as it is checked first
     step = wire.current_step if body.step is None else body.step
-    clean = run_sanitizer(  # off the event loop, within CTX_OUTPUT_SANITIZE_BUDGET_MS
+    clean = run_sanitizer(  # a long one off the loop, within CTX_OUTPUT_SANITIZE_BUDGET_MS
         body.output,
         gateway=svc.gateway,
         fmt=body.format,

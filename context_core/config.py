@@ -404,6 +404,14 @@ class Settings(BaseSettings):
         description="design: L3 is left out only when every hit is below skip, otherwise "
         "hits below accept are low_confidence; per_hit: each hit below skip is dropped.",
     )
+    policy_recheck_s: float = Field(
+        D.POLICY_RECHECK_S,
+        ge=0.0,
+        description="Seconds the router trusts its last look at thresholds.json, "
+        "relevance_model.json and calibrations/shadow.json before it stats them again: a "
+        "promote, rollback or shadow change is in force within this bound (0: stat all three "
+        "on every route).",
+    )
     thresholds_model_mismatch: Literal["refuse", "warn"] = Field(
         "refuse",
         description="thresholds.json calibrated for another embedding model than the one "

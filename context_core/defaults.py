@@ -56,6 +56,10 @@ CORRECTION_MIN_CONFIDENCE = 0.6
 
 # routing (CTX_L3_TIMEOUT_MS, CTX_BUNDLE_MAX_FRAGMENTS, CTX_ACCEPT/SKIP_THRESHOLD)
 L3_TIMEOUT_MS = 100.0
+# How long the router trusts its last look at thresholds.json, relevance_model.json and the
+# shadow marker (CTX_POLICY_RECHECK_S): each is stat-ed at most once per this many seconds, so
+# a promote, rollback or shadow start/stop is in force at most this long after it is written.
+POLICY_RECHECK_S = 1.0
 BUNDLE_MAX_FRAGMENTS = 3
 ACCEPT_THRESHOLD = 0.72
 SKIP_THRESHOLD = 0.65

@@ -45,6 +45,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # exports no ONNX model; CTX_EMBED_BACKEND=auto (the default) and onnx-int8 are tested with
 # explicit settings in tests/test_onnx_encoder.py, on one export per test run.
 os.environ.setdefault("CTX_EMBED_BACKEND", "torch")
+# The router trusts its last look at thresholds.json & co. for CTX_POLICY_RECHECK_S (1 s by
+# default); tests write a calibration and route at once, so they look on every route (the
+# bound itself is tested in test_policy_reload.py with an injected clock).
+os.environ.setdefault("CTX_POLICY_RECHECK_S", "0")
 
 SYSTEM_REDIS_URL = os.environ.get("CTX_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
 CLUSTER_REDIS_URL = os.environ.get("CTX_TEST_REDIS_CLUSTER_URL")

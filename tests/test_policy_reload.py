@@ -293,3 +293,52 @@ def test_fixed_policy_status(env: Env) -> None:
             "mismatch": False,
             "loaded_at": None,
         }
+
+
+def test_recheck_bound_skips_the_stat_and_sees_a_change_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``policy_recheck_s`` the file is stat-ed at most once per bound: a promote within
+    the bound is not seen yet, the first call after it sees the new pair."""
+    settings = _settings(tmp_path, policy_recheck_s=1.0)
+    path = Path(settings.resolved_thresholds_path)
+    _write(path, accept=0.5, skip=0.3, model="minilm")
+    now = [100.0]
+    src = PolicySource(settings, model="minilm", clock=lambda: now[0])
+    stats: list[str] = []
+    real_stat = os.stat
+
+    def counting_stat(p: Any, *a: Any, **kw: Any) -> os.stat_result:
+        stats.append(str(p))
+        return real_stat(p, *a, **kw)
+
+    monkeypatch.setattr(confidence.os, "stat", counting_stat)
+    assert src.current().pair == (0.5, 0.3)
+    assert src.relevance_in_force() == (None, None)
+    for _ in range(20):
+        now[0] += 0.04  # 0.8 s in all: within the bound
+        assert src.current().pair == (0.5, 0.3)
+        src.relevance_in_force()
+    assert stats == [str(path), str(src.relevance_path)]  # one look at each file
+    _write(path, accept=0.6, skip=0.4, model="minilm")
+    assert src.current().pair == (0.5, 0.3)  # 0.8 s since the last look: not yet
+    now[0] += 0.25
+    assert src.current().pair == (0.6, 0.4)  # past the bound: the promote is in force
+    assert stats.count(str(path)) == 2
+
+
+def test_shadow_marker_recheck_bound(tmp_path: Path) -> None:
+    from context_core.routing.shadow import ShadowSource
+
+    now = [0.0]
+    src = ShadowSource(tmp_path / "thresholds.json", recheck_s=1.0, clock=lambda: now[0])
+    assert src.take() is None
+    src.path.parent.mkdir(parents=True, exist_ok=True)
+    src.path.write_text("{not json", encoding="utf-8")  # any change: a new key
+    now[0] += 0.5
+    assert src._key is None  # not looked at again within the bound
+    src.take()
+    assert src._key is None
+    now[0] += 0.6
+    src.take()
+    assert src._key is not None  # looked again after the bound

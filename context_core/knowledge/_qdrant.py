@@ -257,8 +257,9 @@ def retrieve(
     hybrid + ``feedback`` > 0 (pseudo-relevance feedback, with ``query`` the dense query
     vector): the first pass ranks the two candidate lists as they came (a score a list did
     not return counts as that list's lowest: no completion batch), and the dense vectors of its
-    best ``feedback`` points, fetched in the same batch as the lists (each list's top
-    ``2 * feedback`` with vectors), move the query: ``q' = q/|q| + feedback_weight *
+    best ``feedback`` points, which the two candidate lists carry (both legs ask for vectors:
+    each list is searched once, the sparse posting lists walked once; the best ``feedback``
+    of the union are always in it), move the query: ``q' = q/|q| + feedback_weight *
     mean(v/|v|)``. The dense leg runs again with ``q'`` and the lists are fused again, exactly
     as above, ranked by the cosine to ``q'``. ``Hit.score`` stays the cosine to ``q`` (the
     confidence thresholds are calibrated on it). Costs one engine batch more than without.
@@ -271,14 +272,14 @@ def retrieve(
     else:
         n = max(limit * HYBRID_CANDIDATES, HYBRID_MIN_CANDIDATES)
         if feedback > 0 and query is not None:
-            k = 2 * feedback
-            dense_rows, sparse_rows, dense_top, sparse_top = run(
-                [Leg("dense", n), Leg("sparse", n), Leg("dense", k, vectors=True),
-                 Leg("sparse", k, vectors=True)]
-            )  # fmt: skip
+            # the lists themselves carry the vectors: a separate top-2*feedback leg per list
+            # walked the sparse posting lists a second time (~0.5 ms of a route's 2 searches)
+            dense_rows, sparse_rows = run(
+                [Leg("dense", n, vectors=True), Leg("sparse", n, vectors=True)]
+            )
             cos, sparse = _scores(dense_rows), _scores(sparse_rows)
             first = _rough_fuse(dense_rows, sparse_rows, fusion, weight, feedback)
-            vectors = {r[0]: r[3] for r in (*dense_top, *sparse_top) if r[3] is not None}
+            vectors = {r[0]: r[3] for r in (*dense_rows, *sparse_rows) if r[3] is not None}
             moved = _feedback_query(run, query, first, vectors, feedback_weight)
         else:
             dense_rows, sparse_rows = run([Leg("dense", n), Leg("sparse", n)])

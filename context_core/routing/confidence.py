@@ -30,10 +30,12 @@ model is refused (an error log naming both models and the fix; the settings' def
 or, with ``CTX_THRESHOLDS_MODEL_MISMATCH=warn``, used with a loud warning. A file that names no
 model (written before the binding existed) is used with a warning.
 
-**Reload without restart.** :meth:`PolicySource.current` does one ``os.stat`` per call and
-re-reads the file when its ``(mtime_ns, size, inode)`` changed, so a calibration written while
-the service runs (``write_thresholds`` replaces the file atomically: new inode) is in force on
-the next route.
+**Reload without restart.** :meth:`PolicySource.current` stats the file at most once per
+``CTX_POLICY_RECHECK_S`` seconds (default 1; 0: on every call) and re-reads it when its
+``(mtime_ns, size, inode)`` changed, so a calibration written while the service runs
+(``write_thresholds`` replaces the file atomically: new inode) is in force on the routes that
+start at most ``CTX_POLICY_RECHECK_S`` after it was written (a route stats nothing in between:
+the three files a route looks at cost three ``os.stat`` calls otherwise).
 
 A missing thresholds file is normal (before the first calibration): the settings' defaults
 (``CTX_ACCEPT_THRESHOLD`` 0.72, ``CTX_SKIP_THRESHOLD`` 0.65) apply silently. A *malformed* file
@@ -43,10 +45,11 @@ is an operator problem: the defaults apply and a warning names the file and what
 ``relevance_model.json`` (:mod:`context_core.routing.relevance`): a calibrated ``p_relevant`` per
 hit
 with its own accept/skip on that probability. :meth:`PolicySource.relevance` loads it under the
-same rules (one ``os.stat`` per call, re-read on change, refused for another embedding model
-unless ``CTX_THRESHOLDS_MODEL_MISMATCH=warn``, a malformed file warned about and ignored). When
-it is in force the router labels L3 hits by ``p_relevant`` (:func:`relevance_policy`); when it
-is not, the cosine thresholds above apply unchanged.
+same rules (at most one ``os.stat`` per ``CTX_POLICY_RECHECK_S``, re-read on change,
+refused for another embedding model unless ``CTX_THRESHOLDS_MODEL_MISMATCH=warn``, a
+malformed file warned about and ignored). When it is in force the router labels L3 hits by
+``p_relevant`` (:func:`relevance_policy`); when it is not, the cosine thresholds above
+apply unchanged.
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -344,11 +348,24 @@ class PolicySource:
     the encoder's model.
 
     ``model`` is the encoder's name (``Encoder.name``); None means ``settings.embed_model``.
-    Thread-safe; :meth:`current` costs one ``os.stat`` when nothing changed.
+    Thread-safe; :meth:`current` costs nothing but a clock read within
+    ``settings.policy_recheck_s`` of its last look at the file, else one ``os.stat`` when
+    nothing changed. ``clock`` (monotonic seconds) is injectable for tests.
     """
 
-    def __init__(self, settings: Settings, *, model: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        model: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.path = Path(settings.resolved_thresholds_path)
+        self.recheck_s = float(settings.policy_recheck_s)
+        self._clock = clock
+        # when each file was last stat-ed (clock seconds); -inf: never
+        self._checked_at = -math.inf
+        self._relevance_checked_at = -math.inf
         self.model = model_name(model if model is not None else settings.embed_model)
         self.on_mismatch: Literal["refuse", "warn"] = settings.thresholds_model_mismatch
         self._defaults = ConfidencePolicy.defaults(settings)
@@ -396,8 +413,12 @@ class PolicySource:
         return (snap.model, snap.policy) if snap.model is not None else (None, None)
 
     def _relevance_snapshot(self) -> _RelevanceLoaded:
-        key = _file_key(self.relevance_path)
         snap = self._relevance
+        now = self._clock()
+        if now - self._relevance_checked_at < self.recheck_s:
+            return snap  # looked at it less than recheck_s ago
+        key = _file_key(self.relevance_path)
+        self._relevance_checked_at = now
         if key == snap.key:
             return snap
         with self._lock:
@@ -463,8 +484,12 @@ class PolicySource:
         return _RelevanceLoaded(key, model, policy, file_model=file_model, loaded_at=now)
 
     def _snapshot(self) -> _Loaded:
-        key = self._stat()
         snap = self._state
+        now = self._clock()
+        if now - self._checked_at < self.recheck_s:
+            return snap  # looked at it less than recheck_s ago
+        key = self._stat()
+        self._checked_at = now
         if key == snap.key:
             return snap
         with self._lock:

@@ -260,7 +260,11 @@ class ContextRouter:
         self.knowledge = knowledge
         self._policy = policy
         # a candidate calibration in shadow goes with the thresholds file a PolicySource reads
-        self._shadow = ShadowSource(policy.path) if isinstance(policy, PolicySource) else None
+        self._shadow = (
+            ShadowSource(policy.path, recheck_s=policy.recheck_s)
+            if isinstance(policy, PolicySource)
+            else None
+        )
         # a fixed relevance model (with a fixed policy); a PolicySource loads its own file
         self._relevance = relevance
         self.max_fragments = max_fragments

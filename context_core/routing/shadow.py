@@ -8,11 +8,12 @@ calibration *in force* (what the agent gets does not change) and additionally re
 trace, under ``confidence.shadow``, the labels the candidate would have given the same hits.
 ``ctx eval thresholds shadow-report`` then reads the traces.
 
-The marker is read like ``thresholds.json``: one ``os.stat`` per route, re-read when it
-changes, a malformed marker logged and ignored. It is **bounded**: ``until`` (an ISO-8601 UTC
-time) and ``max_routes`` end it by themselves. The route count is kept per process (reset when
-the marker changes): a service with N worker processes shadows at most N x ``max_routes``
-routes, and the marker's ``until`` is the bound that holds across processes.
+The marker is read like ``thresholds.json``: at most one ``os.stat`` per
+``CTX_POLICY_RECHECK_S`` seconds (a shadow start or stop reaches routes within that bound),
+re-read when it changes, a malformed marker logged and ignored. It is **bounded**: ``until``
+(an ISO-8601 UTC time) and ``max_routes`` end it by themselves. The route count is kept per
+process (reset when the marker changes): a service with N worker processes shadows at most
+N x ``max_routes`` routes, and the marker's ``until`` is the bound that holds across processes.
 ``ctx eval thresholds shadow-stop`` removes the marker.
 """
 
@@ -21,9 +22,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import math
 import os
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -161,8 +164,18 @@ class ShadowSource:
     """The shadow marker in force, re-read when it changes; None when there is none, it is
     malformed, or it has run its course (time or route count)."""
 
-    def __init__(self, thresholds_path: Path | str) -> None:
+    def __init__(
+        self,
+        thresholds_path: Path | str,
+        *,
+        recheck_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.path = shadow_path_for(thresholds_path)
+        # the marker is stat-ed at most once per recheck_s seconds (0: on every take)
+        self.recheck_s = float(recheck_s)
+        self._clock = clock
+        self._checked_at = -math.inf
         self._lock = threading.Lock()
         self._key: _Key | Literal["unread"] | None = "unread"
         self._shadow: Shadow | None = None
@@ -170,13 +183,17 @@ class ShadowSource:
 
     def take(self) -> Shadow | None:
         """The shadow for this route (counting it against ``max_routes``), or None."""
-        try:
-            st = os.stat(self.path)
-            key: _Key | None = (st.st_mtime_ns, st.st_size, st.st_ino)
-        except OSError:
-            key = None
+        now = self._clock()
+        key: _Key | Literal["unread"] | None = self._key
+        if now - self._checked_at >= self.recheck_s:
+            try:
+                st = os.stat(self.path)
+                key = (st.st_mtime_ns, st.st_size, st.st_ino)
+            except OSError:
+                key = None
+            self._checked_at = now
         with self._lock:
-            if key != self._key:
+            if key != self._key and key != "unread":
                 self._key, self._routes = key, 0
                 self._shadow = self._load() if key is not None else None
             shadow = self._shadow

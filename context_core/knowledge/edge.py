@@ -572,7 +572,9 @@ class EdgeStore:
                 query=qe.Query.Nearest(vec),
                 filter=EDGE.filter(conditions),
                 with_payload=True,
-                params=EDGE.search_params(exact),
+                params=EDGE.search_params(
+                    exact, hnsw_ef=self.hnsw_ef, oversampling=self.oversampling
+                ),
             )
             found = self._call(name, "search", shard.query, req)
             return [to_hit(p, r) for r, p in enumerate(found, 1)]
@@ -583,7 +585,9 @@ class EdgeStore:
             todo: list[tuple[int, Any, int]] = []  # (leg, cache key or None, generation)
             for n, leg in enumerate(legs):
                 key = None
-                if cacheable and leg.kind == "sparse" and not leg.payload:
+                # legs that carry vectors stay out: 30 x dim floats per entry would multiply
+                # the cache's memory bound (a repeated query is answered whole, above, anyway)
+                if cacheable and leg.kind == "sparse" and not leg.payload and not leg.vectors:
                     key = (
                         sparse.indices,
                         sparse.values,

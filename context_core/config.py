@@ -158,6 +158,15 @@ class Settings(BaseSettings):
         "is fastest for the small top-k queries of routing: the engine holds the GIL while it "
         "waits for its pool, so a pool only adds hand-offs (measured in reports/benchmarks.md).",
     )
+    qdrant_hnsw_ef: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="HNSW search beam width of the embedded Qdrant Edge (unset = the engine's "
+        "default). Raise it for large collections: at 1,000,000 points a filtered top-3 needs "
+        "about 1,024 for recall@3 0.99 against exact search (reports/benchmarks.md, L3 at "
+        "1,000,000). Cost per search grows with it; capped at 4,096.",
+    )
     edge_socket: Path | None = Field(
         None,
         description="Unix socket of a `context_core.knowledge.edge_server` that owns the "

@@ -430,6 +430,12 @@ def test_open_store_picks_backend(tmp_path: Path) -> None:
         assert edge.root == (tmp_path / "ctx" / "qdrant").resolve()
     finally:
         edge.close()
+    assert edge.hnsw_ef is None  # the engine's default unless configured
+    tuned = open_store(get_settings(data_dir=tmp_path / "ctx", qdrant_hnsw_ef=1024))
+    try:
+        assert isinstance(tuned, EdgeStore) and tuned.hnsw_ef == 1024
+    finally:
+        tuned.close()
     server = open_store(get_settings(data_dir=tmp_path / "ctx", qdrant_url=":memory:"))
     try:
         assert isinstance(server, QdrantServerStore)
@@ -507,6 +513,8 @@ def test_server_collections_carry_the_cluster_placement_from_settings(tmp_path: 
         get_settings(qdrant_replication=2, qdrant_write_consistency=3)
     with pytest.raises(ConfigError, match="CTX_QDRANT_SHARDS"):
         get_settings(qdrant_shards=0)
+    with pytest.raises(ConfigError, match="CTX_QDRANT_HNSW_EF"):
+        get_settings(qdrant_hnsw_ef=0)
 
 
 def test_server_unreachable_names_the_url() -> None:

@@ -38,4 +38,8 @@ def open_store(settings: Settings) -> VectorStore:
         return RemoteEdgeStore(settings.edge_socket)
     from context_core.knowledge.edge import EdgeStore
 
-    return EdgeStore(settings.qdrant_dir, search_threads=settings.qdrant_search_threads or None)
+    return EdgeStore(
+        settings.qdrant_dir,
+        search_threads=settings.qdrant_search_threads or None,
+        hnsw_ef=settings.qdrant_hnsw_ef,
+    )

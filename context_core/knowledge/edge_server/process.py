@@ -172,6 +172,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="N",
         help="search threads of each shard, 0 = one per CPU (default: CTX_QDRANT_SEARCH_THREADS)",
     )
+    parser.add_argument(
+        "--hnsw-ef",
+        type=int,
+        default=None,
+        metavar="N",
+        help="HNSW search beam width, 1..4096 (default: CTX_QDRANT_HNSW_EF, else the engine's)",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -179,7 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if args.root is None or args.socket is None or args.search_threads is None:
+    need = args.root is None or args.socket is None or args.search_threads is None
+    if need or (args.hnsw_ef is None and os.environ.get("CTX_QDRANT_HNSW_EF")):
         from context_core.config import get_settings
 
         try:
@@ -192,10 +200,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.socket = settings.edge_socket
         if args.search_threads is None:
             args.search_threads = settings.qdrant_search_threads
+        if args.hnsw_ef is None:
+            args.hnsw_ef = settings.qdrant_hnsw_ef
     if args.socket is None:
         parser.error("--socket is required (or set CTX_EDGE_SOCKET)")
     if args.search_threads < 0:
         parser.error("--search-threads must be >= 0")
+    if args.hnsw_ef is not None and not 1 <= args.hnsw_ef <= 4096:
+        parser.error("--hnsw-ef must be between 1 and 4096")
 
     stop = threading.Event()
 
@@ -204,7 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    server = EdgeServer(args.root, args.socket, search_threads=args.search_threads or None)
+    server = EdgeServer(
+        args.root, args.socket, search_threads=args.search_threads or None, hnsw_ef=args.hnsw_ef
+    )
     try:
         server.start()
     except ContextError as e:

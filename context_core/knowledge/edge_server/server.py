@@ -47,11 +47,16 @@ class EdgeServer:
     """
 
     def __init__(
-        self, root: Path | str, socket_path: Path | str, search_threads: int | None = None
+        self,
+        root: Path | str,
+        socket_path: Path | str,
+        search_threads: int | None = None,
+        hnsw_ef: int | None = None,
     ) -> None:
         self.root = Path(root).expanduser().resolve()
         self.socket_path = Path(socket_path).expanduser().absolute()
         self.search_threads = search_threads
+        self.hnsw_ef = hnsw_ef
         self.store: Any = None  # the EdgeStore, once started
         self._listener: socket.socket | None = None
         self._lock_file: IO[bytes] | None = None
@@ -93,7 +98,9 @@ class EdgeServer:
         self._lock_root()
         try:
             self._clear_socket_path()
-            self.store = EdgeStore(self.root, search_threads=self.search_threads)
+            self.store = EdgeStore(
+                self.root, search_threads=self.search_threads, hnsw_ef=self.hnsw_ef
+            )
             opened = self._open_collections()
             self._listener = self._bind()
         except BaseException:

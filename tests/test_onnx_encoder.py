@@ -167,7 +167,7 @@ def test_the_export_is_reused_not_redone(first_use: FirstUse, encoder: Encoder) 
 def test_recipe_keeps_the_first_layers_ffn_outputs_fp32_and_the_rest_int8(
     first_use: FirstUse, encoder: Encoder
 ) -> None:
-    """Recipe 2 in the quantised graph itself: the MatMuls still holding an fp32 weight are
+    """Recipes 2-3 in the quantised graph itself: the MatMuls still holding an fp32 weight are
     exactly the FFN outputs of layers 0-2 (their weights are the torch ones, unchanged); every
     other weight MatMul of the six layers runs on int8 weights."""
     import onnx
@@ -193,9 +193,14 @@ def test_recipe_keeps_the_first_layers_ffn_outputs_fp32_and_the_rest_int8(
     for got, want in zip(fp32_weight, expected, strict=True):
         assert got.dtype == np.float32 and np.array_equal(got, want)
     int8_matmuls = [n for n in graph.node if n.op_type == "MatMulInteger"]
-    # q, k, v, attention output, FFN in, FFN out per layer, minus the three kept fp32
-    assert len(int8_matmuls) == 6 * 6 - 3
+    # recipe 3 (fused graph): attention output, FFN in, FFN out per layer, minus the three
+    # kept fp32; q, k and v are one packed int8 weight per layer's QAttention
+    assert len(int8_matmuls) == 3 * 6 - 3
     for n in int8_matmuls:
+        assert weights[n.input[1]].data_type == TensorProto.INT8, n.name
+    attention = [n for n in graph.node if n.op_type == "QAttention"]
+    assert len(attention) == 6 and not [n for n in graph.node if n.op_type == "Attention"]
+    for n in attention:
         assert weights[n.input[1]].data_type == TensorProto.INT8, n.name
 
 

@@ -155,6 +155,40 @@ def test_concurrent_first_use_exports_one_whole_file(first_use: FirstUse) -> Non
     assert path.stat().st_size > 10_000_000
 
 
+def test_a_cached_export_loads_without_torch(first_use: FirstUse, int8: Encoder) -> None:
+    """A worker whose int8 export is already cached never imports torch or
+    sentence-transformers (tokenizer and pooling facts come from the packaged files), and
+    embeds and tokenises exactly as the encoder loaded through torch does."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\n"
+        "from context_core.config import get_settings\n"
+        "from context_core.knowledge.embedding import load_encoder\n"
+        "enc = load_encoder(get_settings(embed_backend='onnx-int8', "
+        f"encoder_cache_dir={str(first_use.cache)!r}))\n"
+        f"texts = {SENTENCES!r}\n"
+        "vecs = enc.encode(texts).tolist()\n"
+        "ids = [enc.tokenize(t) for t in texts]\n"
+        "offs = [enc.token_offsets(t) for t in texts]\n"
+        "heavy = ('torch', 'sentence_transformers', 'transformers')\n"
+        "mods = [m for m in heavy if m in sys.modules]\n"
+        "print(json.dumps([enc.name, enc.dim, enc.max_tokens, mods, vecs, ids, offs]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ
+    )
+    name, dim, max_tokens, mods, vecs, ids, offs = json.loads(out.stdout.strip().splitlines()[-1])
+    assert mods == []
+    assert (name, dim, max_tokens) == (int8.name, int8.dim, int8.max_tokens)
+    assert np.allclose(np.asarray(vecs, dtype=np.float32), int8.encode(SENTENCES), atol=1e-6)
+    assert ids == [int8.tokenize(t) for t in SENTENCES]
+    assert [[tuple(p) for p in o] for o in offs] == [int8.token_offsets(t) for t in SENTENCES]
+
+
 def test_the_export_is_reused_not_redone(first_use: FirstUse, encoder: Encoder) -> None:
     runner = first_use.encoders[0]._runner
     assert runner is not None
@@ -167,7 +201,7 @@ def test_the_export_is_reused_not_redone(first_use: FirstUse, encoder: Encoder) 
 def test_recipe_keeps_the_first_layers_ffn_outputs_fp32_and_the_rest_int8(
     first_use: FirstUse, encoder: Encoder
 ) -> None:
-    """Recipe 2 in the quantised graph itself: the MatMuls still holding an fp32 weight are
+    """Recipes 2-3 in the quantised graph itself: the MatMuls still holding an fp32 weight are
     exactly the FFN outputs of layers 0-2 (their weights are the torch ones, unchanged); every
     other weight MatMul of the six layers runs on int8 weights."""
     import onnx
@@ -193,9 +227,14 @@ def test_recipe_keeps_the_first_layers_ffn_outputs_fp32_and_the_rest_int8(
     for got, want in zip(fp32_weight, expected, strict=True):
         assert got.dtype == np.float32 and np.array_equal(got, want)
     int8_matmuls = [n for n in graph.node if n.op_type == "MatMulInteger"]
-    # q, k, v, attention output, FFN in, FFN out per layer, minus the three kept fp32
-    assert len(int8_matmuls) == 6 * 6 - 3
+    # recipe 3 (fused graph): attention output, FFN in, FFN out per layer, minus the three
+    # kept fp32; q, k and v are one packed int8 weight per layer's QAttention
+    assert len(int8_matmuls) == 3 * 6 - 3
     for n in int8_matmuls:
+        assert weights[n.input[1]].data_type == TensorProto.INT8, n.name
+    attention = [n for n in graph.node if n.op_type == "QAttention"]
+    assert len(attention) == 6 and not [n for n in graph.node if n.op_type == "Attention"]
+    for n in attention:
         assert weights[n.input[1]].data_type == TensorProto.INT8, n.name
 
 

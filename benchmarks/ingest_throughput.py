@@ -47,6 +47,15 @@ TARGET_RERUN = 0.05
 
 
 def _peak_rss_mb() -> float:
+    """This process's peak RSS. On Linux the high-water mark of its own memory map (VmHWM):
+    ``ru_maxrss`` of a spawned child also counts the parent's RSS at the fork that preceded
+    the exec, so every child would report at least the parent's size."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 

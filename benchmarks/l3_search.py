@@ -249,7 +249,8 @@ def _sweep(
     ids: list[str],
 ) -> list[dict[str, Any]]:
     """p50/p99/recall@3 of the filtered search per ``--sweep`` setting plus the run's own,
-    timed interleaved so that every setting sees the same machine load."""
+    timed interleaved so that every setting sees the same machine load (in a rotating order,
+    so that none is always the one that pays a query's first page faults)."""
     from context_core.knowledge.store import SearchQuery
 
     settings = [(args.hnsw_ef, args.oversampling), *_parse_sweep(args.sweep)]
@@ -260,7 +261,10 @@ def _sweep(
     warm = min(30, len(queries) // 2)  # warm-up queries are not timed (Edge keeps answers)
     for j in range(len(queries)):
         q, sec = queries[j]
-        for k, (ef, over) in enumerate(settings):
+        # the order rotates query by query: the first search of a query pays its page faults
+        # (vectors on disk) and would make whichever setting comes first look slower
+        for k in [(j + i) % len(settings) for i in range(len(settings))]:
+            ef, over = settings[k]
             store.hnsw_ef, store.oversampling = ef, over
             t0 = time.perf_counter()
             hits = store.search(q, SearchQuery(COLLECTION, 3, filter={"section": sec}))

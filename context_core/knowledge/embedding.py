@@ -12,6 +12,7 @@ Redis because the router embeds the same step queries over and over within a day
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -448,20 +449,18 @@ def load_encoder(
         )
     spec = _spec_for(settings.embed_model)
     backend = auto_backend(settings, recorded)
+    make = functools.partial(
+        Encoder,
+        redis_client=redis_client,
+        cache_ttl_s=settings.embed_cache_ttl_s,
+        batch_size=settings.embed_batch_size,
+        device=settings.embed_device,
+    )
     if backend == "onnx-int8":
         cached = _cached_runner(spec, encoder_cache_dir(settings))
         if cached is not None:  # no torch: the export is there and the files say how to use it
             cached_runner, packaged = cached
-            return Encoder(
-                spec,
-                None,
-                redis_client=redis_client,
-                cache_ttl_s=settings.embed_cache_ttl_s,
-                batch_size=settings.embed_batch_size,
-                runner=cached_runner,
-                packaged=packaged,
-                device=settings.embed_device,
-            )
+            return make(spec, None, runner=cached_runner, packaged=packaged)
     model = _load_model(spec, settings.embed_device)
     runner = None
     if backend == "onnx-int8":
@@ -477,15 +476,7 @@ def load_encoder(
                 "torch to silence this",
                 e,
             )
-    return Encoder(
-        spec,
-        model,
-        redis_client=redis_client,
-        cache_ttl_s=settings.embed_cache_ttl_s,
-        batch_size=settings.embed_batch_size,
-        runner=runner,
-        device=settings.embed_device,
-    )
+    return make(spec, model, runner=runner)
 
 
 @dataclass(frozen=True, slots=True)

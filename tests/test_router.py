@@ -171,7 +171,12 @@ class Env:
         return WorkingMemory(self.client, self.gateway).session(self.session_id)
 
     def traces(self) -> list[dict[str, Any]]:
-        return list(read_traces(self.settings.traces_dir))
+        """The records written so far, each checked against its schema: the router writes
+        its own without the writer's check (``write_route(validate=False)``)."""
+        recs = list(read_traces(self.settings.traces_dir))
+        for r in recs:
+            validate_record(r)
+        return recs
 
 
 @pytest.fixture

@@ -654,7 +654,8 @@ class ContextRouter:
                 "degraded": found.degraded,
                 "timings_ms": built.timings,
                 **({"prompt": built.prompt.trace()} if built.prompt is not None else {}),
-            }
+            },
+            validate=False,  # built here from typed parts; tests/test_router.py checks them
         )
 
     def _fallback(

@@ -21,7 +21,7 @@ import pytest
 from test_router import Env, env  # noqa: F401 (fixtures)
 
 from context_core.config import Settings, get_settings
-from context_core.routing import confidence
+from context_core.routing import confidence, file_watch
 from context_core.routing.confidence import ConfidencePolicy, PolicySource, model_name
 from evaluation.calibration import Provenance, calibrate, write_thresholds
 
@@ -90,7 +90,7 @@ def test_one_stat_per_call_and_no_read_while_unchanged(
         reads.append(p)
         return real_read(p)
 
-    monkeypatch.setattr(confidence.os, "stat", counting_stat)
+    monkeypatch.setattr(file_watch.os, "stat", counting_stat)
     monkeypatch.setattr(confidence, "_read_document", counting_read)
     for _ in range(50):
         assert src.current().pair == (0.5, 0.3)
@@ -312,7 +312,7 @@ def test_recheck_bound_skips_the_stat_and_sees_a_change_after_it(
         stats.append(str(p))
         return real_stat(p, *a, **kw)
 
-    monkeypatch.setattr(confidence.os, "stat", counting_stat)
+    monkeypatch.setattr(file_watch.os, "stat", counting_stat)
     assert src.current().pair == (0.5, 0.3)
     assert src.relevance_in_force() == (None, None)
     for _ in range(20):
@@ -342,3 +342,22 @@ def test_shadow_marker_recheck_bound(tmp_path: Path) -> None:
     now[0] += 0.6
     src.take()
     assert src._key is not None  # looked again after the bound
+
+
+def test_file_watch_looks_once_per_bound_and_sees_a_replacement(tmp_path: Path) -> None:
+    now = [10.0]
+    path = tmp_path / "thresholds.json"
+    watch = file_watch.FileWatch(path, 1.0, clock=lambda: now[0])
+    assert watch.look() is None  # no file yet
+    path.write_text("{}", encoding="utf-8")
+    now[0] += 0.9
+    assert watch.look() == file_watch.NOT_DUE  # within the bound: not looked at
+    now[0] += 0.1
+    first = watch.look()
+    assert first == file_watch.file_key(path) and first is not None
+    tmp = tmp_path / "new.json"
+    tmp.write_text("{}", encoding="utf-8")  # same size, maybe the same mtime tick
+    tmp.replace(path)  # how the calibration tools write: a rename over it
+    now[0] += 1.0
+    assert watch.look() not in (first, file_watch.NOT_DUE)  # a new inode
+    assert file_watch.FileWatch(path, 0.0).look() == file_watch.file_key(path)  # 0: every call

@@ -58,7 +58,6 @@ import datetime as dt
 import json
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -68,6 +67,7 @@ from typing import Any, Literal
 
 from context_core import defaults
 from context_core.config import Settings
+from context_core.routing.file_watch import NOT_DUE, FileKey, FileWatch
 from context_core.routing.relevance import RelevanceModel, relevance_path_for
 
 __all__ = [
@@ -289,7 +289,6 @@ def thresholds_model(doc: Any) -> str | None:
     return value.strip() if isinstance(value, str) and value.strip() else None
 
 
-_FileKey = tuple[int, int, int]
 _UNREAD: Literal["unread"] = "unread"
 
 
@@ -298,7 +297,7 @@ class _Loaded:
     """One (re)load of the thresholds file, swapped in as a whole so readers never see a
     policy from one load and the file key of another."""
 
-    key: _FileKey | Literal["unread"] | None
+    key: FileKey | Literal["unread"] | None
     policy: ConfidencePolicy
     mismatch: bool = False
     file_model: str | None = None
@@ -309,7 +308,7 @@ class _Loaded:
 class _RelevanceLoaded:
     """One (re)load of ``relevance_model.json``: the model in force (None: cosine labels)."""
 
-    key: _FileKey | Literal["unread"] | None
+    key: FileKey | Literal["unread"] | None
     model: RelevanceModel | None
     policy: ConfidencePolicy | None = None
     mismatch: bool = False
@@ -335,14 +334,6 @@ class _RelevanceLoaded:
         }
 
 
-def _file_key(path: Path) -> _FileKey | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-
 class PolicySource:
     """The thresholds in force, re-read when ``thresholds.json`` changes, checked against
     the encoder's model.
@@ -362,16 +353,14 @@ class PolicySource:
     ) -> None:
         self.path = Path(settings.resolved_thresholds_path)
         self.recheck_s = float(settings.policy_recheck_s)
-        self._clock = clock
-        # when each file was last stat-ed (clock seconds); -inf: never
-        self._checked_at = -math.inf
-        self._relevance_checked_at = -math.inf
+        self._watch = FileWatch(self.path, self.recheck_s, clock=clock)
         self.model = model_name(model if model is not None else settings.embed_model)
         self.on_mismatch: Literal["refuse", "warn"] = settings.thresholds_model_mismatch
         self._defaults = ConfidencePolicy.defaults(settings)
         self._lock = threading.Lock()
         self._state = _Loaded(_UNREAD, self._defaults)
         self.relevance_path = relevance_path_for(self.path)
+        self._relevance_watch = FileWatch(self.relevance_path, self.recheck_s, clock=clock)
         self._relevance = _RelevanceLoaded(_UNREAD, None)
 
     def current(self) -> ConfidencePolicy:
@@ -414,19 +403,15 @@ class PolicySource:
 
     def _relevance_snapshot(self) -> _RelevanceLoaded:
         snap = self._relevance
-        now = self._clock()
-        if now - self._relevance_checked_at < self.recheck_s:
-            return snap  # looked at it less than recheck_s ago
-        key = _file_key(self.relevance_path)
-        self._relevance_checked_at = now
-        if key == snap.key:
+        key = self._relevance_watch.look()
+        if key == NOT_DUE or key == snap.key:  # not looked at (within the bound) or unchanged
             return snap
         with self._lock:
             if key != self._relevance.key:
                 self._relevance = self._load_relevance(key)
             return self._relevance
 
-    def _load_relevance(self, key: _FileKey | None) -> _RelevanceLoaded:
+    def _load_relevance(self, key: FileKey | None) -> _RelevanceLoaded:
         now = dt.datetime.now(dt.UTC).timestamp()
         path = self.relevance_path
         if key is None:
@@ -485,22 +470,15 @@ class PolicySource:
 
     def _snapshot(self) -> _Loaded:
         snap = self._state
-        now = self._clock()
-        if now - self._checked_at < self.recheck_s:
-            return snap  # looked at it less than recheck_s ago
-        key = self._stat()
-        self._checked_at = now
-        if key == snap.key:
+        key = self._watch.look()
+        if key == NOT_DUE or key == snap.key:  # not looked at (within the bound) or unchanged
             return snap
         with self._lock:
             if key != self._state.key:
                 self._state = self._load(key)
             return self._state
 
-    def _stat(self) -> _FileKey | None:
-        return _file_key(self.path)
-
-    def _load(self, key: _FileKey | None) -> _Loaded:
+    def _load(self, key: FileKey | None) -> _Loaded:
         now = dt.datetime.now(dt.UTC).timestamp()
         if key is None:
             log.debug("no thresholds file at %s; using %s", self.path, self._defaults.source)

@@ -22,8 +22,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import math
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from context_core.routing.confidence import ConfidencePolicy, relevance_policy
+from context_core.routing.file_watch import NOT_DUE, FileKey, FileWatch
 from context_core.routing.relevance import RelevanceModel
 
 __all__ = [
@@ -157,9 +156,6 @@ class Shadow:
         return out
 
 
-_Key = tuple[int, int, int]
-
-
 class ShadowSource:
     """The shadow marker in force, re-read when it changes; None when there is none, it is
     malformed, or it has run its course (time or route count)."""
@@ -174,24 +170,16 @@ class ShadowSource:
         self.path = shadow_path_for(thresholds_path)
         # the marker is stat-ed at most once per recheck_s seconds (0: on every take)
         self.recheck_s = float(recheck_s)
-        self._clock = clock
-        self._checked_at = -math.inf
+        self._watch = FileWatch(self.path, self.recheck_s, clock=clock)
         self._lock = threading.Lock()
-        self._key: _Key | Literal["unread"] | None = "unread"
+        self._key: FileKey | Literal["unread"] | None = "unread"
         self._shadow: Shadow | None = None
         self._routes = 0
 
     def take(self) -> Shadow | None:
         """The shadow for this route (counting it against ``max_routes``), or None."""
-        now = self._clock()
-        key: _Key | Literal["unread"] | None = self._key
-        if now - self._checked_at >= self.recheck_s:
-            try:
-                st = os.stat(self.path)
-                key = (st.st_mtime_ns, st.st_size, st.st_ino)
-            except OSError:
-                key = None
-            self._checked_at = now
+        looked = self._watch.look()
+        key = self._key if looked == NOT_DUE else looked
         with self._lock:
             if key != self._key and key != "unread":
                 self._key, self._routes = key, 0

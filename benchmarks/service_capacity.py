@@ -367,10 +367,38 @@ class Phase:
     valkey_cpu_s: float | None
     resp_bytes: int
     edge_cpu_s: float | None = None  # the edge server's share of ``cpu_s`` (multi-worker)
+    redis_reads: int | None = None  # socket reads Valkey processed (round trips it served)
+    redis_commands: int | None = None  # commands Valkey processed
 
     @property
     def cpu_ms(self) -> float:
         return 1000.0 * self.cpu_s / self.n
+
+
+class ValkeyCounts:
+    """Valkey's own counters of socket reads and commands processed (``INFO stats``:
+    ``total_reads_processed``, ``total_commands_processed``), read over one connection of
+    its own: :meth:`read` leaves out the reads and commands its own INFO calls cost, so the
+    difference of two reads is what everyone else sent in between. Reads are the round
+    trips Valkey served: a pipeline, or rounds of several requests written together by the
+    service's shared connection, arrive as one."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self._client = redis.Redis.from_url(url, single_connection_client=True)
+        self._own = 0  # INFO calls made so far: one read and one command each
+
+    def read(self) -> tuple[int, int]:
+        info = self._client.info("stats")
+        self._own += 1
+        return (
+            int(info["total_reads_processed"]) - self._own,
+            int(info["total_commands_processed"]) - self._own,
+        )
+
+    def close(self) -> None:
+        self._client.close()
 
 
 def measure_phase(
@@ -380,10 +408,13 @@ def measure_phase(
     ok: tuple[int, ...],
     proc: Any,
     valkey: Any = None,
+    counts: ValkeyCounts | None = None,
 ) -> tuple[Phase, list[bytes]]:
     """Drive ``calls``, return the service CPU they cost and the response bodies. Any status
-    outside ``ok`` fails the benchmark (a failed request is cheap and would flatter it)."""
+    outside ``ok`` fails the benchmark (a failed request is cheap and would flatter it).
+    ``counts``: Valkey's reads and commands over the phase, too."""
     edge = proc.procs[1] if isinstance(proc, Procs) and len(proc.procs) > 1 else None
+    r0 = counts.read() if counts is not None else None
     v0 = tree_cpu_s(valkey) if valkey is not None else None
     e0 = tree_cpu_s(edge) if edge is not None else 0.0
     c0, t0 = tree_cpu_s(proc), time.perf_counter()
@@ -393,6 +424,10 @@ def measure_phase(
     cpu = tree_cpu_s(proc) - c0
     ecpu = tree_cpu_s(edge) - e0 if edge is not None else None
     vcpu = tree_cpu_s(valkey) - v0 if valkey is not None and v0 is not None else None
+    reads = commands = None
+    if counts is not None and r0 is not None:
+        r1 = counts.read()
+        reads, commands = r1[0] - r0[0], r1[1] - r0[1]
     bad = [(i, s, b) for i, (s, b) in enumerate(out) if s not in ok]
     if bad:
         i, s, b = bad[0]
@@ -401,7 +436,8 @@ def measure_phase(
             f"{calls[i][1]}): HTTP {s} {b[:300]!r}"
         )
     nbytes = sum(len(b) for _s, b in out)
-    return Phase(name, len(out), cpu, wall, vcpu, nbytes, ecpu), [b for _s, b in out]
+    phase = Phase(name, len(out), cpu, wall, vcpu, nbytes, ecpu, reads, commands)
+    return phase, [b for _s, b in out]
 
 
 # --- the agent's session, phase by phase -----------------------------------------------------
@@ -431,6 +467,7 @@ def drive_sessions(
     proc: Any,
     valkey: Any = None,
     prefix: str = "cb",
+    counts: ValkeyCounts | None = None,
 ) -> list[Phase]:
     """``n_sessions`` agent sessions of ``steps`` steps, one endpoint per phase."""
     rng = random.Random(12)
@@ -446,7 +483,7 @@ def drive_sessions(
     phases: list[Phase] = []
 
     def phase(name: str, calls: list[Any], ok: tuple[int, ...] = (200,)) -> list[Any]:
-        p, bodies = measure_phase(name, driver, calls, ok, proc, valkey)
+        p, bodies = measure_phase(name, driver, calls, ok, proc, valkey, counts)
         phases.append(p)
         return [json.loads(b) for b in bodies]
 
@@ -498,7 +535,9 @@ def per_endpoint(phases: Sequence[Phase]) -> dict[str, dict[str, Any]]:
     for p in phases:
         e = p.name.split(":", 1)[0]
         a = out.setdefault(
-            e, {"n": 0, "cpu_s": 0.0, "wall_s": 0.0, "bytes": 0, "vk": 0.0, "edge": 0.0}
+            e,
+            {"n": 0, "cpu_s": 0.0, "wall_s": 0.0, "bytes": 0, "vk": 0.0, "edge": 0.0}
+            | {"reads": 0, "commands": 0},
         )
         a["n"] += p.n
         a["cpu_s"] += p.cpu_s
@@ -506,10 +545,14 @@ def per_endpoint(phases: Sequence[Phase]) -> dict[str, dict[str, Any]]:
         a["bytes"] += p.resp_bytes
         a["vk"] = None if a["vk"] is None or p.valkey_cpu_s is None else a["vk"] + p.valkey_cpu_s
         a["edge"] = None if a["edge"] is None or p.edge_cpu_s is None else a["edge"] + p.edge_cpu_s
+        for k, v in (("reads", p.redis_reads), ("commands", p.redis_commands)):
+            a[k] = None if a[k] is None or v is None else a[k] + v
     for a in out.values():
         a["edge_cpu_ms"] = None if a["edge"] is None else 1000.0 * a["edge"] / a["n"]
         a["cpu_ms"] = 1000.0 * a["cpu_s"] / a["n"]
         a["valkey_cpu_ms"] = None if a["vk"] is None else 1000.0 * a["vk"] / a["n"]
+        a["reads_per_req"] = None if a["reads"] is None else a["reads"] / a["n"]
+        a["commands_per_req"] = None if a["commands"] is None else a["commands"] / a["n"]
     return out
 
 
@@ -640,7 +683,11 @@ def measure_cpu(
                         folded = run_dir / "profile.folded"
                         spy.enter_context(_pyspy.record(worker.pid, folded))
                         out["profile_path"] = folded
-                    phases = drive_sessions(driver, keys, sessions, steps, step_rate, proc, vk_proc)
+                    counts = ValkeyCounts(redis_url)
+                    spy.callback(counts.close)
+                    phases = drive_sessions(
+                        driver, keys, sessions, steps, step_rate, proc, vk_proc, counts=counts
+                    )
                 say(f"service phases: {time.perf_counter() - t1:.1f} s")
             finally:
                 driver.close()
@@ -653,6 +700,10 @@ def measure_cpu(
         vk = {e: a["valkey_cpu_ms"] for e, a in out["endpoints"].items()}
         out["weighted_valkey_ms"] = (
             None if None in vk.values() else weighted_mean(vk, out["weights"])
+        )
+        trips = {e: a["reads_per_req"] for e, a in out["endpoints"].items()}
+        out["weighted_reads"] = (
+            None if None in trips.values() else weighted_mean(trips, out["weights"])
         )
         out["bare"] = bare_floor(run_dir, bare_requests, concurrency)
         out["redis"] = redis_floor(redis_url, redis_gets, vk_proc)
@@ -870,6 +921,12 @@ def table_rows(
                     f"{a['bytes'] / a['n']:,.0f} B/resp"
                     + (f", Valkey {vk:.3f} CPU-ms/req" if vk is not None else "")
                     + (
+                        f", Redis {a['reads_per_req']:.2f} round trips / "
+                        f"{a['commands_per_req']:.2f} commands per req"
+                        if a.get("reads_per_req") is not None
+                        else ""
+                    )
+                    + (
                         f", of which edge server {a['edge_cpu_ms']:.3f}"
                         if a.get("edge_cpu_ms") is not None
                         else ""
@@ -890,6 +947,11 @@ def table_rows(
                 f"{1.0 - weights.get('close', 0.0):.0%} abandoned without close); idle "
                 f"{cpu.get('idle_ms_per_s', 0.0):.1f} CPU-ms/s"
                 + (f"; Valkey {wvk:.3f} CPU-ms/req" if wvk is not None else "")
+                + (
+                    f"; Redis {cpu['weighted_reads']:.2f} round trips/req"
+                    if cpu.get("weighted_reads") is not None
+                    else ""
+                )
             ),
         }
     )

@@ -143,6 +143,47 @@ def test_per_endpoint_sums_phases_and_the_edge_servers_share() -> None:
     assert "edge server" not in details["service CPU, event (POST /v1/sessions/{id}/events)"]
 
 
+def test_per_endpoint_counts_redis_round_trips_per_request() -> None:
+    phases = [
+        sc.Phase("context:compare_vibration", 10, 0.02, 1.0, None, 100, None, 20, 30),
+        sc.Phase("context:generate_report", 30, 0.04, 1.0, None, 300, None, 40, 90),
+        sc.Phase("event", 20, 0.03, 1.0, None, 500),  # not counted
+    ]
+    out = sc.per_endpoint(phases)
+    assert out["context"]["reads_per_req"] == pytest.approx(1.5)
+    assert out["context"]["commands_per_req"] == pytest.approx(3.0)
+    assert out["event"]["reads_per_req"] is None
+    cpu = _fake_cpu(1.0, 0.1)
+    cpu["endpoints"] = out
+    details = {r["measure"]: r["detail"] for r in sc.table_rows(cpu, None, None)}
+    assert (
+        "Redis 1.50 round trips / 3.00 commands per req"
+        in details["service CPU, context (POST /v1/context)"]
+    )
+    assert "round trips" not in details["service CPU, event (POST /v1/sessions/{id}/events)"]
+
+
+def test_valkey_counts_see_a_pipeline_as_one_round_trip(embedded_valkey_url: str) -> None:
+    import redis
+
+    counts = sc.ValkeyCounts(embedded_valkey_url)
+    client = redis.Redis.from_url(embedded_valkey_url, max_connections=1)
+    try:
+        client.ping()  # the connection's own setup is not part of what is counted
+        before = counts.read()
+        assert counts.read() == before  # its own INFO calls are left out
+        pipe = client.pipeline(transaction=False)
+        for i in range(5):
+            pipe.set(f"bench:counts:{i}", i)
+        pipe.execute()
+        client.get("bench:counts:0")
+        after = counts.read()
+        assert (after[0] - before[0], after[1] - before[1]) == (2, 6)
+    finally:
+        client.close()
+        counts.close()
+
+
 def _fake_cpu(weighted: float, bare: float) -> dict[str, Any]:
     endpoints = {
         e: {"n": 10, "cpu_ms": weighted, "wall_s": 1.0, "bytes": 100, "valkey_cpu_ms": 0.1}

@@ -110,6 +110,32 @@ def test_bucketed_batches_keep_the_input_order(int8: Encoder) -> None:
     assert float(np.min(np.diag(sims))) > 0.98
 
 
+def test_a_single_text_runs_on_the_one_thread_session_with_the_same_numbers(
+    first_use: FirstUse, int8: Encoder
+) -> None:
+    """A query goes to a one-thread session of the same file: same vector as the text
+    embedded inside a batch of one (the batch session), to float precision."""
+    from context_core.knowledge import embedding
+
+    (path,) = first_use.cache.glob("*.int8.onnx")
+    runner = embedding._RUNNERS[str(path)]
+    ids = runner.tokenize([SENTENCES[0]])
+    single = runner._single_session()
+    assert single is not runner._session
+    assert single.get_session_options().intra_op_num_threads == 1
+    alone = runner.encode([SENTENCES[0]])
+    feeds = {k: v for k, v in _feeds(ids).items() if k in runner._inputs}
+    batch = runner._session.run(None, feeds)  # the batch session, threads as configured
+    pooled = batch[0].mean(axis=1)
+    pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
+    assert np.allclose(alone, pooled, atol=1e-5)
+
+
+def _feeds(ids: list[list[int]]) -> dict[str, np.ndarray]:
+    x = np.array(ids, dtype=np.int64)
+    return {"input_ids": x, "attention_mask": np.ones_like(x), "token_type_ids": np.zeros_like(x)}
+
+
 @pytest.mark.parametrize("batch", [1, 3, 64])
 def test_length_buckets_cover_each_index_once_shortest_first(batch: int) -> None:
     lengths = [5, 1, 9, 1, 7, 3, 3, 12, 2, 8]

@@ -371,3 +371,33 @@ def test_auto_falls_back_to_torch_with_a_warning_when_the_export_cannot_run(
     # a collection that asks for int8 is never served by the fallback
     with pytest.raises(ModelLoadError, match="could not export"):
         load_encoder(settings, recorded="minilm+onnx-int8")
+
+
+def test_the_quantisers_preprocessing_advice_stays_out_of_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ONNX Runtime's quantiser logs advice on the root logger on every export: dropped
+    (that record only; the filter is gone again afterwards)."""
+    import logging
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.ones((8, 4), dtype=np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [weight],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              tmp_path / "a.onnx")  # fmt: skip
+    with caplog.at_level(logging.INFO):
+        onnx_encoder._quantise(tmp_path / "a.onnx", tmp_path / "b.onnx")
+        logging.getLogger().warning("Please consider to run pre-processing before quantization")
+    assert (tmp_path / "b.onnx").is_file()
+    # the quantiser's own record was dropped; the same words logged after the export are not
+    assert [r.getMessage() for r in caplog.records if "pre-processing" in r.getMessage()] == [
+        "Please consider to run pre-processing before quantization"
+    ]

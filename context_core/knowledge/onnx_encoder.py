@@ -383,16 +383,32 @@ def _quantise(src: Path, dest: Path, *, exclude: Sequence[str] = ()) -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(
-        str(src),
-        str(dest),
-        per_channel=True,
-        weight_type=QuantType.QInt8,
-        op_types_to_quantize=["MatMul", "Attention"],
-        nodes_to_exclude=list(exclude),
-        # shape inference gives the fused contrib ops' outputs no type: they are float
-        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-    )
+    root = logging.getLogger()
+    advice = _DropQuantiserAdvice()
+    root.addFilter(advice)
+    try:
+        quantize_dynamic(
+            str(src),
+            str(dest),
+            per_channel=True,
+            weight_type=QuantType.QInt8,
+            op_types_to_quantize=["MatMul", "Attention"],
+            nodes_to_exclude=list(exclude),
+            # shape inference gives the fused contrib ops' outputs no type: they are float
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+    finally:
+        root.removeFilter(advice)
+
+
+class _DropQuantiserAdvice(logging.Filter):
+    """ONNX Runtime's quantiser logs "Please consider to run pre-processing before
+    quantization" on the root logger on every export: advice for image models whose shapes
+    need inferring, not for this graph (its shapes are fixed by the export and the fusions
+    above), and noise in a refresh's log. Only that record is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "pre-processing before quantization" not in record.getMessage()
 
 
 class OnnxRunner:

@@ -116,6 +116,7 @@ def test_query_cache_in_redis(encoder: Encoder, redis_url: str) -> None:
         assert client.exists(key) == 0
         first = counting.encode_query(text)
         assert counting.model_calls == 1
+        counting.flush_cache_writes()  # written by the writer thread, after the answer
         assert client.exists(key) == 1
         assert 86_000 <= client.ttl(key) <= 86_400
         raw = client.get(key)
@@ -170,3 +171,33 @@ def test_local_directory_model(tmp_path: Path, encoder: Encoder) -> None:
     assert enc.name == str(Path(path).resolve())
     assert enc.dim == 384
     assert np.allclose(enc.encode(["same text"]), encoder.encode(["same text"]), atol=1e-6)
+
+
+def test_cache_writes_are_bounded_and_never_fail_the_caller(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The writer thread takes at most MAX_PENDING_CACHE_WRITES; more are dropped, and a
+    write that raises is logged, not raised."""
+    import threading
+
+    from context_core.knowledge import embedding
+
+    monkeypatch.setattr(embedding, "MAX_PENDING_CACHE_WRITES", 2)
+    writer = embedding._CacheWriter()
+    gate, done = threading.Event(), []
+
+    def slow(n: int) -> None:
+        gate.wait(10)
+        done.append(n)
+
+    def broken() -> None:
+        raise ConnectionError("redis went away")
+
+    assert writer.submit(slow, 1) and writer.submit(slow, 2)
+    assert not writer.submit(slow, 3)  # two pending: dropped
+    gate.set()
+    writer.flush(10)
+    assert done == [1, 2]
+    assert writer.submit(broken)  # room again
+    writer.flush(10)
+    assert "embedding cache write failed" in caplog.text

@@ -176,8 +176,8 @@ def test_local_directory_model(tmp_path: Path, encoder: Encoder) -> None:
 def test_cache_writes_are_bounded_and_never_fail_the_caller(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The writer thread takes at most MAX_PENDING_CACHE_WRITES; more are dropped, and a
-    write that raises is logged, not raised."""
+    """At most MAX_PENDING_CACHE_WRITES writes wait for the writer thread; more are dropped,
+    and a write that raises is logged, not raised."""
     import threading
 
     from context_core.knowledge import embedding
@@ -193,11 +193,33 @@ def test_cache_writes_are_bounded_and_never_fail_the_caller(
     def broken() -> None:
         raise ConnectionError("redis went away")
 
-    assert writer.submit(slow, 1) and writer.submit(slow, 2)
-    assert not writer.submit(slow, 3)  # two pending: dropped
+    # one write in the thread's hands, at most two waiting: the next one is refused
+    accepted = [writer.submit(slow, n) for n in range(1, 6)]
+    taken = accepted.index(False)
+    assert 2 <= taken <= 3 and not any(accepted[taken:]), accepted
     gate.set()
     writer.flush(10)
-    assert done == [1, 2]
+    assert done == list(range(1, taken + 1))
     assert writer.submit(broken)  # room again
     writer.flush(10)
     assert "embedding cache write failed" in caplog.text
+
+
+def test_a_forked_child_writes_the_cache_with_a_thread_of_its_own(tmp_path: Path) -> None:
+    """The writer thread does not survive a fork (Airflow and uvicorn fork workers): the
+    child's first write starts its own, so its cache writes are not silently queued forever."""
+    import os
+
+    from context_core.knowledge import embedding
+
+    mark = tmp_path / "written"
+    embedding._CACHE_WRITES.submit(lambda: None)  # the parent's thread is running
+    embedding._CACHE_WRITES.flush(10)
+    pid = os.fork()
+    if pid == 0:  # the child: write, flush, exit with the outcome
+        ok = embedding._CACHE_WRITES.submit(mark.write_text, "child")
+        embedding._CACHE_WRITES.flush(10)
+        os._exit(0 if ok and mark.exists() else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert mark.read_text() == "child"

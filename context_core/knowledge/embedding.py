@@ -16,10 +16,10 @@ import functools
 import hashlib
 import logging
 import os
+import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -375,45 +375,65 @@ class Encoder:
 
 
 class _CacheWriter:
-    """One thread that writes new query vectors to the Redis cache after the query has its
-    vector: a route waits for the embedding, not for the cache write (a round trip, ~0.2 ms
-    of an uncached route's ~7 ms). At most :data:`MAX_PENDING_CACHE_WRITES` wait; more are
-    dropped (logged at debug): a missing cache entry costs one embedding elsewhere."""
+    """One daemon thread that writes new query vectors to the Redis cache after the query has
+    its vector: a route waits for the embedding, not for the cache write (a round trip, ~0.2
+    ms of an uncached route's ~7 ms). At most :data:`MAX_PENDING_CACHE_WRITES` wait; more
+    are dropped (logged at debug): a missing cache entry costs one embedding elsewhere.
+
+    A daemon thread, so writes still waiting when the process exits are dropped instead of
+    holding the exit up (a hung Redis would have held it for every pending write's timeout).
+    A forked child starts its own thread on its first write (threads do not survive a fork)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
-        self._pending = 0
+        self._queue: queue.Queue[tuple[Callable[..., None], tuple[Any, ...]]] | None = None
+        self._pid = 0
+
+    def after_fork(self) -> None:
+        """In a forked child: a fresh lock (the parent's may have been held at the fork) and
+        no queue; the first write starts the child's own thread."""
+        self._lock = threading.Lock()
+        self._queue, self._pid = None, 0
+
+    def _started(self) -> queue.Queue[tuple[Callable[..., None], tuple[Any, ...]]]:
+        with self._lock:
+            if self._queue is None or self._pid != os.getpid():
+                self._queue = queue.Queue(MAX_PENDING_CACHE_WRITES)
+                self._pid = os.getpid()
+                threading.Thread(
+                    target=self._serve, args=(self._queue,), name="embed-cache-write", daemon=True
+                ).start()
+            return self._queue
 
     def submit(self, fn: Callable[..., None], *args: Any) -> bool:
-        with self._lock:
-            if self._pending >= MAX_PENDING_CACHE_WRITES:
-                log.debug("embedding cache write skipped: %d writes pending", self._pending)
-                return False
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="embed-cache-write")
-            self._pending += 1
-            pool = self._pool
-        pool.submit(self._run, fn, args)
+        try:
+            self._started().put_nowait((fn, args))
+        except queue.Full:
+            log.debug("embedding cache write skipped: %d writes pending", MAX_PENDING_CACHE_WRITES)
+            return False
         return True
 
-    def _run(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
-        try:
-            fn(*args)
-        except Exception:  # a cache: never the caller's failure
-            log.exception("embedding cache write failed")
-        finally:
-            with self._lock:
-                self._pending -= 1
+    @staticmethod
+    def _serve(q: queue.Queue[tuple[Callable[..., None], tuple[Any, ...]]]) -> None:
+        while True:
+            fn, args = q.get()
+            try:
+                fn(*args)
+            except Exception:  # a cache: never the caller's failure
+                log.exception("embedding cache write failed")
 
     def flush(self, timeout_s: float) -> None:
-        with self._lock:
-            pool = self._pool
-        if pool is not None:
-            pool.submit(lambda: None).result(timeout=timeout_s)  # one thread: runs after them
+        """Wait until the writes submitted so far are done (about ``timeout_s`` at most)."""
+        done = threading.Event()
+        try:
+            self._started().put((done.set, ()), timeout=timeout_s)  # one thread: runs last
+        except queue.Full:
+            return
+        done.wait(timeout_s)
 
 
 _CACHE_WRITES = _CacheWriter()
+os.register_at_fork(after_in_child=_CACHE_WRITES.after_fork)
 
 
 def _plain_backend(backend: Any) -> Any:

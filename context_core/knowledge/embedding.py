@@ -386,7 +386,7 @@ class _CacheWriter:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._queue: queue.Queue[tuple[Callable[..., None], tuple[Any, ...]]] | None = None
+        self._queue: queue.Queue[tuple[Callable[..., object], tuple[Any, ...]]] | None = None
         self._pid = 0
 
     def after_fork(self) -> None:
@@ -395,7 +395,7 @@ class _CacheWriter:
         self._lock = threading.Lock()
         self._queue, self._pid = None, 0
 
-    def _started(self) -> queue.Queue[tuple[Callable[..., None], tuple[Any, ...]]]:
+    def _started(self) -> queue.Queue[tuple[Callable[..., object], tuple[Any, ...]]]:
         with self._lock:
             if self._queue is None or self._pid != os.getpid():
                 self._queue = queue.Queue(MAX_PENDING_CACHE_WRITES)
@@ -405,7 +405,7 @@ class _CacheWriter:
                 ).start()
             return self._queue
 
-    def submit(self, fn: Callable[..., None], *args: Any) -> bool:
+    def submit(self, fn: Callable[..., object], *args: Any) -> bool:
         try:
             self._started().put_nowait((fn, args))
         except queue.Full:
@@ -414,7 +414,7 @@ class _CacheWriter:
         return True
 
     @staticmethod
-    def _serve(q: queue.Queue[tuple[Callable[..., None], tuple[Any, ...]]]) -> None:
+    def _serve(q: queue.Queue[tuple[Callable[..., object], tuple[Any, ...]]]) -> None:
         while True:
             fn, args = q.get()
             try:

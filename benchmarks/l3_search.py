@@ -140,8 +140,10 @@ def _build_params(args: argparse.Namespace) -> dict[str, Any]:
         "sections": args.sections,
         "seed": args.seed,
         "vectors_on_disk": bool(args.vectors_on_disk),
-        "hnsw_m": edge.HNSW_M,
-        "hnsw_ef_construct": edge.HNSW_EF_CONSTRUCT,
+        "hnsw_m": args.hnsw_m if args.hnsw_m is not None else edge.HNSW_M,
+        "hnsw_ef_construct": (
+            args.ef_construct if args.ef_construct is not None else edge.HNSW_EF_CONSTRUCT
+        ),
         "qdrant_edge": version("qdrant-edge-py"),
     }
 
@@ -178,7 +180,11 @@ def _cached_collection(
     work = Path(tempfile.mkdtemp(prefix=f"{final.name}.building-", dir=final.parent))
     try:
         with EdgeStore(
-            work / "qdrant", search_threads=args.search_threads, on_disk=args.vectors_on_disk
+            work / "qdrant",
+            search_threads=args.search_threads,
+            on_disk=args.vectors_on_disk,
+            hnsw_m=params["hnsw_m"],
+            ef_construct=params["hnsw_ef_construct"],
         ) as store:
             upsert_s, optimize_s, status = _build(store, vecs, payloads, ids)
             rss_growth = _rss_mb() - rss0
@@ -328,6 +334,20 @@ def main(argv: list[str]) -> int:
     )
     ap.add_argument(
         "--hnsw-ef", type=int, default=None, help="search beam width (default: the engine's)"
+    )
+    ap.add_argument(
+        "--hnsw-m",
+        type=int,
+        default=None,
+        help="graph links per node of the build (default: the store's HNSW_M, 32); part of "
+        "the cached build's identity",
+    )
+    ap.add_argument(
+        "--ef-construct",
+        type=int,
+        default=None,
+        help="build beam width (default: the store's HNSW_EF_CONSTRUCT, 128); part of the "
+        "cached build's identity. Build time grows about linearly with it",
     )
     ap.add_argument(
         "--oversampling",
@@ -560,8 +580,10 @@ def main(argv: list[str]) -> int:
         ]
         print_table("L3 search and key-lookup latency", rows)
         print_table("L3 collection facts", facts)
+        built = _build_params(args)
         body = (
-            "Qdrant Edge (in-process), HNSW m=32 ef_construct=128, int8 scalar quantisation in "
+            f"Qdrant Edge (in-process), HNSW m={built['hnsw_m']} ef_construct="
+            f"{built['hnsw_ef_construct']}, int8 scalar quantisation in "
             "RAM, payload index on `section`. Filtered search = `KnowledgeMemory`'s L3 call "
             "(top-3, `section == S<k>`, ~5% of points). Key lookup baseline = the reference "
             "design fetching a record by searching for its own vector with a full scan "

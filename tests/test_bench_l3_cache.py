@@ -8,8 +8,10 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from benchmarks import l3_search as bench
+from context_core.errors import ConfigError
 from context_core.knowledge.edge import EdgeStore
 from context_core.knowledge.store import SearchQuery, point_id
 
@@ -23,6 +25,8 @@ def _args(cache: Path, **kw: object) -> argparse.Namespace:
         vectors_on_disk=True,
         cache_dir=cache,
         search_threads=None,
+        hnsw_m=None,
+        ef_construct=None,
     )
     return argparse.Namespace(**{**base, **kw})
 
@@ -54,6 +58,28 @@ def test_built_once_then_reused_then_rebuilt_for_other_parameters(tmp_path: Path
     assert other["reused"] is False and root3 != root
     built = sorted(p.name for p in cache.iterdir() if ".building" not in p.name)
     assert len(built) == 2
+
+
+def test_the_graph_parameters_name_the_build_and_reach_the_engine(tmp_path: Path) -> None:
+    """--hnsw-m / --ef-construct: another cache entry, and the shard is created with them."""
+    cache = tmp_path / "cache"
+    a = _args(cache, points=600)
+    root, _ = bench._cached_collection(a, *_data(a), rss0=0.0)
+    b = _args(cache, points=600, hnsw_m=16, ef_construct=64)
+    root_b, built = bench._cached_collection(b, *_data(b), rss0=0.0)
+    assert root_b != root and built["reused"] is False
+    assert (built["params"]["hnsw_m"], built["params"]["hnsw_ef_construct"]) == (16, 64)
+    config = json.loads((root_b / bench.COLLECTION / "edge_config.json").read_text())
+    assert (config["hnsw_config"]["m"], config["hnsw_config"]["ef_construct"]) == (16, 64)
+    default = json.loads((root / bench.COLLECTION / "edge_config.json").read_text())
+    assert (default["hnsw_config"]["m"], default["hnsw_config"]["ef_construct"]) == (32, 128)
+
+
+def test_edge_store_refuses_graph_parameters_out_of_range(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="HNSW m must be between 4 and 128"):
+        EdgeStore(tmp_path, hnsw_m=2)
+    with pytest.raises(ConfigError, match="ef_construct must be between 4 and 4096"):
+        EdgeStore(tmp_path, ef_construct=10_000)
 
 
 def test_timing_always_times_something_after_its_warm_up() -> None:

@@ -45,6 +45,7 @@ from typing import Any
 from context_core.errors import (
     BackendUnavailableError,
     CollectionNotFoundError,
+    ConfigError,
     InvalidStoreRequestError,
     ModelMismatchError,
 )
@@ -192,6 +193,8 @@ class EdgeStore:
         on_disk: bool = False,
         hnsw_ef: int | None = None,
         oversampling: float | None = None,
+        hnsw_m: int = HNSW_M,
+        ef_construct: int = HNSW_EF_CONSTRUCT,
     ) -> None:
         """``search_threads``: size of each shard's search pool (None = one per CPU). It only
         applies when this store is the first to open a shard in the process.
@@ -203,7 +206,17 @@ class EdgeStore:
 
         ``hnsw_ef`` / ``oversampling``: HNSW beam width and int8 candidate oversampling of
         approximate searches (None: the engine's default ef and ``QUANT_OVERSAMPLING``);
-        larger collections need more of both for the same recall."""
+        larger collections need more of both for the same recall.
+
+        ``hnsw_m`` / ``ef_construct``: links per node and build beam width of the HNSW graph
+        of collections this store *creates* (a collection keeps the values it was built
+        with). A better graph finds the same recall at a smaller search beam, for a longer
+        build."""
+        if not 4 <= hnsw_m <= 128:
+            raise ConfigError(f"HNSW m must be between 4 and 128, got {hnsw_m}")
+        if not 4 <= ef_construct <= 4096:
+            raise ConfigError(f"HNSW ef_construct must be between 4 and 4096, got {ef_construct}")
+        self.hnsw_m, self.ef_construct = hnsw_m, ef_construct
         self.root = Path(root).expanduser().resolve()
         self.search_threads = search_threads
         self.on_disk = on_disk
@@ -304,7 +317,9 @@ class EdgeStore:
             on_disk_payload=self.on_disk or None,
             sparse_vectors=sparse_vectors,
             hnsw_config=qe.HnswIndexConfig(
-                m=HNSW_M, ef_construct=HNSW_EF_CONSTRUCT, full_scan_threshold=FULL_SCAN_THRESHOLD
+                m=self.hnsw_m,
+                ef_construct=self.ef_construct,
+                full_scan_threshold=FULL_SCAN_THRESHOLD,
             ),
             quantization_config=qe.ScalarQuantizationConfig(
                 type=qe.ScalarType.Int8, always_ram=True

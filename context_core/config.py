@@ -167,6 +167,15 @@ class Settings(BaseSettings):
         "about 1,024 for recall@3 0.99 against exact search (reports/benchmarks.md, L3 at "
         "1,000,000). Cost per search grows with it; capped at 4,096.",
     )
+    qdrant_oversampling: float | None = Field(
+        None,
+        ge=1.0,
+        le=16.0,
+        description="int8 candidates per wanted hit that the embedded Qdrant Edge rescores "
+        "with the original float vectors (unset = 2). On near-tied neighbours the int8 order "
+        "is coarse: a larger value recovers recall for a few more vector reads per search "
+        "(reports/benchmarks.md, L3 at 1,000,000).",
+    )
     edge_socket: Path | None = Field(
         None,
         description="Unix socket of a `context_core.knowledge.edge_server` that owns the "

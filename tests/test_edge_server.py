@@ -496,6 +496,24 @@ def test_cli_help() -> None:
     ).stdout
     for word in ("--root", "--socket", "--search-threads", "CTX_EDGE_SOCKET", "SIGTERM"):
         assert word in out
+    for word in ("--hnsw-ef", "CTX_QDRANT_HNSW_EF", "--oversampling", "CTX_QDRANT_OVERSAMPLING"):
+        assert word in out
+
+
+def test_cli_refuses_search_settings_out_of_range(tmp_path: Path, sock_dir: Path) -> None:
+    base = [sys.executable, "-m", "context_core.knowledge.edge_server", "--root", str(tmp_path)]
+    base += ["--socket", str(sock_dir / "edge.sock"), "--search-threads", "1"]
+    for flag, value, words in (
+        ("--oversampling", "0.5", "--oversampling must be between 1 and 16"),
+        ("--hnsw-ef", "0", "--hnsw-ef must be between 1 and 4096"),
+    ):
+        done = subprocess.run([*base, flag, value], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and words in done.stderr, done.stderr
+
+
+def test_the_server_searches_with_its_oversampling(tmp_path: Path, sock_dir: Path) -> None:
+    with EdgeServer(tmp_path / "q", sock_dir / "edge.sock", hnsw_ef=64, oversampling=5.0) as s:
+        assert (s.store.hnsw_ef, s.store.oversampling) == (64, 5.0)
 
 
 def test_start_failure_shows_the_server_log(tmp_path: Path, sock_dir: Path) -> None:

@@ -431,9 +431,13 @@ def test_open_store_picks_backend(tmp_path: Path) -> None:
     finally:
         edge.close()
     assert edge.hnsw_ef is None  # the engine's default unless configured
-    tuned = open_store(get_settings(data_dir=tmp_path / "ctx", qdrant_hnsw_ef=1024))
+    assert edge.oversampling is None  # QUANT_OVERSAMPLING unless configured
+    tuned = open_store(
+        get_settings(data_dir=tmp_path / "ctx", qdrant_hnsw_ef=1024, qdrant_oversampling=6)
+    )
     try:
         assert isinstance(tuned, EdgeStore) and tuned.hnsw_ef == 1024
+        assert tuned.oversampling == 6.0
     finally:
         tuned.close()
     server = open_store(get_settings(data_dir=tmp_path / "ctx", qdrant_url=":memory:"))
@@ -515,6 +519,8 @@ def test_server_collections_carry_the_cluster_placement_from_settings(tmp_path: 
         get_settings(qdrant_shards=0)
     with pytest.raises(ConfigError, match="CTX_QDRANT_HNSW_EF"):
         get_settings(qdrant_hnsw_ef=0)
+    with pytest.raises(ConfigError, match="CTX_QDRANT_OVERSAMPLING"):
+        get_settings(qdrant_oversampling=0.5)
 
 
 def test_server_unreachable_names_the_url() -> None:

@@ -42,4 +42,5 @@ def open_store(settings: Settings) -> VectorStore:
         settings.qdrant_dir,
         search_threads=settings.qdrant_search_threads or None,
         hnsw_ef=settings.qdrant_hnsw_ef,
+        oversampling=settings.qdrant_oversampling,
     )

@@ -179,6 +179,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="N",
         help="HNSW search beam width, 1..4096 (default: CTX_QDRANT_HNSW_EF, else the engine's)",
     )
+    parser.add_argument(
+        "--oversampling",
+        type=float,
+        default=None,
+        metavar="X",
+        help="int8 candidates per wanted hit rescored with the float vectors, 1..16 "
+        "(default: CTX_QDRANT_OVERSAMPLING, else 2)",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -187,7 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     need = args.root is None or args.socket is None or args.search_threads is None
-    if need or (args.hnsw_ef is None and os.environ.get("CTX_QDRANT_HNSW_EF")):
+    tuned_by_env = (args.hnsw_ef is None and os.environ.get("CTX_QDRANT_HNSW_EF")) or (
+        args.oversampling is None and os.environ.get("CTX_QDRANT_OVERSAMPLING")
+    )
+    if need or tuned_by_env:
         from context_core.config import get_settings
 
         try:
@@ -202,12 +213,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.search_threads = settings.qdrant_search_threads
         if args.hnsw_ef is None:
             args.hnsw_ef = settings.qdrant_hnsw_ef
+        if args.oversampling is None:
+            args.oversampling = settings.qdrant_oversampling
     if args.socket is None:
         parser.error("--socket is required (or set CTX_EDGE_SOCKET)")
     if args.search_threads < 0:
         parser.error("--search-threads must be >= 0")
     if args.hnsw_ef is not None and not 1 <= args.hnsw_ef <= 4096:
         parser.error("--hnsw-ef must be between 1 and 4096")
+    if args.oversampling is not None and not 1.0 <= args.oversampling <= 16.0:
+        parser.error("--oversampling must be between 1 and 16")
 
     stop = threading.Event()
 
@@ -217,7 +232,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     server = EdgeServer(
-        args.root, args.socket, search_threads=args.search_threads or None, hnsw_ef=args.hnsw_ef
+        args.root,
+        args.socket,
+        search_threads=args.search_threads or None,
+        hnsw_ef=args.hnsw_ef,
+        oversampling=args.oversampling,
     )
     try:
         server.start()

@@ -52,11 +52,13 @@ class EdgeServer:
         socket_path: Path | str,
         search_threads: int | None = None,
         hnsw_ef: int | None = None,
+        oversampling: float | None = None,
     ) -> None:
         self.root = Path(root).expanduser().resolve()
         self.socket_path = Path(socket_path).expanduser().absolute()
         self.search_threads = search_threads
         self.hnsw_ef = hnsw_ef
+        self.oversampling = oversampling
         self.store: Any = None  # the EdgeStore, once started
         self._listener: socket.socket | None = None
         self._lock_file: IO[bytes] | None = None
@@ -99,7 +101,10 @@ class EdgeServer:
         try:
             self._clear_socket_path()
             self.store = EdgeStore(
-                self.root, search_threads=self.search_threads, hnsw_ef=self.hnsw_ef
+                self.root,
+                search_threads=self.search_threads,
+                hnsw_ef=self.hnsw_ef,
+                oversampling=self.oversampling,
             )
             opened = self._open_collections()
             self._listener = self._bind()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -89,3 +90,30 @@ def test_timing_always_times_something_after_its_warm_up() -> None:
     out = bench._timed(seen.append, list(range(20)))
     assert len(out) == 10 and seen == list(range(20))
     assert len(bench._timed(seen.append, list(range(100)))) == 70
+
+
+def test_the_sweep_never_searches_a_query_right_after_another_setting_did(
+    tmp_path: Path,
+) -> None:
+    """Back to back, the second search of one query runs on caches the first warmed: each
+    setting searches every query once, and consecutive searches are different queries."""
+    a = _args(tmp_path / "cache", points=800, hnsw_ef=32, oversampling=None, sweep="16:2,64:3")
+    vecs, payloads, ids = _data(a)
+    root, _ = bench._cached_collection(a, vecs, payloads, ids, rss0=0.0)
+    queries = [(vecs[i].tolist(), payloads[i]["section"]) for i in range(0, 120, 2)]
+    seen: list[tuple[int | None, int]] = []
+
+    class Recording(EdgeStore):
+        def search(self, vector: Any, query: SearchQuery, sparse: Any = None) -> Any:
+            seen.append((self.hnsw_ef, [q for q, _s in queries].index(list(vector))))
+            return super().search(vector, query, sparse)
+
+    sections = np.array([p["section"] for p in payloads])
+    with Recording(root, on_disk=True) as store:
+        rows = bench._sweep(store, a, queries, np.arange(0, 120, 2), vecs, sections, ids)
+    assert [r["hnsw_ef"] for r in rows] == [32, 16, 64]
+    assert len(seen) == 3 * len(queries)
+    for ef in (32, 16, 64):  # every query once per setting
+        assert sorted(j for e, j in seen if e == ef) == list(range(len(queries)))
+    assert all(seen[i][1] != seen[i + 1][1] for i in range(len(seen) - 1))
+    assert all(float(r["recall@3"]) > 0.5 for r in rows)

@@ -163,9 +163,10 @@ class Settings(BaseSettings):
         ge=1,
         le=4096,
         description="HNSW search beam width of the embedded Qdrant Edge (unset = the engine's "
-        "default). Raise it for large collections: at 1,000,000 points a filtered top-3 needs "
-        "about 1,024 for recall@3 0.99 against exact search (reports/benchmarks.md, L3 at "
-        "1,000,000). Cost per search grows with it; capped at 4,096.",
+        "default). Raise it for large collections: at 1,000,000 points a filtered top-3 reaches "
+        "recall@3 0.99 against exact search at 384 with CTX_QDRANT_OVERSAMPLING=4 "
+        "(reports/benchmarks.md, L3 at 1,000,000). Cost per search grows with it; capped at "
+        "4,096.",
     )
     qdrant_oversampling: float | None = Field(
         None,

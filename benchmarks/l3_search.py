@@ -214,11 +214,19 @@ def _cached_collection(
     return final / "qdrant", {**manifest, "reused": False}
 
 
-def _timed(fn: Any, args: list[Any], warmup: int = 30) -> list[float]:
+WARMUP = 30  # searches run before the timing starts
+
+
+def _warm(n: int, warmup: int = WARMUP) -> int:
+    """The warm-up of a run of ``n``: at most its first half, so something is always timed."""
+    return min(warmup, n // 2)
+
+
+def _timed(fn: Any, args: list[Any], warmup: int = WARMUP) -> list[float]:
     """Times ``fn`` over ``args[warmup:]`` after running it on ``args[:warmup]``: the warm-up
     arguments are not timed again (Edge keeps recent answers, so they would be cache hits).
-    A short run warms up on its first half at most, so something is always timed."""
-    warmup = min(warmup, len(args) // 2)
+    A short run warms up on its first half at most (:func:`_warm`)."""
+    warmup = _warm(len(args), warmup)
     for a in args[:warmup]:
         fn(a)
     out = []
@@ -245,14 +253,32 @@ def _parse_sweep(spec: str) -> list[tuple[int | None, float | None]]:
     return out
 
 
+def _exact_top3(
+    queries: list[tuple[list[float], str]],
+    vecs: np.ndarray,
+    sections: np.ndarray,
+    ids: list[str],
+) -> dict[int, set[str]]:
+    """The exact top 3 (numpy, within the query's section) of the 200 queries after the
+    warm-up: what recall@3 is measured against, for the timed pass and the sweep alike."""
+    warm = _warm(len(queries))
+    truth = {}
+    for j in range(warm, min(warm + 200, len(queries))):
+        idx = np.flatnonzero(sections == queries[j][1])
+        qv = np.asarray(queries[j][0], dtype=np.float32)
+        truth[j] = {ids[i] for i in idx[np.argsort(-(vecs[idx] @ qv))[:3]]}
+    return truth
+
+
+def _recall(truth: dict[int, set[str]], found: dict[int, list[str]]) -> float:
+    return float(np.mean([len(truth[j] & set(found[j])) / 3 for j in truth]))
+
+
 def _sweep(
     store: Any,
     args: argparse.Namespace,
     queries: list[tuple[list[float], str]],
-    picks: np.ndarray,
-    vecs: np.ndarray,
-    sections: np.ndarray,
-    ids: list[str],
+    truth: dict[int, set[str]],
 ) -> list[dict[str, Any]]:
     """p50/p99/recall@3 of the filtered search per ``--sweep`` setting plus the run's own,
     timed interleaved so that every setting sees the same machine load (in a rotating order,
@@ -273,7 +299,7 @@ def _sweep(
     store._changed(COLLECTION)  # no answer the timed pass cached may answer a sweep search
     n, n_set = len(queries), len(settings)
     stride = max(1, n // n_set)
-    warm = min(30, n // 2)  # warm-up steps are not timed (Edge keeps answers)
+    warm = _warm(n)  # warm-up steps are not timed (Edge keeps answers)
     for t in range(n):
         # the order rotates step by step: the first search after a pause pays page faults
         # (vectors on disk) and would make whichever setting comes first look slower
@@ -288,15 +314,10 @@ def _sweep(
                 times[k].append((time.perf_counter() - t0) * 1000)
             found[k][j] = [h.id for h in hits]
     store.hnsw_ef, store.oversampling = args.hnsw_ef, args.oversampling
-    truth = {}
-    for j in range(warm, min(warm + 200, len(queries))):
-        idx = np.flatnonzero(sections == queries[j][1])
-        qv = np.asarray(queries[j][0], dtype=np.float32)
-        truth[j] = {ids[i] for i in idx[np.argsort(-(vecs[idx] @ qv))[:3]]}
     rows = []
     for k, (ef, over) in enumerate(settings):
         summ = summarize_ms(times[k])
-        rec = float(np.mean([len(truth[j] & set(found[k][j])) / 3 for j in truth]))
+        rec = _recall(truth, found[k])
         rows.append(
             {
                 "hnsw_ef": ef or "default",
@@ -458,24 +479,15 @@ def main(argv: list[str]) -> int:
         # timed apart; then the answers it cached are dropped and the same queries are timed
         # again (each a thousand searches after its first: CPU caches long cold, only the
         # mappings left), the steady state of a serving process.
-        cold_ms = []
-        for j in range(args.queries):
-            t0 = time.perf_counter()
-            filtered(j)
-            cold_ms.append((time.perf_counter() - t0) * 1000.0)
+        cold_ms = _timed(filtered, list(range(args.queries)), warmup=0)
         store._changed(COLLECTION)
         print(f"timing {args.queries:,} filtered top-3 searches ...", flush=True)
         search_ms = _timed(filtered, list(range(args.queries)))
         rss2 = _rss_mb()
-        recall = []
-        warm = min(30, args.queries // 2)
-        for j in range(warm, min(warm + 200, args.queries)):  # the timed ones (not the warm-up)
-            mask = sections == queries[j][1]
-            idx = np.flatnonzero(mask)
-            top = idx[np.argsort(-(vecs[idx] @ qvecs[j]))[:3]]
-            recall.append(len({ids[i] for i in top} & set(results[j])) / 3)
+        truth = _exact_top3(queries, vecs, sections, ids)  # the timed ones (not the warm-up)
+        recall = _recall(truth, results)
 
-        sweep_rows = _sweep(store, args, queries, picks, vecs, sections, ids)
+        sweep_rows = _sweep(store, args, queries, truth)
 
         # --- 2. exact-key lookups: KV vs vector ------------------------------------------
         rclient, kv_where, provider = _redis_client(args.redis_url, tmp)
@@ -581,7 +593,7 @@ def main(argv: list[str]) -> int:
                 "figure": "recall@3 vs numpy exact (the first 200 timed filtered queries; "
                 f"hnsw_ef {args.hnsw_ef or 'default'}, oversampling "
                 f"{args.oversampling or 'default'})",
-                "value": f"{float(np.mean(recall)):.3f}",
+                "value": f"{recall:.3f}",
             },
             {
                 "figure": "KV vs vector full scan, p50 ratio (p99 ratio)",

@@ -626,26 +626,30 @@ def _cached_runner(spec: ModelSpec, cache_dir: Path) -> tuple[OnnxRunner, _Packa
     packaged = _packaged(source, spec)
     if packaged is None:
         return None
+    make = functools.partial(OnnxRunner, path, packaged.tokenizer, packaged.max_tokens)
+    return _shared_runner(path, make), packaged
+
+
+def _shared_runner(path: Path, make: Callable[[], OnnxRunner]) -> OnnxRunner:
+    """The process's one runner of the export at ``path``, made by ``make`` on first use."""
     with _MODELS_LOCK:
         runner = _RUNNERS.get(str(path))
         if runner is None:
-            runner = _RUNNERS[str(path)] = OnnxRunner(path, packaged.tokenizer, packaged.max_tokens)
-    return runner, packaged
+            runner = _RUNNERS[str(path)] = make()
+        return runner
 
 
 def _load_runner(spec: ModelSpec, model: SentenceTransformer, cache_dir: Path) -> OnnxRunner:
     """The int8 ONNX runner of ``model``, exported into ``cache_dir`` on first use."""
     path = ensure_int8_export(model, spec.name, spec.resolve(), cache_dir)
-    with _MODELS_LOCK:
-        runner = _RUNNERS.get(str(path))
-        if runner is None:
-            backend = getattr(model.tokenizer, "backend_tokenizer", None)
-            if backend is None:
-                raise ModelLoadError(
-                    f"model {spec.name!r} has no fast tokenizer, which the ONNX encoder "
-                    "needs; set CTX_EMBED_BACKEND=torch"
-                )
-            runner = _RUNNERS[str(path)] = OnnxRunner(
-                path, backend, int(model.max_seq_length or spec.max_tokens)
+
+    def make() -> OnnxRunner:
+        backend = getattr(model.tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise ModelLoadError(
+                f"model {spec.name!r} has no fast tokenizer, which the ONNX encoder "
+                "needs; set CTX_EMBED_BACKEND=torch"
             )
-        return runner
+        return OnnxRunner(path, backend, int(model.max_seq_length or spec.max_tokens))
+
+    return _shared_runner(path, make)

@@ -627,7 +627,7 @@ def measure_cpu(
     server owning the Edge shards), its CPU = every one of those processes'."""
     from context_core.access.auth import generate_keys
     from loadtests.campaign import FLEET_PURPOSES, _seed_knowledge
-    from loadtests.machine import reference_ms
+    from loadtests.machine import reference_io_ms, reference_ms
 
     work = settings.data_dir / "loadtest"
     run_dir = work / "bench_cpu"
@@ -645,6 +645,7 @@ def measure_cpu(
     seeded = _seed_knowledge(settings, data_dir, run_dir, say)
     out: dict[str, Any] = {
         "machine_ref_ms": reference_ms(),
+        "machine_ref_io_ms": reference_io_ms(),
         "steps": steps,
         "seeded": seeded,
         "stack": uvicorn_stack(),
@@ -1009,6 +1010,18 @@ def table_rows(
                 "unit": "CPU-ms",
                 "detail": "before the CPU phases; lower is faster. The machine is shared and "
                 "its speed varies: compare runs by it (campaign rows: before/after their load)",
+            }
+        )
+    ref_io = cpu.get("machine_ref_io_ms")
+    if ref_io is not None:
+        rows.append(
+            {
+                "measure": "machine: system-call reference (loadtests/machine.py)",
+                "value": ref_io,
+                "unit": "CPU-ms",
+                "detail": "20,000 round trips of 1 KiB over a Unix socket pair, user + system "
+                "CPU; lower is faster. Machines differ here apart from the interpreter row, "
+                "and about a third of a request's CPU is socket writes and the loop",
             }
         )
     rows += goal_rows(best_held_rps, cpu["weighted_cpu_ms"], b["cpu_ms"])

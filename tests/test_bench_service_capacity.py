@@ -273,6 +273,7 @@ def test_cpu_per_endpoint_and_floors_real(tmp_path: Path) -> None:
     body = sc.section_body(rows, step_s=None, sessions=100)
     assert "GOAL service CPU/request <= 3x bare ASGI" in body
     assert "floor: bare ASGI app" in body
-    assert cpu["machine_ref_ms"] > 0
+    assert cpu["machine_ref_ms"] > 0 and cpu["machine_ref_io_ms"] > 0
     assert "| machine: reference workload (loadtests/machine.py) |" in body
+    assert "| machine: system-call reference (loadtests/machine.py) |" in body
     assert math.isfinite(cpu["weighted_cpu_ms"] / cpu["bare"]["cpu_ms"])

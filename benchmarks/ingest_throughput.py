@@ -17,6 +17,10 @@ in its own fresh child process (so each peak RSS is that measure's alone):
 3. **Today's refresh** (``--compare-backend``, default ``torch``, the fp32 path): the same
    end-to-end run, for the side-by-side chunks/s and peak RSS (target: the backend under test
    peaks no higher).
+4. **Where the ONNX encoder's time goes** (an ONNX backend under test only): ONNX Runtime's
+   profiler on one batch of the median token length, summed by operator type, and the
+   multiply-add rate of the FFN's product shape as int8 (``DynamicQuantizeMatMul``) and as
+   fp32 ``MatMul`` on this CPU: the ceiling of what int8 weights can buy here.
 
 Models are loaded (and warmed up, the ONNX export made if missing) before any timing: loading
 is a per-process cost, not a per-run one.
@@ -123,6 +127,28 @@ def _child_refresh(
     }
 
 
+def _child_profile(model: str, backend: str, texts: list[str], tmp: str) -> dict[str, Any]:
+    """The ONNX encoder's op profile on one median-length batch, and int8 vs fp32 GEMM rates
+    at the FFN's shape (a fresh process)."""
+    from benchmarks._ort_profile import gemm_rates, op_profile
+    from context_core.knowledge.embedding import load_encoder
+
+    settings = _settings(Path(tmp) / "profile", model, backend)
+    encoder = load_encoder(settings)
+    runner = encoder._runner
+    if runner is None:
+        raise SystemExit(f"backend {backend!r} has no ONNX model to profile")
+    ids = runner.tokenize(texts)
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    size = min(settings.embed_batch_size, len(ids))
+    start = max(0, len(order) // 2 - size // 2)
+    batch = [ids[i] for i in order[start : start + size]]
+    prof = op_profile(runner.path, batch)
+    rows, width = prof["shape"]
+    gemm = gemm_rates(rows * width, encoder.dim, 4 * encoder.dim)
+    return {"profile": prof, "gemm": gemm, "model_file": runner.path.name, "dim": encoder.dim}
+
+
 def _in_child(fn: Any, *args: Any) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     with ctx.Pool(1, maxtasksperchild=1) as pool:
@@ -178,6 +204,10 @@ def main(argv: list[str]) -> int:
                 texts,
                 str(tmp),
             )
+        prof: dict[str, Any] | None = None
+        if args.backend != "torch":
+            print(f"{args.backend} op profile ...", flush=True)
+            prof = _in_child(_child_profile, args.model, args.backend, texts, str(tmp))
         if args.raw_runs == 2:
             print("raw fp32 baseline again ...", flush=True)
             raws.append(_in_child(_child_raw, args.model, texts, str(tmp)))
@@ -257,6 +287,31 @@ def main(argv: list[str]) -> int:
         + f"model load {main_run['load_s']:.1f} s (not in the timings)."
     )
     print(verdict)
+    prof_md = ""
+    if prof is not None:
+        p, g = prof["profile"], prof["gemm"]
+        op_rows = [
+            {
+                "op type": op,
+                "share of kernel time": f"{share:.1%}",
+                "ms per batch": share * p["kernel_ms"],
+            }
+            for op, share in p["ops"].items()
+            if share >= 0.001
+        ]
+        print_table("ONNX encoder op profile", op_rows)
+        prof_note = (
+            f"One batch of {p['shape'][0]} x {p['shape'][1]} tokens (the median length) through "
+            f"`{prof['model_file']}`, ONNX Runtime's profiler, one warm-up then 3 runs: "
+            f"{p['wall_ms']:,.0f} ms per run ({p['shape'][0] / p['wall_ms'] * 1e3:.1f} texts/s). "
+            f"The FFN's first product ([{p['shape'][0] * p['shape'][1]:,} x {prof['dim']}] x "
+            f"[{prof['dim']} x {4 * prof['dim']:,}]) on this CPU: int8 "
+            f"{g['int8_gmacs']:.0f} GMAC/s, fp32 {g['fp32_gmacs']:.0f} GMAC/s, "
+            f"**{g['ratio']:.2f}x**: the most int8 weights can buy over fp32 for the products; "
+            "attention's scores, LayerNorm and GELU run in fp32 either way."
+        )
+        print(prof_note)
+        prof_md = "\n" + markdown_table(op_rows) + "\n" + prof_note + "\n"
     cmd = "python -m benchmarks.ingest_throughput"
     if args.backend != "onnx-int8" or args.compare_backend != "torch":
         cmd += f" --backend {args.backend} --compare-backend {args.compare_backend}"
@@ -271,6 +326,7 @@ def main(argv: list[str]) -> int:
         + "\n"
         + verdict
         + "\n"
+        + prof_md
     )
     write_section("ingest", "Knowledge refresh throughput (DLX export)", body)
     return 0

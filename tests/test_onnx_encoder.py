@@ -401,3 +401,50 @@ def test_the_quantisers_preprocessing_advice_stays_out_of_the_log(
     assert [r.getMessage() for r in caplog.records if "pre-processing" in r.getMessage()] == [
         "Please consider to run pre-processing before quantization"
     ]
+
+
+# --- the ingest benchmark's profile of the export ---------------------------------------------
+
+
+def test_op_profile_of_the_export_sums_its_kernels_by_op_type(first_use: FirstUse) -> None:
+    """benchmarks.ingest_throughput's explanation: ONNX Runtime's profiler on the real export,
+    the warm-up run left out, shares by op type that add up to the whole."""
+    from benchmarks._ort_profile import op_profile
+
+    (path,) = first_use.cache.glob("*.int8.onnx")
+    runner = first_use.encoders[0]._runner
+    assert runner is not None
+    ids = runner.tokenize(SENTENCES)
+    out = op_profile(path, ids, threads=1, runs=2)
+    assert out["shape"] == [4, max(len(x) for x in ids)]
+    assert sum(out["ops"].values()) == pytest.approx(1.0)
+    # the recipe's int8 ops are where a quantised model spends its time
+    assert {"QAttention", "DynamicQuantizeMatMul"} <= set(out["ops"])
+    shares = list(out["ops"].values())
+    assert shares == sorted(shares, reverse=True)
+    assert 0 < out["kernel_ms"] <= out["wall_ms"] * 1.05
+    with pytest.raises(ValueError, match="non-empty batch"):
+        op_profile(path, [], runs=1)
+
+
+def test_kernel_times_count_kernels_after_the_warm_up_only() -> None:
+    from benchmarks._ort_profile import kernel_times
+
+    events = [
+        {"cat": "Node", "name": "a_kernel_time", "ts": 5, "dur": 100, "args": {"op_name": "X"}},
+        {"cat": "Node", "name": "a_fence_before", "ts": 20, "dur": 7, "args": {"op_name": "X"}},
+        {"cat": "Node", "name": "a_kernel_time", "ts": 20, "dur": 3, "args": {"op_name": "X"}},
+        {"cat": "Node", "name": "b_kernel_time", "ts": 30, "dur": 4, "args": {"op_name": "Y"}},
+        {"cat": "Session", "name": "model_run", "ts": 20, "dur": 50},
+    ]
+    assert kernel_times(events, after_us=10) == {"X": 3.0, "Y": 4.0}
+    assert kernel_times(events) == {"X": 103.0, "Y": 4.0}
+
+
+def test_gemm_rates_time_the_same_product_as_int8_and_fp32() -> None:
+    from benchmarks._ort_profile import gemm_rates
+
+    out = gemm_rates(64, 32, 128, threads=1, repeats=2)
+    assert out["int8_gmacs"] > 0 and out["fp32_gmacs"] > 0
+    assert out["ratio"] == pytest.approx(out["int8_gmacs"] / out["fp32_gmacs"])
+    assert out["max_rel_err"] < 0.05  # the same product, not just two timings

@@ -3,7 +3,9 @@ CTX_EMBED_BACKEND, recorded by collections, refused when it differs from the col
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -448,3 +450,45 @@ def test_gemm_rates_time_the_same_product_as_int8_and_fp32() -> None:
     assert out["int8_gmacs"] > 0 and out["fp32_gmacs"] > 0
     assert out["ratio"] == pytest.approx(out["int8_gmacs"] / out["fp32_gmacs"])
     assert out["max_rel_err"] < 0.05  # the same product, not just two timings
+
+
+# --- old exports do not pile up ---------------------------------------------------------------
+
+
+def _aged(path: Path, days: float, now: float) -> Path:
+    t = now - days * 86_400
+    os.utime(path, (t, t))
+    return path
+
+
+def test_exports_unused_for_a_month_are_pruned_when_another_is_made(tmp_path: Path) -> None:
+    now = time.time()
+
+    def file(name: str, days: float, data: bytes = b"x") -> Path:
+        path = tmp_path / name
+        path.write_bytes(data)
+        return _aged(path, days, now)
+
+    # the one just made is never removed, however its times read
+    keep = file(f"minilm-r{onnx_encoder.EXPORT_RECIPE}-new.int8.onnx", 400)
+    old = file("minilm-r2-0123456789abcdef.int8.onnx", 31)  # an older recipe, unused
+    recent = file("minilm-r3-fedcba9876543210.int8.onnx", 40)  # another venv's, in use
+    onnx_encoder.mark_used(recent)  # loaded now: its atime moves, its mtime stays
+    assert recent.stat().st_mtime < now - 39 * 86_400 and recent.stat().st_atime >= now - 5
+    killed = tmp_path / ".export-abandoned"  # a killed export's temp dir
+    killed.mkdir()
+    (killed / "model.onnx").write_bytes(b"half")
+    _aged(killed, 2, now)
+    (tmp_path / ".export-running").mkdir()  # an export in progress right now
+    other = file("notes.txt", 400)  # not an export: not ours to remove
+
+    removed = onnx_encoder.prune_exports(tmp_path, keep=keep, now=now)
+    assert sorted(p.name for p in removed) == sorted([old.name, killed.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [keep.name, recent.name, ".export-running", other.name]
+    )
+    assert onnx_encoder.prune_exports(tmp_path / "absent", keep=keep) == []
+
+
+def test_mark_used_on_a_read_only_file_is_quiet(tmp_path: Path) -> None:
+    onnx_encoder.mark_used(tmp_path / "gone.int8.onnx")  # no such file: nothing raised

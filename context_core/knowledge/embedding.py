@@ -35,6 +35,7 @@ from context_core.knowledge.onnx_encoder import (
     encoder_name,
     ensure_int8_export,
     export_path,
+    mark_used,
     split_encoder_name,
 )
 from context_core.redis.connection import REDIS_ERRORS, RedisClient
@@ -623,6 +624,7 @@ def _cached_runner(spec: ModelSpec, cache_dir: Path) -> tuple[OnnxRunner, _Packa
     path = export_path(spec.name, source, cache_dir)
     if not path.is_file():
         return None
+    mark_used(path)
     packaged = _packaged(source, spec)
     if packaged is None:
         return None

@@ -54,12 +54,15 @@ message rather than embedded wrongly.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -82,6 +85,8 @@ __all__ = [
     "ffn_output_linears",
     "ffn_output_nodes",
     "length_buckets",
+    "mark_used",
+    "prune_exports",
     "split_encoder_name",
 ]
 
@@ -100,6 +105,13 @@ EXPORT_RECIPE = 3
 #: Transformer layers, counted from the input, whose FFN output MatMul (the MLP's second
 #: Linear, intermediate -> hidden) is kept fp32 by recipe 2.
 FP32_FFN_OUTPUT_LAYERS = 3
+
+#: An export no process has loaded for this long is removed when another export is made (an
+#: older recipe, another model version, another venv's torch/onnxruntime: each its own file).
+EXPORT_MAX_IDLE_S = 30 * 86_400
+
+#: A temp dir of an export that has not finished in this long was left by a killed process.
+EXPORT_TEMP_MAX_AGE_S = 86_400
 
 #: Texts tokenised ahead of the model, per window (a window is sorted by length, then batched).
 WINDOW_BATCHES = 8
@@ -197,11 +209,63 @@ def ensure_int8_export(model: Any, name: str, source: str, cache_dir: Path) -> P
     _check_pipeline(model, name)
     final = export_path(name, source, cache_dir)
     if final.is_file():
+        mark_used(final)
         return final
     with _EXPORT_LOCK:
         if not final.is_file():  # another thread may have exported it meanwhile
             _export_into(model, name, cache_dir, final)
+            prune_exports(cache_dir, keep=final)
     return final
+
+
+def mark_used(path: Path) -> None:
+    """Record that ``path`` was loaded now, in its access time (set explicitly, so mount
+    options such as ``relatime`` do not matter; the modification time stays the export's).
+    A read-only cache dir is fine: the file is then never pruned by this process either."""
+    with contextlib.suppress(OSError):
+        os.utime(path, (time.time(), path.stat().st_mtime))
+
+
+def prune_exports(
+    cache_dir: Path,
+    *,
+    keep: Path,
+    max_idle_s: float = EXPORT_MAX_IDLE_S,
+    now: float | None = None,
+) -> list[Path]:
+    """Remove the exports in ``cache_dir`` that no process has loaded for ``max_idle_s``
+    (their access time, see :func:`mark_used`), and export temp dirs older than
+    :data:`EXPORT_TEMP_MAX_AGE_S` (a killed export's), never ``keep``. A process that has an
+    export loaded keeps it (ONNX Runtime holds the model in memory); one that starts later
+    exports it again. Returns what was removed; a file that cannot be removed is left."""
+    now = time.time() if now is None else now
+    removed: list[Path] = []
+    try:
+        entries = list(cache_dir.iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        try:
+            st = p.stat()
+            export = p.name.endswith(".int8.onnx") and p.is_file() and p != keep
+            temp = p.name.startswith(".export-") and p.is_dir()
+            if export and now - max(st.st_atime, st.st_mtime) > max_idle_s:
+                p.unlink()
+                removed.append(p)
+            elif temp and now - st.st_mtime > EXPORT_TEMP_MAX_AGE_S:
+                shutil.rmtree(p)
+                removed.append(p)
+        except OSError:
+            continue
+    if removed:
+        log.info(
+            "removed %d encoder export(s) unused for over %d days from %s: %s",
+            len(removed),
+            round(max_idle_s / 86_400),
+            cache_dir,
+            ", ".join(p.name for p in removed),
+        )
+    return removed
 
 
 def _export_into(model: Any, name: str, cache_dir: Path, final: Path) -> None:

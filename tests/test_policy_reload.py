@@ -361,3 +361,37 @@ def test_file_watch_looks_once_per_bound_and_sees_a_replacement(tmp_path: Path) 
     now[0] += 1.0
     assert watch.look() not in (first, file_watch.NOT_DUE)  # a new inode
     assert file_watch.FileWatch(path, 0.0).look() == file_watch.file_key(path)  # 0: every call
+
+
+def test_reloading_loads_once_per_change_of_the_file(tmp_path: Path) -> None:
+    """The policy files' shared reload: the loader runs on the first look and on each change
+    of the file's key, never while it is unchanged or between looks."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class State:
+        key: object
+        text: str
+
+    path = tmp_path / "relevance_model.json"
+    loads: list[object] = []
+
+    def load(key: file_watch.FileKey | None) -> State:
+        loads.append(key)
+        return State(key, path.read_text(encoding="utf-8") if key is not None else "")
+
+    now = [0.0]
+    watch = file_watch.FileWatch(path, 1.0, clock=lambda: now[0])
+    r = file_watch.Reloading(watch, load, State("unread", "initial"), threading.Lock())
+    assert r.current() == State(None, "") and loads == [None]  # no file: loaded as none
+    path.write_text("one", encoding="utf-8")
+    assert r.current().text == "" and len(loads) == 1  # within the bound: not looked at
+    now[0] += 1.0
+    assert r.current().text == "one" and len(loads) == 2
+    now[0] += 1.0
+    assert r.current().text == "one" and len(loads) == 2  # unchanged: not loaded again
+    tmp = tmp_path / "new.json"
+    tmp.write_text("two", encoding="utf-8")
+    tmp.replace(path)
+    now[0] += 1.0
+    assert r.current().text == "two" and len(loads) == 3 and r.state.text == "two"

@@ -67,7 +67,7 @@ from typing import Any, Literal
 
 from context_core import defaults
 from context_core.config import Settings
-from context_core.routing.file_watch import NOT_DUE, FileKey, FileWatch
+from context_core.routing.file_watch import FileKey, FileWatch, Reloading
 from context_core.routing.relevance import RelevanceModel, relevance_path_for
 
 __all__ = [
@@ -353,15 +353,23 @@ class PolicySource:
     ) -> None:
         self.path = Path(settings.resolved_thresholds_path)
         self.recheck_s = float(settings.policy_recheck_s)
-        self._watch = FileWatch(self.path, self.recheck_s, clock=clock)
         self.model = model_name(model if model is not None else settings.embed_model)
         self.on_mismatch: Literal["refuse", "warn"] = settings.thresholds_model_mismatch
         self._defaults = ConfidencePolicy.defaults(settings)
-        self._lock = threading.Lock()
-        self._state = _Loaded(_UNREAD, self._defaults)
+        lock = threading.Lock()
+        self._thresholds = Reloading(
+            FileWatch(self.path, self.recheck_s, clock=clock),
+            self._load,
+            _Loaded(_UNREAD, self._defaults),
+            lock,
+        )
         self.relevance_path = relevance_path_for(self.path)
-        self._relevance_watch = FileWatch(self.relevance_path, self.recheck_s, clock=clock)
-        self._relevance = _RelevanceLoaded(_UNREAD, None)
+        self._relevance = Reloading(
+            FileWatch(self.relevance_path, self.recheck_s, clock=clock),
+            self._load_relevance,
+            _RelevanceLoaded(_UNREAD, None),
+            lock,
+        )
 
     def current(self) -> ConfidencePolicy:
         """The policy for this route: the file's thresholds when valid (and for this model),
@@ -402,14 +410,7 @@ class PolicySource:
         return (snap.model, snap.policy) if snap.model is not None else (None, None)
 
     def _relevance_snapshot(self) -> _RelevanceLoaded:
-        snap = self._relevance
-        key = self._relevance_watch.look()
-        if key == NOT_DUE or key == snap.key:  # not looked at (within the bound) or unchanged
-            return snap
-        with self._lock:
-            if key != self._relevance.key:
-                self._relevance = self._load_relevance(key)
-            return self._relevance
+        return self._relevance.current()
 
     def _load_relevance(self, key: FileKey | None) -> _RelevanceLoaded:
         now = dt.datetime.now(dt.UTC).timestamp()
@@ -458,7 +459,7 @@ class PolicySource:
             log.warning("relevance model %s names no embedding model; using it for %r", path,
                         self.model)  # fmt: skip
         log.log(
-            logging.DEBUG if self._relevance.key is _UNREAD else logging.INFO,
+            logging.DEBUG if self._relevance.state.key is _UNREAD else logging.INFO,
             "relevance model (%s, features %s, accept p>=%.3f skip p>=%.3f) loaded from %s",
             model.kind,
             ",".join(model.features),
@@ -469,14 +470,7 @@ class PolicySource:
         return _RelevanceLoaded(key, model, policy, file_model=file_model, loaded_at=now)
 
     def _snapshot(self) -> _Loaded:
-        snap = self._state
-        key = self._watch.look()
-        if key == NOT_DUE or key == snap.key:  # not looked at (within the bound) or unchanged
-            return snap
-        with self._lock:
-            if key != self._state.key:
-                self._state = self._load(key)
-            return self._state
+        return self._thresholds.current()
 
     def _load(self, key: FileKey | None) -> _Loaded:
         now = dt.datetime.now(dt.UTC).timestamp()
@@ -502,7 +496,7 @@ class PolicySource:
         if model_name(policy.model) == self.model:
             # a reload while running is news (INFO); the first read is not (DEBUG)
             log.log(
-                logging.DEBUG if self._state.key is _UNREAD else logging.INFO,
+                logging.DEBUG if self._thresholds.state.key is _UNREAD else logging.INFO,
                 "confidence thresholds accept=%.4f skip=%.4f (model %r) loaded from %s",
                 policy.accept,
                 policy.skip,

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final, Generic, Literal, Protocol, TypeVar
 
-__all__ = ["NOT_DUE", "FileKey", "FileWatch", "file_key"]
+__all__ = ["NOT_DUE", "FileKey", "FileWatch", "Keyed", "Reloading", "file_key"]
 
 FileKey = tuple[int, int, int]
 """``(st_mtime_ns, st_size, st_ino)`` of a file."""
@@ -65,3 +66,43 @@ class FileWatch:
         key = file_key(self.path)
         self._last = now
         return key
+
+
+class Keyed(Protocol):
+    """A state loaded from a file, with the key of the file it was loaded from."""
+
+    @property
+    def key(self) -> object: ...
+
+
+S = TypeVar("S", bound=Keyed)
+
+
+class Reloading(Generic[S]):
+    """What was loaded from a watched file, loaded again (by ``load``, under ``lock``) when
+    the file's key changes; between looks the last state is returned without a lock.
+
+    ``state`` is the current one (``initial`` until the first look finds the file), for a
+    loader that wants to know whether this is the first load."""
+
+    __slots__ = ("_load", "_lock", "_watch", "state")
+
+    def __init__(
+        self,
+        watch: FileWatch,
+        load: Callable[[FileKey | None], S],
+        initial: S,
+        lock: threading.Lock,
+    ) -> None:
+        self._watch, self._load, self._lock = watch, load, lock
+        self.state = initial
+
+    def current(self) -> S:
+        snap = self.state
+        key = self._watch.look()
+        if key == NOT_DUE or key == snap.key:  # not looked at (within the bound) or unchanged
+            return snap
+        with self._lock:
+            if key != self.state.key:
+                self.state = self._load(key)
+            return self.state

@@ -100,7 +100,7 @@ def cpu_line(cpuinfo: str | None = None) -> str:
             cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
         except OSError:
             return ""
-    model, flags = "", set()
+    model, flags = "", set[str]()
     for line in cpuinfo.splitlines():
         name, _, value = line.partition(":")
         if name.strip() == "model name" and not model:

@@ -16,16 +16,7 @@ from typing import Any
 
 import numpy as np
 
-
-def _feeds(session: Any, ids: Sequence[Sequence[int]]) -> dict[str, np.ndarray]:
-    width = max(len(x) for x in ids)
-    input_ids = np.zeros((len(ids), width), dtype=np.int64)
-    mask = np.zeros_like(input_ids)
-    for r, row in enumerate(ids):
-        input_ids[r, : len(row)] = row
-        mask[r, : len(row)] = 1
-    feeds = {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": np.zeros_like(mask)}
-    return {i.name: feeds[i.name] for i in session.get_inputs()}
+from context_core.knowledge.onnx_encoder import padded_feeds, session_options
 
 
 def kernel_times(events: Sequence[dict[str, Any]], *, after_us: float = 0.0) -> dict[str, float]:
@@ -54,15 +45,12 @@ def op_profile(
     if not ids or runs < 1:
         raise ValueError("op_profile needs a non-empty batch and runs >= 1")
     with tempfile.TemporaryDirectory(prefix="ort-profile-") as tmp:
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts = session_options(threads)  # the encoder's own, with the profiler on
         opts.enable_profiling = True
         opts.profile_file_prefix = str(Path(tmp) / "encoder")
         session = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
-        feeds = _feeds(session, ids)
+        inputs = [i.name for i in session.get_inputs()]
+        feeds, _mask = padded_feeds(ids, inputs)
         session.run(None, feeds)  # warm-up: not counted
         t0 = time.perf_counter_ns()
         for _ in range(runs):
@@ -140,10 +128,7 @@ def gemm_rates(
             [numpy_helper.from_array((w8.astype(np.float32) * scale), "w")],
         ),
     }
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts = session_options(threads)
     out: dict[str, float] = {}
     results: dict[str, np.ndarray] = {}
     for name, model in models.items():

@@ -1001,29 +1001,31 @@ def table_rows(
             "detail": "",
         }
     )
-    ref = cpu.get("machine_ref_ms")
-    if ref is not None:
-        rows.append(
-            {
-                "measure": "machine: reference workload (loadtests/machine.py)",
-                "value": ref,
-                "unit": "CPU-ms",
-                "detail": "before the CPU phases; lower is faster. The machine is shared and "
-                "its speed varies: compare runs by it (campaign rows: before/after their load)",
-            }
-        )
-    ref_io = cpu.get("machine_ref_io_ms")
-    if ref_io is not None:
-        rows.append(
-            {
-                "measure": "machine: system-call reference (loadtests/machine.py)",
-                "value": ref_io,
-                "unit": "CPU-ms",
-                "detail": "20,000 round trips of 1 KiB over a Unix socket pair, user + system "
-                "CPU; lower is faster. Machines differ here apart from the interpreter row, "
-                "and about a third of a request's CPU is socket writes and the loop",
-            }
-        )
+    refs = (
+        (
+            "machine_ref_ms",
+            "reference workload",
+            "before the CPU phases; lower is faster. The machine is shared and its speed "
+            "varies: compare runs by it (campaign rows: before/after their load)",
+        ),
+        (
+            "machine_ref_io_ms",
+            "system-call reference",
+            "20,000 round trips of 1 KiB over a Unix socket pair, user + system CPU; lower is "
+            "faster. Machines differ here apart from the interpreter row, and about a third "
+            "of a request's CPU is socket writes and the loop",
+        ),
+    )
+    for field, name, detail in refs:
+        if cpu.get(field) is not None:
+            rows.append(
+                {
+                    "measure": f"machine: {name} (loadtests/machine.py)",
+                    "value": cpu[field],
+                    "unit": "CPU-ms",
+                    "detail": detail,
+                }
+            )
     rows += goal_rows(best_held_rps, cpu["weighted_cpu_ms"], b["cpu_ms"])
     return rows
 

@@ -86,7 +86,9 @@ __all__ = [
     "ffn_output_nodes",
     "length_buckets",
     "mark_used",
+    "padded_feeds",
     "prune_exports",
+    "session_options",
     "split_encoder_name",
 ]
 
@@ -475,6 +477,41 @@ class _DropQuantiserAdvice(logging.Filter):
         return "pre-processing before quantization" not in record.getMessage()
 
 
+def session_options(threads: int) -> Any:
+    """ONNX Runtime's options for the encoder (``threads`` intra-op threads, 0 = one per
+    core); the benchmarks' profiler takes the same ones."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    # No busy-waiting between ops: the machine's cores are shared with the service.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # Every batch has its own shape (length buckets): memory patterns planned per shape are
+    # kept and only grow the process. Off, encoding 2,000 mixed-length texts peaked at
+    # 1,906 MB instead of 2,586 MB, in about the same time (32 s vs 34 s).
+    opts.enable_mem_pattern = False
+    return opts
+
+
+def padded_feeds(
+    ids: Sequence[Sequence[int]], inputs: Sequence[str]
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The model's ``inputs`` for a batch of token ids padded to the longest (ids, attention
+    mask, zero token types, as far as it takes them), and the mask (pooling needs it)."""
+    width = max(len(x) for x in ids)
+    input_ids = np.zeros((len(ids), width), dtype=np.int64)
+    mask = np.zeros((len(ids), width), dtype=np.int64)
+    for r, row in enumerate(ids):
+        input_ids[r, : len(row)] = row
+        mask[r, : len(row)] = 1
+    feeds = {"input_ids": input_ids, "attention_mask": mask}
+    if "token_type_ids" in inputs:
+        feeds["token_type_ids"] = np.zeros_like(input_ids)
+    return {k: feeds[k] for k in inputs}, mask
+
+
 class OnnxRunner:
     """Embeds texts with an exported ONNX transformer: tokenise, batch by length, mean-pool,
     normalise. Thread-safe (ONNX Runtime sessions are; the tokenizer copy is only read).
@@ -505,18 +542,10 @@ class OnnxRunner:
         import onnxruntime as ort
 
         path = self.path
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        # No busy-waiting between ops: the machine's cores are shared with the service.
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # Every batch has its own shape (length buckets): memory patterns planned per shape are
-        # kept and only grow the process. Off, encoding 2,000 mixed-length texts peaked at
-        # 1,906 MB instead of 2,586 MB, in about the same time (32 s vs 34 s).
-        opts.enable_mem_pattern = False
         try:
-            return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+            return ort.InferenceSession(
+                str(path), session_options(threads), providers=["CPUExecutionProvider"]
+            )
         except Exception as e:
             raise ModelLoadError(
                 f"the ONNX encoder at {path} could not be loaded ({e}); delete the file to "
@@ -538,17 +567,9 @@ class OnnxRunner:
         return [e.ids for e in self._tok.encode_batch(texts)]
 
     def _run(self, ids: list[list[int]]) -> np.ndarray:
-        width = max(len(x) for x in ids)
-        input_ids = np.zeros((len(ids), width), dtype=np.int64)
-        mask = np.zeros((len(ids), width), dtype=np.int64)
-        for r, row in enumerate(ids):
-            input_ids[r, : len(row)] = row
-            mask[r, : len(row)] = 1
-        feeds = {"input_ids": input_ids, "attention_mask": mask}
-        if "token_type_ids" in self._inputs:
-            feeds["token_type_ids"] = np.zeros_like(input_ids)
+        feeds, mask = padded_feeds(ids, self._inputs)
         session = self._single_session() if len(ids) == 1 else self._session
-        hidden = session.run(None, {k: feeds[k] for k in self._inputs})[0]
+        hidden = session.run(None, feeds)[0]
         m = mask[..., None].astype(np.float32)
         pooled = (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)

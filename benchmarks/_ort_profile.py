@@ -39,7 +39,7 @@ def op_profile(
     """Profile ``runs`` runs of one batch (token ids, unpadded) through ``model``.
 
     Returns ``ops`` (op type -> share of kernel time, largest first), ``kernel_ms`` and
-    ``wall_ms`` per run, and the batch's ``shape``."""
+    ``wall_ms`` per run, ``runs`` and the batch's ``shape``."""
     import onnxruntime as ort
 
     if not ids or runs < 1:
@@ -78,6 +78,7 @@ def op_profile(
         "ops": ops,
         "kernel_ms": total / 1e3 / runs,
         "wall_ms": wall_ms,
+        "runs": runs,
         "shape": [len(ids), max(len(x) for x in ids)],
     }
 

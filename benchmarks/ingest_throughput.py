@@ -132,6 +132,7 @@ def _child_profile(model: str, backend: str, texts: list[str], tmp: str) -> dict
     at the FFN's shape (a fresh process)."""
     from benchmarks._ort_profile import gemm_rates, op_profile
     from context_core.knowledge.embedding import load_encoder
+    from context_core.knowledge.onnx_encoder import length_buckets
 
     settings = _settings(Path(tmp) / "profile", model, backend)
     encoder = load_encoder(settings)
@@ -139,10 +140,9 @@ def _child_profile(model: str, backend: str, texts: list[str], tmp: str) -> dict
     if runner is None:
         raise SystemExit(f"backend {backend!r} has no ONNX model to profile")
     ids = runner.tokenize(texts)
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    size = min(settings.embed_batch_size, len(ids))
-    start = max(0, len(order) // 2 - size // 2)
-    batch = [ids[i] for i in order[start : start + size]]
+    # the middle one of the length-sorted batches the encoder itself makes
+    buckets = length_buckets([len(x) for x in ids], settings.embed_batch_size)
+    batch = [ids[int(i)] for i in buckets[len(buckets) // 2]]
     prof = op_profile(runner.path, batch)
     rows, width = prof["shape"]
     gemm = gemm_rates(rows * width, encoder.dim, 4 * encoder.dim)
@@ -302,7 +302,7 @@ def main(argv: list[str]) -> int:
         print_table("ONNX encoder op profile", op_rows)
         prof_note = (
             f"One batch of {p['shape'][0]} x {p['shape'][1]} tokens (the median length) through "
-            f"`{prof['model_file']}`, ONNX Runtime's profiler, one warm-up then 3 runs: "
+            f"`{prof['model_file']}`, ONNX Runtime's profiler, one warm-up then {p['runs']} runs: "
             f"{p['wall_ms']:,.0f} ms per run ({p['shape'][0] / p['wall_ms'] * 1e3:.1f} texts/s). "
             f"The FFN's first product ([{p['shape'][0] * p['shape'][1]:,} x {prof['dim']}] x "
             f"[{prof['dim']} x {4 * prof['dim']:,}]) on this CPU: int8 "

@@ -418,7 +418,7 @@ def test_op_profile_of_the_export_sums_its_kernels_by_op_type(first_use: FirstUs
     assert runner is not None
     ids = runner.tokenize(SENTENCES)
     out = op_profile(path, ids, threads=1, runs=2)
-    assert out["shape"] == [4, max(len(x) for x in ids)]
+    assert out["shape"] == [4, max(len(x) for x in ids)] and out["runs"] == 2
     assert sum(out["ops"].values()) == pytest.approx(1.0)
     # the recipe's int8 ops are where a quantised model spends its time
     assert {"QAttention", "DynamicQuantizeMatMul"} <= set(out["ops"])

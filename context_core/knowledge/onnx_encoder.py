@@ -60,6 +60,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -248,9 +249,9 @@ def prune_exports(
         return removed
     for p in entries:
         try:
-            st = p.stat()
-            export = p.name.endswith(".int8.onnx") and p.is_file() and p != keep
-            temp = p.name.startswith(".export-") and p.is_dir()
+            st = p.stat()  # one stat per entry: type, times
+            export = p.name.endswith(".int8.onnx") and stat.S_ISREG(st.st_mode) and p != keep
+            temp = p.name.startswith(".export-") and stat.S_ISDIR(st.st_mode)
             if export and now - max(st.st_atime, st.st_mtime) > max_idle_s:
                 p.unlink()
                 removed.append(p)
